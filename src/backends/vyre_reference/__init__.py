@@ -1,0 +1,3 @@
+"""The numpy reference engine: the exact oracle of the Program IR semantics."""
+
+__all__: list[str] = []

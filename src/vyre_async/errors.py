@@ -1,0 +1,205 @@
+"""The one error hierarchy of vyre-async: `BackendError` and one subclass per `ErrorCode`.
+
+Every message reads "what happened, with the observed values" followed by
+``Fix: <one action>``. Context travels in attributes, and every exception
+pickles (errors cross process boundaries in the distributed backend).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any
+
+__all__ = [
+    "BackendError",
+    "BackendNotFound",
+    "CooperativeResidencyExceeded",
+    "DeviceLost",
+    "DeviceOutOfMemory",
+    "DispatchFailed",
+    "DispatchTimeout",
+    "ErrorCode",
+    "InvalidProgram",
+    "KernelCompileFailed",
+    "PoisonedLock",
+    "Unknown",
+    "UnknownError",
+    "UnsupportedFeature",
+    "error_for_code",
+]
+
+
+class ErrorCode(IntEnum):
+    """Stable numeric error codes. Append-only: a code is never renumbered or reused.
+
+    Members carry the contract's names (``ErrorCode.InvalidProgram``); the
+    UPPER_CASE spellings are aliases of the same members.
+    """
+
+    DeviceOutOfMemory = 1001
+    UnsupportedFeature = 1002
+    PoisonedLock = 1003
+    KernelCompileFailed = 1004
+    DispatchFailed = 1005
+    InvalidProgram = 1006
+    CooperativeResidencyExceeded = 1007
+    DeviceLost = 1008
+    DispatchTimeout = 1009
+    BackendNotFound = 1010
+    Unknown = 1999
+
+    DEVICE_OUT_OF_MEMORY = 1001
+    UNSUPPORTED_FEATURE = 1002
+    POISONED_LOCK = 1003
+    KERNEL_COMPILE_FAILED = 1004
+    DISPATCH_FAILED = 1005
+    INVALID_PROGRAM = 1006
+    COOPERATIVE_RESIDENCY_EXCEEDED = 1007
+    DEVICE_LOST = 1008
+    DISPATCH_TIMEOUT = 1009
+    BACKEND_NOT_FOUND = 1010
+    UNKNOWN = 1999
+
+
+class BackendError(Exception):
+    """Base of every error vyre-async raises across the driver contract.
+
+    Args:
+        message: What happened, with the observed values.
+        fix: One action the user can take. Appended as ``Fix: ...`` unless the
+            message already carries a ``Fix:`` line.
+        **context: Extra attributes (for example ``diagnostics`` or ``backend_id``)
+            stored on the exception for programmatic handling.
+    """
+
+    code: ErrorCode = ErrorCode.UNKNOWN
+    default_fix: str = "report this with the full traceback to the vyre-async maintainers"
+
+    def __init__(self, message: str, *, fix: str | None = None, **context: Any) -> None:
+        text = message.rstrip()
+        if "Fix:" not in text:
+            text = f"{text}\nFix: {fix or self.default_fix}"
+        super().__init__(text)
+        self.message = text
+        self.context: dict[str, Any] = dict(context)
+        for key, value in context.items():
+            setattr(self, key, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self.context))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(cls: type[BackendError], message: str, context: dict[str, Any]) -> BackendError:
+    return cls(message, **context)
+
+
+class DeviceOutOfMemory(BackendError, MemoryError):
+    """The device could not allocate the memory a dispatch needs."""
+
+    code = ErrorCode.DEVICE_OUT_OF_MEMORY
+    default_fix = "free resident buffers or dispatch smaller inputs"
+
+
+class UnsupportedFeature(BackendError):
+    """The backend does not implement a requested feature (never silently emulated)."""
+
+    code = ErrorCode.UNSUPPORTED_FEATURE
+    default_fix = "check backend.capabilities() before using the feature, or pick another backend"
+
+
+class PoisonedLock(BackendError):
+    """An internal lock was left inconsistent by a failure in another task."""
+
+    code = ErrorCode.POISONED_LOCK
+    default_fix = "shut the backend down and acquire it again"
+
+
+class KernelCompileFailed(BackendError):
+    """The backend's compiler rejected the code generated for a program."""
+
+    code = ErrorCode.KERNEL_COMPILE_FAILED
+    default_fix = "report the program's wire bytes; the generated source location is attached"
+
+
+class DispatchFailed(BackendError):
+    """Execution of a launched dispatch failed on the device or worker."""
+
+    code = ErrorCode.DISPATCH_FAILED
+    default_fix = "inspect the chained cause; retry after checking inputs and device health"
+
+
+class InvalidProgram(BackendError, ValueError):
+    """A program, its inputs or its wire bytes break the IR or dispatch rules.
+
+    ``diagnostics`` (a tuple of `Diagnostic`) is attached when raised by validation.
+    """
+
+    code = ErrorCode.INVALID_PROGRAM
+    default_fix = "correct the program or inputs as the message describes"
+
+
+class CooperativeResidencyExceeded(BackendError):
+    """A cooperative (grid-sync) launch needs more resident workgroups than the device holds."""
+
+    code = ErrorCode.COOPERATIVE_RESIDENCY_EXCEEDED
+    default_fix = "lower the grid size or the per-workgroup resources of the program"
+
+
+class DeviceLost(BackendError):
+    """The device stopped responding or was reset; in-flight work is lost."""
+
+    code = ErrorCode.DEVICE_LOST
+    default_fix = "call backend.try_recover() or acquire the backend again"
+
+
+class DispatchTimeout(BackendError, TimeoutError):
+    """A dispatch exceeded `DispatchConfig.timeout`, counted from ``dispatch()``."""
+
+    code = ErrorCode.DISPATCH_TIMEOUT
+    default_fix = "raise DispatchConfig.timeout or split the work into smaller dispatches"
+
+
+class BackendNotFound(BackendError, LookupError):
+    """No backend with the requested id is installed; the message lists the installed ones."""
+
+    code = ErrorCode.BACKEND_NOT_FOUND
+    default_fix = "install the package that provides the backend, or use one of the listed ids"
+
+
+class UnknownError(BackendError):
+    """An error that fits no other code (code ``Unknown``, 1999)."""
+
+    code = ErrorCode.UNKNOWN
+
+
+Unknown = UnknownError
+
+
+_BY_CODE: dict[ErrorCode, type[BackendError]] = {
+    cls.code: cls
+    for cls in (
+        DeviceOutOfMemory,
+        UnsupportedFeature,
+        PoisonedLock,
+        KernelCompileFailed,
+        DispatchFailed,
+        InvalidProgram,
+        CooperativeResidencyExceeded,
+        DeviceLost,
+        DispatchTimeout,
+        BackendNotFound,
+        UnknownError,
+    )
+}
+
+
+def error_for_code(code: ErrorCode | int) -> type[BackendError]:
+    """Return the exception class for a numeric error code.
+
+    Raises:
+        ValueError: ``code`` is not a known `ErrorCode`.
+    """
+    return _BY_CODE[ErrorCode(code)]
