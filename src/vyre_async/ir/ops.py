@@ -162,7 +162,7 @@ _UN_RULES: dict[UnOp, tuple[frozenset[DType], DType | None]] = {
     UnOp.POPCOUNT: (_INT, None),
     UnOp.CLZ: (_INT, None),
     UnOp.CTZ: (_INT, None),
-    **{op: (_F32, None) for op in FLOAT_UNARY},
+    **dict.fromkeys(FLOAT_UNARY, (_F32, None)),
 }
 
 

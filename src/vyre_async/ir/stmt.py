@@ -103,7 +103,7 @@ class Store(Stmt):
 
 @dataclass(frozen=True, slots=True)
 class If(Stmt):
-    """Run ``then`` on lanes where ``cond`` (BOOL or U32, non-zero = true) holds, else ``orelse``."""
+    """Run ``then`` where ``cond`` (BOOL or U32, non-zero = true) holds, else ``orelse``."""
 
     cond: Expr
     then: tuple[Stmt, ...]
@@ -165,4 +165,3 @@ class Block(Stmt):
 
     def __repr__(self) -> str:
         return f"Block({list(self.body)!r})"
-

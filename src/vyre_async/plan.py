@@ -1,0 +1,246 @@
+"""Binding plans and launch geometry: backend-neutral decisions made before every launch.
+
+Given a program and what the caller passed, decide which buffer gets which
+input, every buffer's element count, and the grid. Backends execute the plan;
+they never re-derive it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from vyre_async.errors import InvalidProgram
+from vyre_async.ir.program import Program
+from vyre_async.ir.types import Access, BufferDecl, DType
+from vyre_async.ir.walk import uses_atomics
+
+__all__ = [
+    "BindingPlan",
+    "LaunchGeometry",
+    "infer_grid",
+    "normalize_axes",
+    "normalize_inputs",
+    "plan_dispatch",
+]
+
+HostInput = np.ndarray | bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchGeometry:
+    """Grid (workgroups per axis) and workgroup shape (lanes per axis) of one launch."""
+
+    grid: tuple[int, int, int]
+    workgroup: tuple[int, int, int]
+
+    @property
+    def workgroups(self) -> int:
+        """Total number of workgroups."""
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+    @property
+    def lanes_per_workgroup(self) -> int:
+        """Lanes in one workgroup."""
+        return self.workgroup[0] * self.workgroup[1] * self.workgroup[2]
+
+    @property
+    def lanes(self) -> int:
+        """Total number of lanes launched."""
+        return self.workgroups * self.lanes_per_workgroup
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BindingPlan:
+    """Everything a backend needs to bind buffers and launch one dispatch.
+
+    Attributes:
+        program: The program being dispatched.
+        geometry: The launch geometry.
+        counts: Element count of every buffer, in ``program.buffers`` order.
+        inputs: Buffers fed from the inputs, in input order.
+        outputs: Buffers returned, in output order.
+    """
+
+    program: Program
+    geometry: LaunchGeometry
+    counts: tuple[int, ...]
+    inputs: tuple[BufferDecl, ...]
+    outputs: tuple[BufferDecl, ...]
+
+    def count_of(self, name: str) -> int:
+        """Return the element count bound to the buffer called ``name``."""
+        for decl, count in zip(self.program.buffers, self.counts, strict=True):
+            if decl.name == name:
+                return count
+        raise KeyError(name)
+
+    @property
+    def bytes_in(self) -> int:
+        """Bytes of input data the dispatch consumes."""
+        return 4 * sum(self.count_of(d.name) for d in self.inputs)
+
+    @property
+    def bytes_out(self) -> int:
+        """Bytes of output data the dispatch returns."""
+        return 4 * sum(self.count_of(d.name) for d in self.outputs)
+
+
+def normalize_axes(value: int | Sequence[int], what: str) -> tuple[int, int, int]:
+    """Return ``value`` (an int or 1 to 3 ints) as three non-negative axes.
+
+    Raises:
+        InvalidProgram: the value is not 1 to 3 non-negative integers.
+    """
+    axes = (value,) if isinstance(value, int | np.integer) else tuple(value)
+    if not 1 <= len(axes) <= 3 or any(
+        isinstance(a, bool) or not isinstance(a, int | np.integer) or a < 0 for a in axes
+    ):
+        raise InvalidProgram(
+            f"{what} must be an int or 1 to 3 non-negative ints, got {value!r}",
+            fix=f"pass {what} like 64 or (8, 8, 1)",
+        )
+    x, y, z = (*(int(a) for a in axes), 1, 1)[:3]
+    return (x, y, z)
+
+
+def normalize_inputs(program: Program, inputs: Sequence[HostInput]) -> list[np.ndarray]:
+    """Check host inputs against ``program`` and return private, flat, typed copies.
+
+    Each input is a numpy array of the buffer's dtype (any shape; it is
+    flattened; BOOL buffers take ``uint32`` or ``bool``) or a bytes-like object
+    holding little-endian 32-bit words. The returned arrays never alias caller memory.
+
+    Raises:
+        InvalidProgram: wrong number of inputs, wrong dtype, a byte length that is
+            not a multiple of 4, or a size that differs from a buffer's static count.
+    """
+    decls = program.inputs
+    if isinstance(inputs, np.ndarray | bytes | bytearray | memoryview):
+        raise InvalidProgram(
+            "inputs must be a sequence with one item per input buffer, got a single "
+            f"{type(inputs).__name__}",
+            fix="wrap it in a list: dispatch(program, [array])",
+        )
+    if len(inputs) != len(decls):
+        names = ", ".join(f"{d.name}:{d.dtype.value}" for d in decls) or "none"
+        raise InvalidProgram(
+            f"program {program.op_id or '<unnamed>'} takes {len(decls)} input(s) ({names}), "
+            f"got {len(inputs)}",
+            fix="pass one input per READ, UNIFORM and READ_WRITE buffer, in binding order",
+        )
+    return [_one_input(decl, value) for decl, value in zip(decls, inputs, strict=True)]
+
+
+def _one_input(decl: BufferDecl, value: object) -> np.ndarray:
+    want = decl.dtype.numpy
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = memoryview(value).cast("B")
+        if raw.nbytes % 4:
+            raise InvalidProgram(
+                f"input for buffer {decl.name!r} has {raw.nbytes} bytes, not a multiple of 4",
+                fix="pass whole 32-bit little-endian words",
+            )
+        array = np.frombuffer(raw, dtype=want).copy()
+    elif isinstance(value, np.ndarray):
+        if decl.dtype is DType.BOOL and value.dtype == np.bool_:
+            array = value.astype(want).reshape(-1)
+        elif value.dtype.newbyteorder("<") != want or value.dtype.kind != want.kind:
+            raise InvalidProgram(
+                f"input for buffer {decl.name!r} ({decl.dtype.value}) has dtype {value.dtype}",
+                fix=f"convert it first: array.astype(numpy.{want.name})",
+            )
+        else:
+            array = np.array(value, dtype=want, copy=True, order="C").reshape(-1)
+    else:
+        raise InvalidProgram(
+            f"input for buffer {decl.name!r} is a {type(value).__name__}",
+            fix="pass a numpy array or a bytes-like object",
+        )
+    if decl.count and array.size != decl.count:
+        raise InvalidProgram(
+            f"input for buffer {decl.name!r} has {array.size} elements; the buffer declares "
+            f"count={decl.count}",
+            fix=f"pass exactly {decl.count} elements, or declare the buffer with count=0",
+        )
+    return array
+
+
+def infer_grid(
+    program: Program,
+    counts: Sequence[int],
+    *,
+    workgroup: tuple[int, int, int],
+    grid_override: int | Sequence[int] | None = None,
+) -> tuple[int, int, int]:
+    """Return the grid for a launch (the IR specification's launch-geometry rule).
+
+    ``grid_override`` wins when given. Otherwise, for a 1-D workgroup, ``n`` is
+    the largest count among output buffers (among all non-workgroup buffers when
+    the program uses workgroup memory or atomics) and the grid is
+    ``(ceil(n / workgroup[0]), 1, 1)``.
+
+    Raises:
+        InvalidProgram: a multi-dimensional workgroup without ``grid_override``.
+    """
+    if grid_override is not None:
+        return normalize_axes(grid_override, "grid_override")
+    if workgroup[1] != 1 or workgroup[2] != 1:
+        raise InvalidProgram(
+            f"workgroup {workgroup} is multi-dimensional, so the grid cannot be inferred",
+            fix="pass DispatchConfig(grid_override=(gx, gy, gz))",
+        )
+    wide = bool(program.workgroup_buffers) or uses_atomics(program)
+    sized = [
+        count
+        for decl, count in zip(program.buffers, counts, strict=True)
+        if decl.access is not Access.WORKGROUP and (wide or decl.access.is_output)
+    ]
+    n = max(sized, default=0)
+    return (math.ceil(n / workgroup[0]), 1, 1)
+
+
+def plan_dispatch(
+    program: Program,
+    input_counts: Sequence[int],
+    *,
+    grid_override: int | Sequence[int] | None = None,
+    workgroup_override: int | Sequence[int] | None = None,
+) -> BindingPlan:
+    """Return the binding plan for dispatching ``program`` on inputs of the given sizes.
+
+    Args:
+        program: A validated program.
+        input_counts: Element count of each input, in input order.
+        grid_override: Workgroups per axis; inferred when None.
+        workgroup_override: Replaces the program's workgroup shape when given.
+
+    Raises:
+        InvalidProgram: wrong number of inputs, or a grid that cannot be inferred.
+    """
+    inputs = program.inputs
+    if len(input_counts) != len(inputs):
+        raise InvalidProgram(
+            f"program takes {len(inputs)} input(s), got {len(input_counts)}",
+            fix="pass one input per READ, UNIFORM and READ_WRITE buffer, in binding order",
+        )
+    given = dict(zip((d.name for d in inputs), input_counts, strict=True))
+    counts = tuple(
+        given.get(d.name, d.count) if d.access.is_input else d.count for d in program.buffers
+    )
+    workgroup = (
+        program.workgroup_size
+        if workgroup_override is None
+        else normalize_axes(workgroup_override, "workgroup_override")
+    )
+    grid = infer_grid(program, counts, workgroup=workgroup, grid_override=grid_override)
+    return BindingPlan(
+        program=program,
+        geometry=LaunchGeometry(grid=grid, workgroup=workgroup),
+        counts=counts,
+        inputs=inputs,
+        outputs=program.outputs,
+    )
