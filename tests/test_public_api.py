@@ -1,0 +1,41 @@
+"""Each public package exports exactly its `__all__`, and nothing heavy loads at import."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import subprocess
+import sys
+import types
+
+import pytest
+
+PACKAGES = ["vyre_async", "vyre_async.ir", "vyre_reference"]
+
+
+def _submodules(module: types.ModuleType) -> set[str]:
+    path = getattr(module, "__path__", None)
+    if path is None:
+        return set()
+    return {info.name for info in pkgutil.iter_modules(path)}
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_public_names_are_exactly_all(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = set(module.__all__)
+    assert len(exported) == len(module.__all__), "duplicate names in __all__"
+    public = {n for n in vars(module) if not n.startswith("_")} - _submodules(module)
+    assert public == exported - {"__version__"}
+    for item in exported:
+        assert hasattr(module, item), item
+
+
+def test_import_is_light() -> None:
+    code = (
+        "import sys, vyre_async, vyre_async.ir, vyre_async.registry, vyre_async.cli;"
+        "heavy = {'cupy', 'cupyx', 'vyre_cupy', 'vyre_reference', 'opentelemetry.sdk', 'torch'};"
+        "print(sorted(heavy & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
