@@ -113,6 +113,8 @@ def test_strings_and_enums_build_equal_nodes() -> None:
         lambda: Program([1], 1, []),  # type: ignore[list-item]
         lambda: Program([], 1, [], op_id=3),  # type: ignore[arg-type]
         lambda: Load("a", "zero"),  # type: ignore[arg-type]
+        lambda: If(u32(1), 5),  # type: ignore[arg-type]
+        lambda: Block("Return()"),
     ],
 )
 def test_malformed_nodes_raise_invalid_program_with_fix(build: object) -> None:

@@ -169,7 +169,7 @@ class Expr:
 
     def cast(self, dtype: DType | str) -> Cast:
         """Return this value converted to ``dtype``."""
-        return Cast(dtype, self)  # type: ignore[arg-type]
+        return Cast(dtype, self)
 
 
 ExprLike: TypeAlias = "Expr | int | float | bool"
@@ -225,7 +225,7 @@ def f32_from_bits(bits: int) -> float:
     return float(struct.unpack("<f", struct.pack("<I", bits & 0xFFFF_FFFF))[0])
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False, init=False)
 class Const(Expr):
     """A literal. F32 values are rounded to binary32 on construction; NaN is canonical.
 
@@ -236,10 +236,9 @@ class Const(Expr):
     dtype: DType
     value: int | float | bool
 
-    def __post_init__(self) -> None:
-        dtype = _enum(DType, self.dtype, "constant dtype")
+    def __init__(self, dtype: DType | str, value: int | float | bool) -> None:
+        dtype = _enum(DType, dtype, "constant dtype")
         _set(self, "dtype", dtype)
-        value = self.value
         if dtype is DType.F32:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise InvalidProgram(
@@ -287,70 +286,72 @@ class Const(Expr):
         return f"{self.dtype.value}({self.value})"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Var(Expr):
     """The current value of a variable introduced by `Let` or `Loop`."""
 
     name: str
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
             raise InvalidProgram(
-                f"variable name must be a non-empty str, got {self.name!r}",
+                f"variable name must be a non-empty str, got {name!r}",
                 fix="name variables with non-empty strings",
             )
+        _set(self, "name", name)
 
     def __repr__(self) -> str:
         return f"Var({self.name!r})"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Load(Expr):
     """Element ``index`` (U32) of ``buffer``; an out-of-bounds load yields 0."""
 
     buffer: str
     index: Expr
 
-    def __post_init__(self) -> None:
-        _set(self, "buffer", _buffer_name(self.buffer))
-        _set(self, "index", lift(self.index))
+    def __init__(self, buffer: str | BufferDecl, index: ExprLike) -> None:
+        _set(self, "buffer", _buffer_name(buffer))
+        _set(self, "index", lift(index))
 
     def __repr__(self) -> str:
         return f"Load({self.buffer!r}, {self.index!r})"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class BufLen(Expr):
     """Element count of ``buffer`` (U32; the dispatch-time count for runtime-sized buffers)."""
 
     buffer: str
 
-    def __post_init__(self) -> None:
-        _set(self, "buffer", _buffer_name(self.buffer))
+    def __init__(self, buffer: str | BufferDecl) -> None:
+        _set(self, "buffer", _buffer_name(buffer))
 
     def __repr__(self) -> str:
         return f"BufLen({self.buffer!r})"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Builtin(Expr):
     """A launch-geometry value (U32) on ``axis`` 0, 1 or 2: see `BuiltinKind`."""
 
     kind: BuiltinKind
     axis: int = 0
 
-    def __post_init__(self) -> None:
-        _set(self, "kind", _enum(BuiltinKind, self.kind, "builtin kind"))
-        if isinstance(self.axis, bool) or self.axis not in (0, 1, 2):
+    def __init__(self, kind: BuiltinKind | str, axis: int = 0) -> None:
+        _set(self, "kind", _enum(BuiltinKind, kind, "builtin kind"))
+        if isinstance(axis, bool) or axis not in (0, 1, 2):
             raise InvalidProgram(
-                f"builtin axis must be 0, 1 or 2, got {self.axis!r}", fix="use axis 0, 1 or 2"
+                f"builtin axis must be 0, 1 or 2, got {axis!r}", fix="use axis 0, 1 or 2"
             )
+        _set(self, "axis", int(axis))
 
     def __repr__(self) -> str:
         return f"{self.kind.value}({self.axis})"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Bin(Expr):
     """Binary operation ``op(a, b)``; both operands have the same dtype."""
 
@@ -358,31 +359,31 @@ class Bin(Expr):
     a: Expr
     b: Expr
 
-    def __post_init__(self) -> None:
-        _set(self, "op", _enum(BinOp, self.op, "binary operator"))
-        _set(self, "a", lift(self.a))
-        _set(self, "b", lift(self.b))
+    def __init__(self, op: BinOp | str, a: ExprLike, b: ExprLike) -> None:
+        _set(self, "op", _enum(BinOp, op, "binary operator"))
+        _set(self, "a", lift(a))
+        _set(self, "b", lift(b))
 
     def __repr__(self) -> str:
         return f"Bin({self.op.value!r}, {self.a!r}, {self.b!r})"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Un(Expr):
     """Unary operation ``op(a)``."""
 
     op: UnOp
     a: Expr
 
-    def __post_init__(self) -> None:
-        _set(self, "op", _enum(UnOp, self.op, "unary operator"))
-        _set(self, "a", lift(self.a))
+    def __init__(self, op: UnOp | str, a: ExprLike) -> None:
+        _set(self, "op", _enum(UnOp, op, "unary operator"))
+        _set(self, "a", lift(a))
 
     def __repr__(self) -> str:
         return f"Un({self.op.value!r}, {self.a!r})"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Select(Expr):
     """``if_true`` where ``cond`` (BOOL or U32, non-zero = true) holds, else ``if_false``.
 
@@ -393,31 +394,31 @@ class Select(Expr):
     if_true: Expr
     if_false: Expr
 
-    def __post_init__(self) -> None:
-        _set(self, "cond", lift(self.cond))
-        _set(self, "if_true", lift(self.if_true))
-        _set(self, "if_false", lift(self.if_false))
+    def __init__(self, cond: ExprLike, if_true: ExprLike, if_false: ExprLike) -> None:
+        _set(self, "cond", lift(cond))
+        _set(self, "if_true", lift(if_true))
+        _set(self, "if_false", lift(if_false))
 
     def __repr__(self) -> str:
         return f"Select({self.cond!r}, {self.if_true!r}, {self.if_false!r})"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Cast(Expr):
     """``value`` converted to ``dtype`` (see the cast rules of the IR specification)."""
 
     dtype: DType
     value: Expr
 
-    def __post_init__(self) -> None:
-        _set(self, "dtype", _enum(DType, self.dtype, "cast target dtype"))
-        _set(self, "value", lift(self.value))
+    def __init__(self, dtype: DType | str, value: ExprLike) -> None:
+        _set(self, "dtype", _enum(DType, dtype, "cast target dtype"))
+        _set(self, "value", lift(value))
 
     def __repr__(self) -> str:
         return f"Cast(DType.{self.dtype.name}, {self.value!r})"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Fma(Expr):
     """Fused multiply-add ``a * b + c`` on F32 with a single rounding."""
 
@@ -425,16 +426,16 @@ class Fma(Expr):
     b: Expr
     c: Expr
 
-    def __post_init__(self) -> None:
-        _set(self, "a", lift(self.a))
-        _set(self, "b", lift(self.b))
-        _set(self, "c", lift(self.c))
+    def __init__(self, a: ExprLike, b: ExprLike, c: ExprLike) -> None:
+        _set(self, "a", lift(a))
+        _set(self, "b", lift(b))
+        _set(self, "c", lift(c))
 
     def __repr__(self) -> str:
         return f"Fma({self.a!r}, {self.b!r}, {self.c!r})"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Atomic(Expr):
     """Atomic ``op`` on ``buffer[index]`` with ``value``; evaluates to the old word (U32).
 
@@ -448,13 +449,19 @@ class Atomic(Expr):
     value: Expr
     expected: Expr | None = None
 
-    def __post_init__(self) -> None:
-        _set(self, "op", _enum(AtomicOp, self.op, "atomic operator"))
-        _set(self, "buffer", _buffer_name(self.buffer))
-        _set(self, "index", lift(self.index))
-        _set(self, "value", lift(self.value))
-        if self.expected is not None:
-            _set(self, "expected", lift(self.expected))
+    def __init__(
+        self,
+        op: AtomicOp | str,
+        buffer: str | BufferDecl,
+        index: ExprLike,
+        value: ExprLike,
+        expected: ExprLike | None = None,
+    ) -> None:
+        _set(self, "op", _enum(AtomicOp, op, "atomic operator"))
+        _set(self, "buffer", _buffer_name(buffer))
+        _set(self, "index", lift(index))
+        _set(self, "value", lift(value))
+        _set(self, "expected", None if expected is None else lift(expected))
 
     def __repr__(self) -> str:
         tail = "" if self.expected is None else f", expected={self.expected!r}"

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from vyre_async.errors import InvalidProgram
-from vyre_async.ir.stmt import Stmt, as_body
+from vyre_async.ir.stmt import Body, Stmt, as_body
 from vyre_async.ir.types import Access, BufferDecl
 
 __all__ = ["Program"]
@@ -37,7 +37,7 @@ def _workgroup(value: object) -> tuple[int, int, int]:
     return (x, y, z)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Program:
     """One SPMD kernel of the IR. Immutable, hashable, deterministic to serialise.
 
@@ -62,18 +62,26 @@ class Program:
         default_factory=dict, init=False, repr=False, compare=False, hash=False
     )
 
-    def __post_init__(self) -> None:
-        buffers = tuple(self.buffers) if isinstance(self.buffers, Iterable) else self.buffers
-        if not isinstance(buffers, tuple) or not all(isinstance(b, BufferDecl) for b in buffers):
+    def __init__(
+        self,
+        buffers: Iterable[BufferDecl],
+        workgroup_size: int | Sequence[int],
+        body: Body,
+        op_id: str = "",
+    ) -> None:
+        decls = tuple(buffers) if isinstance(buffers, Iterable) else buffers
+        if not isinstance(decls, tuple) or not all(isinstance(b, BufferDecl) for b in decls):
             raise InvalidProgram(
-                f"buffers must be BufferDecl items, got {self.buffers!r}",
+                f"buffers must be BufferDecl items, got {buffers!r}",
                 fix="declare each buffer with BufferDecl(name, binding, access, dtype, count)",
             )
-        object.__setattr__(self, "buffers", tuple(sorted(buffers, key=_buffer_key)))
-        object.__setattr__(self, "workgroup_size", _workgroup(self.workgroup_size))
-        object.__setattr__(self, "body", as_body(self.body, where="Program.body"))
-        if not isinstance(self.op_id, str):
-            raise InvalidProgram(f"op_id must be a str, got {self.op_id!r}", fix="pass a str")
+        if not isinstance(op_id, str):
+            raise InvalidProgram(f"op_id must be a str, got {op_id!r}", fix="pass a str")
+        object.__setattr__(self, "buffers", tuple(sorted(decls, key=_buffer_key)))
+        object.__setattr__(self, "workgroup_size", _workgroup(workgroup_size))
+        object.__setattr__(self, "body", as_body(body, where="Program.body"))
+        object.__setattr__(self, "op_id", op_id)
+        object.__setattr__(self, "_memo", {})
 
     # Identity -------------------------------------------------------------------
     def __hash__(self) -> int:
@@ -164,9 +172,7 @@ class Program:
 
     def __repr__(self) -> str:
         op = f", op_id={self.op_id!r}" if self.op_id else ""
-        return (
-            f"Program({list(self.buffers)!r}, {self.workgroup_size!r}, {list(self.body)!r}{op})"
-        )
+        return f"Program({list(self.buffers)!r}, {self.workgroup_size!r}, {list(self.body)!r}{op})"
 
 
 def _buffer_key(decl: BufferDecl) -> tuple[int, str]:

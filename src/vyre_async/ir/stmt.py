@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from vyre_async.errors import InvalidProgram
-from vyre_async.ir.expr import Expr, _buffer_name, _set, lift
+from vyre_async.ir.expr import Expr, ExprLike, _buffer_name, _set, lift
+from vyre_async.ir.types import BufferDecl
 
 __all__ = [
     "Assign",
     "Barrier",
+    "Body",
     "Block",
     "If",
     "Let",
@@ -30,7 +33,7 @@ def _name(value: object, what: str) -> str:
     return value
 
 
-def as_body(statements: Iterable[object], *, where: str = "body") -> tuple[Stmt, ...]:
+def as_body(statements: Stmt | Iterable[object], *, where: str = "body") -> tuple[Stmt, ...]:
     """Return ``statements`` as a tuple of statements.
 
     Raises:
@@ -38,14 +41,20 @@ def as_body(statements: Iterable[object], *, where: str = "body") -> tuple[Stmt,
     """
     if isinstance(statements, Stmt):
         statements = (statements,)
-    out = tuple(statements)
-    for i, item in enumerate(out):
+    elif not isinstance(statements, Iterable) or isinstance(statements, str | bytes):
+        raise InvalidProgram(
+            f"{where} must be a list of statements, got {statements!r}",
+            fix="pass a list such as [Let(...), Store(...)]",
+        )
+    out: list[Stmt] = []
+    for i, item in enumerate(statements):
         if not isinstance(item, Stmt):
             raise InvalidProgram(
                 f"{where}[{i}] is a {type(item).__name__}, not a statement: {item!r}",
                 fix="wrap expressions in a statement: Let, Assign or Store",
             )
-    return out
+        out.append(item)
+    return tuple(out)
 
 
 class Stmt:
@@ -54,37 +63,41 @@ class Stmt:
     __slots__ = ()
 
 
-@dataclass(frozen=True, slots=True)
+#: What a statement body may be given as: a statement or any iterable of them.
+Body: TypeAlias = "Stmt | Iterable[Stmt]"
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class Let(Stmt):
     """Introduce variable ``name`` with ``value``; its dtype is fixed from then on."""
 
     name: str
     value: Expr
 
-    def __post_init__(self) -> None:
-        _set(self, "name", _name(self.name, "Let name"))
-        _set(self, "value", lift(self.value))
+    def __init__(self, name: str, value: ExprLike) -> None:
+        _set(self, "name", _name(name, "Let name"))
+        _set(self, "value", lift(value))
 
     def __repr__(self) -> str:
         return f"Let({self.name!r}, {self.value!r})"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Assign(Stmt):
     """Give variable ``name`` a new ``value`` of its dtype."""
 
     name: str
     value: Expr
 
-    def __post_init__(self) -> None:
-        _set(self, "name", _name(self.name, "Assign name"))
-        _set(self, "value", lift(self.value))
+    def __init__(self, name: str, value: ExprLike) -> None:
+        _set(self, "name", _name(name, "Assign name"))
+        _set(self, "value", lift(value))
 
     def __repr__(self) -> str:
         return f"Assign({self.name!r}, {self.value!r})"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Store(Stmt):
     """Write ``value`` to ``buffer[index]``; an out-of-bounds store does nothing."""
 
@@ -92,16 +105,16 @@ class Store(Stmt):
     index: Expr
     value: Expr
 
-    def __post_init__(self) -> None:
-        _set(self, "buffer", _buffer_name(self.buffer))
-        _set(self, "index", lift(self.index))
-        _set(self, "value", lift(self.value))
+    def __init__(self, buffer: str | BufferDecl, index: ExprLike, value: ExprLike) -> None:
+        _set(self, "buffer", _buffer_name(buffer))
+        _set(self, "index", lift(index))
+        _set(self, "value", lift(value))
 
     def __repr__(self) -> str:
         return f"Store({self.buffer!r}, {self.index!r}, {self.value!r})"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class If(Stmt):
     """Run ``then`` where ``cond`` (BOOL or U32, non-zero = true) holds, else ``orelse``."""
 
@@ -109,17 +122,17 @@ class If(Stmt):
     then: tuple[Stmt, ...]
     orelse: tuple[Stmt, ...] = ()
 
-    def __post_init__(self) -> None:
-        _set(self, "cond", lift(self.cond))
-        _set(self, "then", as_body(self.then, where="If.then"))
-        _set(self, "orelse", as_body(self.orelse, where="If.orelse"))
+    def __init__(self, cond: ExprLike, then: Body, orelse: Body = ()) -> None:
+        _set(self, "cond", lift(cond))
+        _set(self, "then", as_body(then, where="If.then"))
+        _set(self, "orelse", as_body(orelse, where="If.orelse"))
 
     def __repr__(self) -> str:
         tail = f", {list(self.orelse)!r}" if self.orelse else ""
         return f"If({self.cond!r}, {list(self.then)!r}{tail})"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Loop(Stmt):
     """Run ``body`` with read-only U32 ``var`` over ``[start, end)``; bounds evaluated once."""
 
@@ -128,11 +141,11 @@ class Loop(Stmt):
     end: Expr
     body: tuple[Stmt, ...]
 
-    def __post_init__(self) -> None:
-        _set(self, "var", _name(self.var, "Loop variable"))
-        _set(self, "start", lift(self.start))
-        _set(self, "end", lift(self.end))
-        _set(self, "body", as_body(self.body, where="Loop.body"))
+    def __init__(self, var: str, start: ExprLike, end: ExprLike, body: Body) -> None:
+        _set(self, "var", _name(var, "Loop variable"))
+        _set(self, "start", lift(start))
+        _set(self, "end", lift(end))
+        _set(self, "body", as_body(body, where="Loop.body"))
 
     def __repr__(self) -> str:
         return f"Loop({self.var!r}, {self.start!r}, {self.end!r}, {list(self.body)!r})"
@@ -154,14 +167,14 @@ class Return(Stmt):
         return "Return()"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Block(Stmt):
     """A scope: variables introduced inside are not visible after it."""
 
     body: tuple[Stmt, ...]
 
-    def __post_init__(self) -> None:
-        _set(self, "body", as_body(self.body, where="Block.body"))
+    def __init__(self, body: Body) -> None:
+        _set(self, "body", as_body(body, where="Block.body"))
 
     def __repr__(self) -> str:
         return f"Block({list(self.body)!r})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeVar
 
 import numpy as np
 
@@ -72,9 +73,12 @@ class Access(StrEnum):
         return f"Access.{self.name}"
 
 
-def _enum(kind: type[StrEnum], value: object, what: str) -> StrEnum:
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def _enum(kind: type[_E], value: object, what: str) -> _E:
     try:
-        return kind(value)
+        return kind(value)  # type: ignore[arg-type]
     except ValueError:
         choices = ", ".join(repr(m.value) for m in kind)
         raise InvalidProgram(
@@ -83,7 +87,7 @@ def _enum(kind: type[StrEnum], value: object, what: str) -> StrEnum:
         ) from None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class BufferDecl:
     """One buffer of a program.
 
@@ -105,25 +109,27 @@ class BufferDecl:
     dtype: DType
     count: int = 0
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str):
+    def __init__(
+        self, name: str, binding: int, access: Access | str, dtype: DType | str, count: int = 0
+    ) -> None:
+        if not isinstance(name, str) or not name:
             raise InvalidProgram(
-                f"buffer name must be a str, got {type(self.name).__name__}",
+                f"buffer name must be a non-empty str, got {name!r}",
                 fix="name buffers with strings",
             )
-        object.__setattr__(self, "access", _enum(Access, self.access, "buffer access"))
-        object.__setattr__(self, "dtype", _enum(DType, self.dtype, "buffer dtype"))
-        for field_name in ("binding", "count"):
-            value = getattr(self, field_name)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "access", _enum(Access, access, "buffer access"))
+        object.__setattr__(self, "dtype", _enum(DType, dtype, "buffer dtype"))
+        for field_name, value in (("binding", binding), ("count", count)):
             if isinstance(value, bool) or not isinstance(value, int | np.integer):
                 raise InvalidProgram(
-                    f"buffer {self.name!r}: {field_name} must be an int, got {value!r}",
+                    f"buffer {name!r}: {field_name} must be an int, got {value!r}",
                     fix=f"pass an integer {field_name}",
                 )
             value = int(value)
             if not 0 <= value <= _U32_MAX:
                 raise InvalidProgram(
-                    f"buffer {self.name!r}: {field_name} {value} is outside 0..{_U32_MAX}",
+                    f"buffer {name!r}: {field_name} {value} is outside 0..{_U32_MAX}",
                     fix=f"use a {field_name} that fits in an unsigned 32-bit integer",
                 )
             object.__setattr__(self, field_name, value)
