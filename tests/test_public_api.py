@@ -14,10 +14,12 @@ PACKAGES = ["vyre_async", "vyre_async.ir", "vyre_reference"]
 
 
 def _submodules(module: types.ModuleType) -> set[str]:
+    """Names bound to submodules (a function may shadow its module's name, e.g. ir.validate)."""
     path = getattr(module, "__path__", None)
     if path is None:
         return set()
-    return {info.name for info in pkgutil.iter_modules(path)}
+    names = {info.name for info in pkgutil.iter_modules(path)}
+    return {n for n in names if isinstance(getattr(module, n, None), types.ModuleType)}
 
 
 @pytest.mark.parametrize("name", PACKAGES)

@@ -25,6 +25,7 @@ from vyre_async.ir.ops import AtomicOp, BinOp, BuiltinKind, UnOp
 from vyre_async.ir.program import Program
 from vyre_async.ir.stmt import Assign, Barrier, Block, If, Let, Loop, Return, Stmt, Store
 from vyre_async.ir.types import Access, BufferDecl, DType
+from vyre_async.ir.validate import Diagnostic, validate, validate_or_raise
 
 __all__ = [
     "Access",
@@ -42,6 +43,7 @@ __all__ = [
     "Cast",
     "Const",
     "DType",
+    "Diagnostic",
     "Expr",
     "Fma",
     "If",
@@ -62,5 +64,7 @@ __all__ = [
     "lid",
     "nwg",
     "u32",
+    "validate",
+    "validate_or_raise",
     "wgid",
 ]

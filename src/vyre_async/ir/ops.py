@@ -13,11 +13,14 @@ from vyre_async.ir.types import DType
 
 __all__ = [
     "FLOAT_UNARY",
+    "TRANSCENDENTAL",
     "AtomicOp",
     "BinOp",
     "BuiltinKind",
     "UnOp",
+    "bin_operand_types",
     "bin_result",
+    "un_operand_types",
     "un_result",
 ]
 
