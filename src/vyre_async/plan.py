@@ -21,8 +21,10 @@ from vyre_async.ir.walk import uses_atomics
 __all__ = [
     "BindingPlan",
     "LaunchGeometry",
+    "check_input_count",
     "infer_grid",
     "normalize_axes",
+    "normalize_input",
     "normalize_inputs",
     "plan_dispatch",
 ]
@@ -119,23 +121,17 @@ def normalize_inputs(program: Program, inputs: Sequence[HostInput]) -> list[np.n
             not a multiple of 4, or a size that differs from a buffer's static count.
     """
     decls = program.inputs
-    if isinstance(inputs, np.ndarray | bytes | bytearray | memoryview):
-        raise InvalidProgram(
-            "inputs must be a sequence with one item per input buffer, got a single "
-            f"{type(inputs).__name__}",
-            fix="wrap it in a list: dispatch(program, [array])",
-        )
-    if len(inputs) != len(decls):
-        names = ", ".join(f"{d.name}:{d.dtype.value}" for d in decls) or "none"
-        raise InvalidProgram(
-            f"program {program.op_id or '<unnamed>'} takes {len(decls)} input(s) ({names}), "
-            f"got {len(inputs)}",
-            fix="pass one input per READ, UNIFORM and READ_WRITE buffer, in binding order",
-        )
-    return [_one_input(decl, value) for decl, value in zip(decls, inputs, strict=True)]
+    check_input_count(program, inputs)
+    return [normalize_input(decl, value) for decl, value in zip(decls, inputs, strict=True)]
 
 
-def _one_input(decl: BufferDecl, value: object) -> np.ndarray:
+def normalize_input(decl: BufferDecl, value: object) -> np.ndarray:
+    """Return one host input for buffer ``decl`` as a private, flat, typed copy.
+
+    Raises:
+        InvalidProgram: wrong dtype, a byte length that is not a multiple of 4, a
+            size that differs from the buffer's static count, or not an array/bytes.
+    """
     want = decl.dtype.numpy
     if isinstance(value, bytes | bytearray | memoryview):
         raw = memoryview(value).cast("B")
@@ -167,6 +163,28 @@ def _one_input(decl: BufferDecl, value: object) -> np.ndarray:
             fix=f"pass exactly {decl.count} elements, or declare the buffer with count=0",
         )
     return array
+
+
+def check_input_count(program: Program, inputs: Sequence[object]) -> None:
+    """Check that ``inputs`` is a sequence with one item per input buffer of ``program``.
+
+    Raises:
+        InvalidProgram: a single array was passed instead of a list, or the count differs.
+    """
+    decls = program.inputs
+    if isinstance(inputs, np.ndarray | bytes | bytearray | memoryview):
+        raise InvalidProgram(
+            "inputs must be a sequence with one item per input buffer, got a single "
+            f"{type(inputs).__name__}",
+            fix="wrap it in a list: dispatch(program, [array])",
+        )
+    if len(inputs) != len(decls):
+        names = ", ".join(f"{d.name}:{d.dtype.value}" for d in decls) or "none"
+        raise InvalidProgram(
+            f"program {program.op_id or '<unnamed>'} takes {len(decls)} input(s) ({names}), "
+            f"got {len(inputs)}",
+            fix="pass one input per READ, UNIFORM and READ_WRITE buffer, in binding order",
+        )
 
 
 def infer_grid(

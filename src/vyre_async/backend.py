@@ -1,0 +1,471 @@
+"""`VyreBackend`: the abstract base class every concrete driver implements.
+
+A backend supplies an ``id`` and the `VyreBackend.enqueue` hook; everything
+else has a conservative default. `VyreBackend.dispatch` is the shared front
+half of every dispatch — validate (memoised), compile or fetch the pipeline,
+check inputs and config, plan the launch — after which ``enqueue`` only has to
+start the work and settle the `PendingDispatch` when it ends.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, ClassVar
+
+import anyio
+import numpy as np
+
+from vyre_async.cache.disk import DiskPipelineCache
+from vyre_async.cache.identity import PipelineIdentity, pipeline_identity, policy_digest
+from vyre_async.cache.memory import CacheStats, MemoryPipelineCache
+from vyre_async.capabilities import BackendCapabilities
+from vyre_async.config import DispatchConfig
+from vyre_async.errors import InvalidProgram, UnsupportedFeature
+from vyre_async.ir.expr import Atomic, Bin, Un
+from vyre_async.ir.ops import AtomicOp, BinOp, UnOp
+from vyre_async.ir.program import Program
+from vyre_async.ir.types import DType
+from vyre_async.ir.validate import validate_or_raise
+from vyre_async.ir.walk import iter_exprs
+from vyre_async.pending import PendingDispatch
+from vyre_async.pipeline import CompiledPipeline, InputLike, Launch
+from vyre_async.plan import check_input_count, normalize_input, plan_dispatch
+from vyre_async.resident import ResidentBuffer
+
+__all__ = ["CORE_OPS", "VyreBackend", "ops_used"]
+
+#: Every operation of the core IR, as ``"bin.<op>"``, ``"un.<op>"`` and ``"atomic.<op>"``.
+CORE_OPS: frozenset[str] = frozenset(
+    [f"bin.{op.value}" for op in BinOp]
+    + [f"un.{op.value}" for op in UnOp]
+    + [f"atomic.{op.value}" for op in AtomicOp]
+)
+
+_DEFAULT_CONFIG = DispatchConfig()
+
+
+def ops_used(program: Program) -> frozenset[str]:
+    """Return the operations ``program`` uses, named as in `CORE_OPS` (memoised)."""
+    cached = program._memo.get("ops_used")
+    if cached is None:
+        found: set[str] = set()
+        for expr in iter_exprs(program.body):
+            if isinstance(expr, Bin):
+                found.add(f"bin.{expr.op.value}")
+            elif isinstance(expr, Un):
+                found.add(f"un.{expr.op.value}")
+            elif isinstance(expr, Atomic):
+                found.add(f"atomic.{expr.op.value}")
+        cached = frozenset(found)
+        program._memo["ops_used"] = cached
+    return frozenset(cached)
+
+
+class VyreBackend(abc.ABC):
+    """Base class of every backend.
+
+    A subclass must set ``id`` (a unique string) and implement `enqueue`.
+    Every other member has a conservative default, documented on the member.
+    Backends are built by the registry (`acquire_backend`) or directly by the
+    user; ``async with backend:`` prepares it and shuts it down.
+
+    Args:
+        pipeline_cache_capacity: Entries of the in-memory pipeline LRU.
+        disk_cache: Where compiled pipeline bytes persist across processes; only
+            used by backends whose `serialize_pipeline` returns bytes.
+    """
+
+    id: ClassVar[str]
+    version: str = "unspecified"
+
+    def __init__(
+        self,
+        *,
+        pipeline_cache_capacity: int = 256,
+        disk_cache: DiskPipelineCache | None = None,
+    ) -> None:
+        backend_id = getattr(type(self), "id", None)
+        if not isinstance(backend_id, str) or not backend_id:
+            raise TypeError(f"{type(self).__name__} must set a class attribute id = '<name>'")
+        self.pipelines: MemoryPipelineCache[CompiledPipeline] = MemoryPipelineCache(
+            pipeline_cache_capacity
+        )
+        self.disk_cache = disk_cache
+        self._identities: OrderedDict[tuple[Program, bytes], PipelineIdentity] = OrderedDict()
+        self._identity_lock = threading.Lock()
+        self._device_key: str | None = None
+
+    # Description ----------------------------------------------------------------
+    def supported_ops(self) -> frozenset[str]:
+        """Return the operations this backend executes. Default: `CORE_OPS`, all of them."""
+        return CORE_OPS
+
+    def capabilities(self) -> BackendCapabilities:
+        """Return what the backend supports natively. Default: nothing (every feature False)."""
+        return BackendCapabilities()
+
+    def device_fingerprint(self) -> str:
+        """Return a string that changes whenever compiled code stops being reusable.
+
+        Part of the pipeline cache identity: device model and architecture, driver
+        and runtime versions. Default: ``""`` (one host, nothing to distinguish).
+        """
+        return ""
+
+    def compiler_fingerprint(self) -> str:
+        """Return the compiler's name, version and fixed options. Default: ``""``."""
+        return ""
+
+    def compile_options(self, config: DispatchConfig) -> Mapping[str, object]:
+        """Return options that change generated code for ``config``. Default: none."""
+        return {}
+
+    # Lifecycle ------------------------------------------------------------------
+    async def prepare(self) -> None:
+        """Open devices and warm up. Default: nothing to do."""
+        return None
+
+    async def flush(self) -> None:
+        """Wait until every submitted dispatch has finished. Default: nothing to do."""
+        return None
+
+    async def shutdown(self) -> None:
+        """Release devices and workers. Default: nothing to do."""
+        return None
+
+    async def aclose(self) -> None:
+        """Shut the backend down (alias of `shutdown`)."""
+        await self.shutdown()
+
+    async def __aenter__(self) -> VyreBackend:
+        await self.prepare()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.shutdown()
+
+    def device_lost(self) -> bool:
+        """Return True once the device is unusable. Default: False."""
+        return False
+
+    def try_recover(self) -> None:
+        """Try to bring a lost device back.
+
+        Raises:
+            UnsupportedFeature: by default (device recovery not implemented).
+        """
+        raise UnsupportedFeature(
+            f"backend {self.id!r} does not support device recovery",
+            fix="acquire a new backend instance",
+            feature="device recovery",
+        )
+
+    # Resident buffers ------------------------------------------------------------
+    def _no_resident(self, what: str) -> UnsupportedFeature:
+        return UnsupportedFeature(
+            f"backend {self.id!r} has no resident buffers ({what} is not supported)",
+            fix="pass numpy arrays as dispatch inputs instead of resident buffers",
+            feature="resident buffers",
+        )
+
+    def upload(self, data: np.ndarray | bytes, *, label: str | None = None) -> ResidentBuffer:
+        """Copy ``data`` into a new resident buffer.
+
+        Raises:
+            UnsupportedFeature: by default — never a silent host fallback.
+        """
+        raise self._no_resident("upload")
+
+    def alloc(self, dtype: DType | str, count: int, *, label: str | None = None) -> ResidentBuffer:
+        """Allocate a zero-filled resident buffer.
+
+        Raises:
+            UnsupportedFeature: by default.
+        """
+        raise self._no_resident("alloc")
+
+    def download(self, buffer: ResidentBuffer) -> np.ndarray:
+        """Copy a resident buffer back to a new host array.
+
+        Raises:
+            UnsupportedFeature: by default.
+        """
+        raise self._no_resident("download")
+
+    def free(self, buffer: ResidentBuffer) -> None:
+        """Release a resident buffer.
+
+        Raises:
+            UnsupportedFeature: by default.
+        """
+        raise self._no_resident("free")
+
+    # Pipelines --------------------------------------------------------------------
+    def build_pipeline(self, program: Program, config: DispatchConfig) -> Any:
+        """Compile ``program`` into the backend's native artifact. Default: None (pass-through).
+
+        Raises:
+            KernelCompileFailed: the backend's compiler rejected the generated code.
+        """
+        return None
+
+    def serialize_pipeline(self, native: Any) -> bytes | None:
+        """Return bytes `load_pipeline` can rebuild ``native`` from. Default: None (memory only)."""
+        return None
+
+    def load_pipeline(self, payload: bytes, program: Program, config: DispatchConfig) -> Any:
+        """Rebuild a native artifact from `serialize_pipeline` bytes.
+
+        Raises:
+            UnsupportedFeature: by default (the backend does not use the disk cache).
+        """
+        raise UnsupportedFeature(
+            f"backend {self.id!r} cannot load pipelines from bytes",
+            fix="disable the disk cache for this backend",
+            feature="pipeline serialization",
+        )
+
+    def pipeline_identity(
+        self, program: Program, config: DispatchConfig | None = None
+    ) -> PipelineIdentity:
+        """Return the cache identity of ``program`` compiled under ``config`` on this backend."""
+        cfg = config or _DEFAULT_CONFIG
+        memo_key = (program, policy_digest(cfg) if config is not None else b"")
+        with self._identity_lock:
+            identity = self._identities.get(memo_key)
+            if identity is not None:
+                self._identities.move_to_end(memo_key)
+                return identity
+        if self._device_key is None:
+            self._device_key = self.device_fingerprint()
+        identity = pipeline_identity(
+            program,
+            cfg,
+            backend_id=self.id,
+            backend_version=self.version,
+            device_fingerprint=self._device_key,
+            compiler=self.compiler_fingerprint(),
+            compile_options=self.compile_options(cfg),
+        )
+        with self._identity_lock:
+            self._identities[memo_key] = identity
+            while len(self._identities) > 4 * self.pipelines.capacity:
+                self._identities.popitem(last=False)
+        return identity
+
+    def compile(self, program: Program, config: DispatchConfig | None = None) -> CompiledPipeline:
+        """Return ``program`` compiled for this backend (memory cache → disk cache → build).
+
+        Raises:
+            InvalidProgram: the program does not validate.
+            UnsupportedFeature: the program uses an operation this backend lacks.
+            KernelCompileFailed: the backend's compiler rejected it.
+        """
+        pipeline, _ = self._pipeline_for(program, config or _DEFAULT_CONFIG)
+        return pipeline
+
+    async def compile_async(
+        self, program: Program, config: DispatchConfig | None = None
+    ) -> CompiledPipeline:
+        """Compile like `compile` on a worker thread, without blocking the event loop."""
+        return await anyio.to_thread.run_sync(self.compile, program, config)
+
+    def cache_stats(self) -> CacheStats:
+        """Return the in-memory pipeline cache counters."""
+        return self.pipelines.stats()
+
+    def _pipeline_for(
+        self, program: Program, config: DispatchConfig
+    ) -> tuple[CompiledPipeline, bool]:
+        if not isinstance(program, Program):
+            raise InvalidProgram(
+                f"dispatch expects a Program, got {type(program).__name__}",
+                fix="build the kernel with vyre_async.ir.Program(...)",
+            )
+        validate_or_raise(program)
+        missing = ops_used(program) - self.supported_ops()
+        if missing:
+            raise UnsupportedFeature(
+                f"backend {self.id!r} does not implement {', '.join(sorted(missing))}",
+                fix="rewrite the program without these operations or use another backend",
+                feature=sorted(missing),
+            )
+        identity = self.pipeline_identity(program, config)
+        cached = self.pipelines.get(identity)
+        if cached is not None:
+            return cached, True
+        pipeline = self._load_or_build(program, config, identity)
+        self.pipelines.put(identity, pipeline)
+        return pipeline, False
+
+    def _load_or_build(
+        self, program: Program, config: DispatchConfig, identity: PipelineIdentity
+    ) -> CompiledPipeline:
+        def make(native: Any, compile_s: float, source: str) -> CompiledPipeline:
+            return CompiledPipeline(
+                backend=self,
+                program=program,
+                config=config,
+                identity=identity,
+                native=native,
+                compile_s=compile_s,
+                source=source,
+            )
+
+        if self.disk_cache is not None:
+            payload = self.disk_cache.get(identity.hex)
+            if payload is not None:
+                return make(self.load_pipeline(payload, program, config), 0.0, "disk")
+        start = time.perf_counter()
+        native = self.build_pipeline(program, config)
+        compile_s = time.perf_counter() - start
+        if self.disk_cache is not None:
+            payload = self.serialize_pipeline(native)
+            if payload is not None:
+                self.disk_cache.put(identity.hex, payload)
+        return make(native, compile_s, "compiled")
+
+    # Dispatch ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def enqueue(self, launch: Launch) -> PendingDispatch:
+        """Start one planned launch and return ``launch.pending`` at once.
+
+        A backend must not block on the work: it queues it (worker pool, device
+        stream) and later settles ``launch.completer`` exactly once, with the
+        outputs (one array per output buffer, in order) or with an error, from
+        any thread. It should stop at a safe point once
+        ``launch.completer.stop_requested`` is set (the result is no longer wanted).
+        """
+
+    def dispatch(
+        self,
+        program: Program,
+        inputs: Sequence[InputLike],
+        config: DispatchConfig | None = None,
+    ) -> PendingDispatch:
+        """Launch ``program`` on ``inputs`` and return its `PendingDispatch` at once.
+
+        Synchronous and fast: validates (memoised), fetches or compiles the
+        pipeline, checks inputs and config, plans the launch and enqueues it.
+        ``await`` the result (asyncio or trio) or call ``.result()`` in plain code.
+
+        Args:
+            program: The kernel.
+            inputs: One per input buffer (READ, UNIFORM, READ_WRITE), in binding
+                order: numpy arrays of the buffer's dtype, little-endian bytes, or
+                resident buffers of this backend. They are copied before this returns.
+            config: Dispatch options; defaults to ``DispatchConfig()``.
+
+        Raises:
+            InvalidProgram: invalid program, wrong input count/size/dtype, or a
+                config the program cannot run with.
+            UnsupportedFeature: the config or program needs a feature this
+                backend lacks.
+        """
+        cfg = config or _DEFAULT_CONFIG
+        started = time.perf_counter()
+        pipeline, hit = self._pipeline_for(program, cfg)
+        compile_s = 0.0 if hit else time.perf_counter() - started
+        return self._dispatch_pipeline(pipeline, inputs, cfg, cache_hit=hit, compile_s=compile_s)
+
+    def dispatch_sync(
+        self,
+        program: Program,
+        inputs: Sequence[InputLike],
+        config: DispatchConfig | None = None,
+    ) -> list[np.ndarray]:
+        """Dispatch and block for the outputs: ``dispatch(...).result()`` (outside event loops)."""
+        return self.dispatch(program, inputs, config).result()
+
+    def _dispatch_pipeline(
+        self,
+        pipeline: CompiledPipeline,
+        inputs: Sequence[InputLike],
+        config: DispatchConfig | None,
+        *,
+        cache_hit: bool,
+        compile_s: float = 0.0,
+    ) -> PendingDispatch:
+        cfg = config or pipeline.config
+        if cfg is not pipeline.config and policy_digest(cfg) != policy_digest(pipeline.config):
+            raise InvalidProgram(
+                "this pipeline was compiled for another ulp_budget/workgroup_override",
+                fix="compile a pipeline for this config: backend.compile(program, config)",
+            )
+        self._check_config(cfg)
+        program = pipeline.program
+        check_input_count(program, inputs)
+        prepared = tuple(
+            self._prepare_input(decl, value)
+            for decl, value in zip(program.inputs, inputs, strict=True)
+        )
+        plan = plan_dispatch(
+            program,
+            [item.count if isinstance(item, ResidentBuffer) else item.size for item in prepared],
+            grid_override=cfg.grid_override,
+            workgroup_override=cfg.workgroup_override,
+        )
+        if cfg.max_output_bytes is not None and plan.bytes_out > cfg.max_output_bytes:
+            raise InvalidProgram(
+                f"the outputs would take {plan.bytes_out} bytes, over max_output_bytes="
+                f"{cfg.max_output_bytes}",
+                fix="raise DispatchConfig.max_output_bytes or dispatch less data",
+            )
+        pending, completer = PendingDispatch.create(timeout=cfg.timeout, label=cfg.label)
+        pending.context["cache_hit"] = cache_hit
+        launch = Launch(
+            pipeline=pipeline,
+            plan=plan,
+            inputs=prepared,
+            config=cfg,
+            pending=pending,
+            completer=completer,
+            compile_s=compile_s,
+        )
+        return self.enqueue(launch)
+
+    def _prepare_input(self, decl: Any, value: object) -> np.ndarray | ResidentBuffer:
+        if isinstance(value, ResidentBuffer):
+            value.native(self.id)  # ownership and liveness
+            if value.dtype is not decl.dtype:
+                raise InvalidProgram(
+                    f"resident buffer #{value.id} holds {value.dtype.value}; buffer "
+                    f"{decl.name!r} is {decl.dtype.value}",
+                    fix="upload the data with the buffer's dtype",
+                )
+            if decl.count and value.count != decl.count:
+                raise InvalidProgram(
+                    f"resident buffer #{value.id} has {value.count} elements; buffer "
+                    f"{decl.name!r} declares count={decl.count}",
+                    fix=f"pass a buffer of exactly {decl.count} elements",
+                )
+            return value
+        return normalize_input(decl, value)
+
+    def _check_config(self, config: DispatchConfig) -> None:
+        caps = self.capabilities()
+        if config.cooperative and not caps.grid_sync:
+            raise UnsupportedFeature(
+                f"backend {self.id!r} cannot run cooperative (grid-sync) launches",
+                fix="set DispatchConfig(cooperative=False) or use a backend with grid_sync",
+                feature="grid_sync",
+            )
+        if config.persistent_thread == "force" and not caps.persistent_threads:
+            raise UnsupportedFeature(
+                f"backend {self.id!r} has no persistent-thread execution",
+                fix='use DispatchConfig(persistent_thread="auto")',
+                feature="persistent_threads",
+            )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} id={self.id!r} version={self.version!r}>"

@@ -1,0 +1,142 @@
+"""`DispatchConfig`: per-dispatch options, frozen and validated on construction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from vyre_async.errors import InvalidProgram
+from vyre_async.plan import normalize_axes
+
+__all__ = ["DispatchConfig", "Mode"]
+
+Mode = Literal["auto", "force", "disable"]
+_MODES = ("auto", "force", "disable")
+# Fields that do not change what runs, only how it is reported or bounded in time.
+_NOT_SHAPE = frozenset({"timeout", "label"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DispatchConfig:
+    """Options for one dispatch. Derive variants with `dataclasses.replace`.
+
+    Attributes:
+        profile: Free-form tag of the conformance or stress profile, for reports.
+        ulp_budget: Largest ULP difference tolerated on transcendental F32 ops
+            (``None`` = the default budget of 2). Part of the pipeline cache key.
+        timeout: Seconds from ``dispatch()`` (queueing included) after which the
+            result raises `DispatchTimeout`. ``None`` waits forever.
+        label: Debug label, shown in spans and errors.
+        max_output_bytes: Largest total output size accepted; larger raises
+            `InvalidProgram` before launch.
+        workgroup_override: Replaces the program's workgroup shape. Part of the
+            pipeline cache key.
+        grid_override: Workgroups per axis; inferred when ``None``.
+        fixpoint_iterations: Launch this many times back to back with buffers
+            carried over (``None`` = 1; 0 is rejected).
+        speculation: Speculative pipeline pre-specialisation: ``"auto"``,
+            ``"force"`` or ``"disable"``.
+        persistent_thread: Persistent-kernel execution: ``"auto"``, ``"force"`` or
+            ``"disable"``.
+        cooperative: Request a cooperative (grid-sync) launch; rejected with
+            `UnsupportedFeature` by backends without grid sync.
+
+    Raises:
+        InvalidProgram: a field is out of range; the message says which and how to fix it.
+    """
+
+    profile: str | None = None
+    ulp_budget: int | None = None
+    timeout: float | None = None
+    label: str | None = None
+    max_output_bytes: int | None = None
+    workgroup_override: tuple[int, int, int] | None = None
+    grid_override: tuple[int, int, int] | None = None
+    fixpoint_iterations: int | None = None
+    speculation: Mode = "auto"
+    persistent_thread: Mode = "auto"
+    cooperative: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ulp_budget is not None and (
+            isinstance(self.ulp_budget, bool)
+            or not isinstance(self.ulp_budget, int)
+            or not 0 <= self.ulp_budget <= 255
+        ):
+            raise _bad(
+                f"ulp_budget must be an int in 0..255, got {self.ulp_budget!r}", "ulp_budget=2"
+            )
+        if self.timeout is not None and (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, int | float)
+            or not self.timeout > 0
+            or math.isnan(self.timeout)
+        ):
+            raise _bad(
+                f"timeout must be a positive number of seconds, got {self.timeout!r}", "timeout=1.0"
+            )
+        if self.max_output_bytes is not None and (
+            isinstance(self.max_output_bytes, bool)
+            or not isinstance(self.max_output_bytes, int)
+            or self.max_output_bytes < 0
+        ):
+            raise _bad(
+                f"max_output_bytes must be a non-negative int, got {self.max_output_bytes!r}",
+                "max_output_bytes=1 << 20",
+            )
+        for name in ("workgroup_override", "grid_override"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, normalize_axes(value, name))
+        wg = self.workgroup_override
+        if wg is not None and min(wg) < 1:
+            raise _bad(
+                f"workgroup_override axes must be >= 1, got {wg}", "workgroup_override=(64, 1, 1)"
+            )
+        if self.fixpoint_iterations is not None and (
+            isinstance(self.fixpoint_iterations, bool)
+            or not isinstance(self.fixpoint_iterations, int)
+            or self.fixpoint_iterations < 1
+        ):
+            raise _bad(
+                "fixpoint_iterations must be None or an int >= 1, "
+                f"got {self.fixpoint_iterations!r}",
+                "fixpoint_iterations=None (one launch) or a positive count",
+            )
+        for name in ("speculation", "persistent_thread"):
+            if getattr(self, name) not in _MODES:
+                raise _bad(
+                    f"{name} must be one of {_MODES}, got {getattr(self, name)!r}", f'{name}="auto"'
+                )
+        if not isinstance(self.cooperative, bool):
+            raise _bad(f"cooperative must be a bool, got {self.cooperative!r}", "cooperative=False")
+        for name in ("profile", "label"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise _bad(f"{name} must be a str or None, got {value!r}", f'{name}="..."')
+
+    @property
+    def iterations(self) -> int:
+        """The number of launches (``fixpoint_iterations`` with ``None`` read as 1)."""
+        return 1 if self.fixpoint_iterations is None else self.fixpoint_iterations
+
+    def launch_shape(self) -> tuple[object, ...]:
+        """Return the fields that decide what runs: equal for configs of the same launch shape.
+
+        Everything but ``timeout`` and ``label`` counts; ``fixpoint_iterations``
+        ``None`` equals 1.
+        """
+        return tuple(
+            self.iterations if f.name == "fixpoint_iterations" else getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in _NOT_SHAPE
+        )
+
+    def same_launch_shape(self, other: DispatchConfig) -> bool:
+        """Return True when ``other`` differs from this config at most in timeout and label."""
+        return self.launch_shape() == other.launch_shape()
+
+
+def _bad(message: str, example: str) -> InvalidProgram:
+    return InvalidProgram(f"DispatchConfig: {message}", fix=f"pass e.g. DispatchConfig({example})")

@@ -1,0 +1,125 @@
+"""Compiled pipelines and the launch record backends receive.
+
+A `CompiledPipeline` is a program compiled once for one backend under one
+policy (``ulp_budget``, ``workgroup_override``); it dispatches many times with
+inputs of any size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from vyre_async.cache.identity import PipelineIdentity
+from vyre_async.config import DispatchConfig
+from vyre_async.ir.program import Program
+from vyre_async.pending import DispatchCompleter, PendingDispatch
+from vyre_async.plan import BindingPlan
+from vyre_async.resident import ResidentBuffer
+
+if TYPE_CHECKING:
+    from vyre_async.backend import VyreBackend
+
+__all__ = ["CompiledPipeline", "Launch", "compile"]
+
+InputLike = np.ndarray | bytes | bytearray | memoryview | ResidentBuffer
+
+
+class CompiledPipeline:
+    """A program compiled for one backend; dispatch it as often as needed.
+
+    Created by `compile` / ``backend.compile``; never constructed by users.
+
+    Attributes:
+        backend: The backend that compiled it.
+        program: The program.
+        config: The config it was compiled under (its policy fields apply).
+        identity: The cache identity.
+        native: The backend's compiled artifact (``None`` for pass-through).
+        compile_s: Seconds spent building it (0.0 when loaded from a cache).
+        source: ``"compiled"``, ``"disk"`` (loaded from the disk cache).
+    """
+
+    __slots__ = ("backend", "compile_s", "config", "identity", "native", "program", "source")
+
+    def __init__(
+        self,
+        *,
+        backend: VyreBackend,
+        program: Program,
+        config: DispatchConfig,
+        identity: PipelineIdentity,
+        native: Any,
+        compile_s: float,
+        source: str,
+    ) -> None:
+        self.backend = backend
+        self.program = program
+        self.config = config
+        self.identity = identity
+        self.native = native
+        self.compile_s = compile_s
+        self.source = source
+
+    def dispatch(
+        self, inputs: Sequence[InputLike], config: DispatchConfig | None = None
+    ) -> PendingDispatch:
+        """Launch the pipeline on ``inputs`` and return the pending result at once.
+
+        Raises:
+            InvalidProgram: wrong inputs, or ``config`` needs different code
+                (another ``ulp_budget`` or ``workgroup_override``).
+            UnsupportedFeature: the config asks for something the backend lacks.
+        """
+        return self.backend._dispatch_pipeline(self, inputs, config, cache_hit=True)
+
+    def dispatch_batch(
+        self, batch: Sequence[Sequence[InputLike]], config: DispatchConfig | None = None
+    ) -> list[PendingDispatch]:
+        """Launch the pipeline once per input set; return the pending results in order."""
+        return [self.dispatch(inputs, config) for inputs in batch]
+
+    def __repr__(self) -> str:
+        return (
+            f"<CompiledPipeline {self.program.op_id or 'program'} on {self.backend.id} "
+            f"{self.identity.hex[:12]} ({self.source})>"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launch:
+    """Everything a backend's ``enqueue`` hook needs to run one dispatch.
+
+    Attributes:
+        pipeline: The compiled pipeline.
+        plan: Binding plan: geometry and every buffer's count.
+        inputs: One item per input buffer: a private host array, or a
+            `ResidentBuffer` of this backend.
+        config: The dispatch config.
+        pending: The pending result handed to the caller.
+        completer: Settles ``pending``; call exactly one of ``resolve``/``fail``.
+        compile_s: Compile time this dispatch waited for.
+    """
+
+    pipeline: CompiledPipeline
+    plan: BindingPlan
+    inputs: tuple[np.ndarray | ResidentBuffer, ...]
+    config: DispatchConfig
+    pending: PendingDispatch
+    completer: DispatchCompleter
+    compile_s: float
+
+
+def compile(
+    backend: VyreBackend, program: Program, config: DispatchConfig | None = None
+) -> CompiledPipeline:
+    """Return ``program`` compiled for ``backend`` (memory cache → disk cache → compile).
+
+    Raises:
+        InvalidProgram: the program does not validate.
+        KernelCompileFailed: the backend's compiler rejected it.
+    """
+    return backend.compile(program, config)

@@ -1,0 +1,175 @@
+"""PendingDispatch: awaitable on asyncio and trio, single take, timeouts, cancellation."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anyio
+import numpy as np
+import pytest
+
+from vyre_async import DispatchFailed, DispatchTimeout, ErrorCode
+from vyre_async.pending import PendingDispatch, ResultAlreadyTaken
+
+pytestmark = pytest.mark.anyio
+
+OUT = [np.arange(4, dtype=np.uint32)]
+
+
+def _later(seconds: float, fn: object, *args: object) -> threading.Thread:
+    def run() -> None:
+        time.sleep(seconds)
+        fn(*args)  # type: ignore[operator]
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+async def test_await_result_settled_from_another_thread() -> None:
+    pending, completer = PendingDispatch.create(label="t")
+    assert not pending.done()
+    thread = _later(0.02, completer.resolve, OUT)
+    outputs = await pending
+    thread.join()
+    assert pending.done()
+    assert outputs[0].tolist() == [0, 1, 2, 3]
+    assert pending.timing is not None and pending.timing.wall_s is not None
+    assert pending.timing.wall_s >= 0.015
+
+
+async def test_the_loop_keeps_running_while_waiting() -> None:
+    pending, completer = PendingDispatch.create()
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not pending.done():
+            ticks += 1
+            await anyio.sleep(0.001)
+
+    thread = _later(0.05, completer.resolve, OUT)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        await pending
+    thread.join()
+    assert ticks >= 10
+
+
+async def test_result_can_be_taken_once() -> None:
+    pending, completer = PendingDispatch.create()
+    completer.resolve(OUT)
+    await pending
+    with pytest.raises(ResultAlreadyTaken, match="Fix:"):
+        await pending
+    with pytest.raises(ResultAlreadyTaken):
+        pending.result()
+
+
+async def test_errors_surface_when_taken_and_foreign_ones_are_wrapped() -> None:
+    pending, completer = PendingDispatch.create()
+    cause = ZeroDivisionError("boom")
+    assert completer.fail(cause)
+    with pytest.raises(DispatchFailed, match="Fix:") as info:
+        await pending
+    assert info.value.code is ErrorCode.DispatchFailed
+    assert info.value.__cause__ is cause
+
+
+async def test_timeout_counts_from_creation_and_requests_a_stop() -> None:
+    pending, completer = PendingDispatch.create(timeout=0.05)
+    start = time.monotonic()
+    with pytest.raises(DispatchTimeout, match="Fix:") as info:
+        await pending
+    waited = time.monotonic() - start
+    assert 0.04 <= waited < 0.5
+    assert isinstance(info.value, TimeoutError)
+    assert completer.stop_requested.is_set()
+    assert not completer.resolve(OUT)  # late completion is discarded
+
+
+async def test_cancelling_the_waiter_leaves_the_dispatch_untaken() -> None:
+    pending, completer = PendingDispatch.create()
+    with anyio.move_on_after(0.02):
+        await pending
+    assert not pending.done()
+    completer.resolve(OUT)
+    assert (await pending)[0].tolist() == [0, 1, 2, 3]
+
+
+async def test_many_waiters_wake() -> None:
+    pairs = [PendingDispatch.create() for _ in range(200)]
+    results: list[int] = []
+
+    async def wait(p: PendingDispatch) -> None:
+        results.append(int((await p)[0][3]))
+
+    def settle_all() -> None:
+        for _, completer in pairs:
+            completer.resolve(OUT)
+
+    async with anyio.create_task_group() as tg:
+        for p, _ in pairs:
+            tg.start_soon(wait, p)
+        await anyio.sleep(0.01)
+        thread = _later(0.0, settle_all)
+    thread.join()
+    assert results == [3] * 200
+
+
+async def test_blocking_result_inside_a_loop_is_refused() -> None:
+    pending, completer = PendingDispatch.create()
+    with pytest.raises(RuntimeError, match="Fix: use `await pending`"):
+        pending.result()
+    completer.resolve(OUT)
+    assert pending.result()[0].size == 4  # ready results may be taken anywhere
+
+
+def test_result_blocks_in_plain_code() -> None:
+    pending, completer = PendingDispatch.create()
+    thread = _later(0.02, completer.resolve, OUT)
+    assert pending.result(timeout=5)[0].size == 4
+    thread.join()
+
+
+def test_result_timeout_is_the_callers_own_wait() -> None:
+    pending, completer = PendingDispatch.create(timeout=10)
+    with pytest.raises(TimeoutError) as info:
+        pending.result(timeout=0.01)
+    assert not isinstance(info.value, DispatchTimeout)
+    completer.resolve(OUT)
+    assert pending.result()[0].size == 4  # nothing was consumed
+
+
+def test_result_raises_dispatch_timeout_at_the_deadline() -> None:
+    pending, _ = PendingDispatch.create(timeout=0.03)
+    start = time.monotonic()
+    with pytest.raises(DispatchTimeout):
+        pending.result(timeout=5)
+    assert time.monotonic() - start < 1.0
+
+
+def test_done_callbacks_run_once_even_when_added_late() -> None:
+    pending, completer = PendingDispatch.create()
+    seen: list[PendingDispatch] = []
+    pending.add_done_callback(seen.append)
+    completer.resolve(OUT)
+    completer.resolve(OUT)
+    pending.add_done_callback(seen.append)
+    assert seen == [pending, pending]
+
+
+def test_a_failing_callback_does_not_break_the_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    reported: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: reported.append(args.exc_value))
+    pending, completer = PendingDispatch.create()
+    pending.add_done_callback(lambda p: 1 / 0)  # type: ignore[arg-type, return-value]
+    completer.resolve(OUT)
+    assert isinstance(reported[0], ZeroDivisionError)
+    assert pending.result()[0].size == 4
+
+
+def test_users_cannot_construct_one() -> None:
+    with pytest.raises(TypeError, match="backend"):
+        PendingDispatch(timeout=None, label=None)
