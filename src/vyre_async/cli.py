@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from vyre_async._version import __version__
+from vyre_async.cache.disk import DiskPipelineCache
 from vyre_async.registry import registered_backends
 
 __all__ = ["main"]
@@ -46,6 +47,34 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cache(args: argparse.Namespace) -> int:
+    cache = DiskPipelineCache(args.dir)
+    if args.action == "clear":
+        removed = cache.clear()
+        print(
+            f"removed {removed} pipeline cache entr{'y' if removed == 1 else 'ies'} "
+            f"from {cache.root}"
+        )
+        return 0
+    info = cache.info()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "root": str(info.root),
+                    "entries": info.entries,
+                    "total_bytes": info.total_bytes,
+                    "max_bytes": info.max_bytes,
+                }
+            )
+        )
+    else:
+        print(f"pipeline cache: {info.root}")
+        print(f"  entries: {info.entries}")
+        print(f"  size:    {info.total_bytes} bytes (cap {info.max_bytes})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the ``vyre-async`` command."""
     parser = argparse.ArgumentParser(
@@ -56,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     info = commands.add_parser("info", help="show the version and the registered backends")
     info.add_argument("--json", action="store_true", help="print machine-readable JSON")
     info.set_defaults(run=_info)
+    cache = commands.add_parser("cache", help="inspect or clear the on-disk pipeline cache")
+    cache.add_argument("action", choices=("info", "clear"))
+    cache.add_argument(
+        "--dir", default=None, help="cache root (default: $VYRE_CACHE_DIR or the user cache dir)"
+    )
+    cache.add_argument("--json", action="store_true", help="print machine-readable JSON (info)")
+    cache.set_defaults(run=_cache)
     return parser
 
 

@@ -8,12 +8,25 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["ENTRY_POINT_GROUP", "BackendRegistration", "registered_backends"]
+from vyre_async.errors import BackendError, BackendNotFound, UnsupportedFeature
+
+if TYPE_CHECKING:
+    from vyre_async.backend import VyreBackend
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "BackendRegistration",
+    "acquire_backend",
+    "acquire_preferred_backend",
+    "register_backend",
+    "registered_backends",
+]
 
 ENTRY_POINT_GROUP = "vyre_async.backends"
 
@@ -60,11 +73,31 @@ class BackendRegistration:
         return target  # type: ignore[no-any-return]
 
 
+_local: dict[str, BackendRegistration] = {}
+_instances: dict[str, VyreBackend] = {}
+_lock = threading.RLock()
+
+
+def register_backend(registration: BackendRegistration, *, replace: bool = False) -> None:
+    """Register a backend in this process, without an entry point (tests, embedding).
+
+    Raises:
+        ValueError: the id is already registered in-process and ``replace`` is False.
+    """
+    with _lock:
+        if registration.id in _local and not replace:
+            raise ValueError(f"backend {registration.id!r} is already registered")
+        _local[registration.id] = registration
+        _instances.pop(registration.id, None)
+
+
 def registered_backends() -> list[BackendRegistration]:
     """Return every installed backend registration, sorted by ``(precedence, id)``.
 
-    Entry points that fail to load or do not name a `BackendRegistration` are
-    skipped with a warning in the ``vyre_async.registry`` log.
+    Sources: the ``vyre_async.backends`` entry points, then `register_backend`
+    calls (which win on a shared id). Entry points that fail to load or do not
+    name a `BackendRegistration` are skipped with a warning in the
+    ``vyre_async.registry`` log. Nothing is instantiated.
     """
     found: dict[str, BackendRegistration] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
@@ -84,4 +117,107 @@ def registered_backends() -> list[BackendRegistration]:
             _log.warning("duplicate backend id %r from entry point %r ignored", record.id, ep.name)
             continue
         found[record.id] = record
+    with _lock:
+        found.update(_local)
     return sorted(found.values(), key=lambda r: (r.precedence, r.id))
+
+
+def acquire_backend(backend_id: str) -> VyreBackend:
+    """Return the backend ``backend_id``, building it on first use (once per process).
+
+    Raises:
+        BackendNotFound: no installed backend has that id; the message lists the ids.
+        UnsupportedFeature: the backend cannot start here (no device, no driver);
+            the message names the cause and a fix.
+    """
+    with _lock:
+        backend = _instances.get(backend_id)
+        if backend is not None:
+            return backend
+        registrations = {r.id: r for r in registered_backends()}
+        registration = registrations.get(backend_id)
+        if registration is None:
+            installed = ", ".join(sorted(registrations)) or "none"
+            raise BackendNotFound(
+                f"no backend {backend_id!r} is installed (installed: {installed})",
+                fix="install the package that provides it (e.g. vyre-async[cuda] for 'cupy') "
+                "or use one of the installed ids",
+                backend_id=backend_id,
+            )
+        backend = _build(registration)
+        _instances[backend_id] = backend
+        return backend
+
+
+def _build(registration: BackendRegistration) -> VyreBackend:
+    try:
+        backend = registration.load_factory()()
+    except BackendError:
+        raise
+    except Exception as exc:
+        raise UnsupportedFeature(
+            f"backend {registration.id!r} failed to start: {type(exc).__name__}: {exc}",
+            fix=f"check that {registration.id!r} and its runtime are installed correctly",
+            backend_id=registration.id,
+        ) from exc
+    if getattr(backend, "id", None) != registration.id:
+        raise UnsupportedFeature(
+            f"backend factory for {registration.id!r} built {backend!r} with another id",
+            fix="make the registration id match the backend class id",
+            backend_id=registration.id,
+        )
+    return backend  # type: ignore[no-any-return]
+
+
+def acquire_preferred_backend(*, allow_reference: bool = False) -> VyreBackend:
+    """Return the best usable dispatching backend of this machine.
+
+    Every dispatching, non-reference backend is tried; the ones that start are
+    ranked by capabilities, then precedence, then id. The reference backend is
+    never chosen implicitly.
+
+    Args:
+        allow_reference: When no other backend starts, return the reference
+            backend instead of raising (a log line on ``vyre_async.registry`` says so).
+
+    Raises:
+        UnsupportedFeature: no backend could start; the message lists each
+            backend's failure and how to fix it.
+    """
+    registrations = registered_backends()
+    failures: list[str] = []
+    started: list[tuple[BackendRegistration, VyreBackend]] = []
+    for reg in registrations:
+        if not reg.dispatches or reg.is_reference:
+            continue
+        try:
+            started.append((reg, acquire_backend(reg.id)))
+        except BackendError as exc:
+            _log.debug("backend %r unavailable: %s", reg.id, exc)
+            failures.append(f"- {reg.id}: {exc}")
+    if started:
+        reg, backend = min(
+            started, key=lambda rb: (-rb[1].capabilities().score(), rb[0].precedence, rb[0].id)
+        )
+        return backend
+    references = [r for r in registrations if r.is_reference and r.dispatches]
+    details = "\n".join(failures) or "no GPU dispatch backend is installed"
+    if allow_reference and references:
+        _log.warning(
+            "no GPU backend is usable; using the %r reference backend (numpy, CPU). Causes:\n%s",
+            references[0].id,
+            details,
+        )
+        return acquire_backend(references[0].id)
+    raise UnsupportedFeature(
+        f"no usable GPU dispatch backend is available:\n{details}",
+        fix="repair the GPU driver probe as listed above, install vyre-async[cuda], "
+        "or pass allow_reference=True to run on the numpy reference backend",
+        failures=tuple(failures),
+    )
+
+
+def _forget_instances() -> None:
+    """Drop built backends (tests only)."""
+    with _lock:
+        _instances.clear()

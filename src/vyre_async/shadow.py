@@ -1,0 +1,335 @@
+"""Shadow conformance: hold a backend to the reference, byte for byte.
+
+`assert_conformance` runs a list of cases on both backends and raises a
+`Divergence` at the first differing byte. `ShadowBackend` wraps a live backend
+and re-runs a sample of its dispatches on the reference, recording divergences
+without ever failing or delaying a request.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vyre_async.backend import VyreBackend
+from vyre_async.capabilities import BackendCapabilities
+from vyre_async.config import DispatchConfig
+from vyre_async.errors import InvalidProgram
+from vyre_async.ir.ops import TRANSCENDENTAL, UnOp
+from vyre_async.ir.program import Program
+from vyre_async.pending import PendingDispatch
+from vyre_async.pipeline import InputLike, Launch
+
+__all__ = [
+    "ConformanceCase",
+    "Divergence",
+    "ShadowBackend",
+    "assert_conformance",
+    "compare_outputs",
+]
+
+_log = logging.getLogger("vyre_async.shadow")
+DEFAULT_ULP_BUDGET = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConformanceCase:
+    """One program run with one set of inputs."""
+
+    label: str
+    program: Program
+    inputs: Sequence[Any]
+    config: DispatchConfig | None = None
+
+
+class Divergence(AssertionError):
+    """A backend's output differs from the reference's.
+
+    Attributes:
+        label: The case label.
+        fingerprint: The program fingerprint (hex).
+        inputs: The inputs both backends received.
+        output_index: Which output differs.
+        element: Index of the first differing element (``None`` for a size mismatch).
+        backend_output: The backend's output array.
+        reference_output: The reference's output array.
+    """
+
+    def __init__(
+        self,
+        *,
+        label: str,
+        fingerprint: str,
+        inputs: Sequence[Any],
+        output_index: int,
+        element: int | None,
+        backend_output: np.ndarray,
+        reference_output: np.ndarray,
+        detail: str,
+    ) -> None:
+        super().__init__(
+            f"case {label!r} (program {fingerprint[:16]}): output {output_index} {detail}"
+        )
+        self.label = label
+        self.fingerprint = fingerprint
+        self.inputs = inputs
+        self.output_index = output_index
+        self.element = element
+        self.backend_output = backend_output
+        self.reference_output = reference_output
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_divergence, (self.__dict__.copy(), str(self)))
+
+
+def _rebuild_divergence(state: dict[str, Any], message: str) -> Divergence:
+    obj = Divergence.__new__(Divergence)
+    AssertionError.__init__(obj, message)
+    obj.__dict__.update(state)
+    return obj
+
+
+def _uses_transcendentals(program: Program) -> bool:
+    from vyre_async.backend import ops_used
+
+    return bool(ops_used(program) & {f"un.{UnOp(op).value}" for op in TRANSCENDENTAL})
+
+
+def _ulp_key(words: np.ndarray) -> np.ndarray:
+    """Map f32 bit patterns to integers whose distance is the ULP distance."""
+    signed = words.view(np.int32).astype(np.int64)
+    return np.where(signed < 0, -(signed & 0x7FFFFFFF), signed)
+
+
+def compare_outputs(
+    label: str,
+    program: Program,
+    inputs: Sequence[Any],
+    got: Sequence[np.ndarray],
+    want: Sequence[np.ndarray],
+    *,
+    ulp_budget: int | None = None,
+) -> Divergence | None:
+    """Return the first difference between ``got`` and ``want``, or None when they agree.
+
+    Integer and BOOL outputs, and F32 outputs of programs without transcendental
+    operations, must match bit for bit. F32 outputs of programs that use
+    ``exp log sin cos tanh rsqrt`` may differ by ``ulp_budget`` ULP (default 2);
+    NaN positions must match (payloads are not compared).
+    """
+    fingerprint = program.fingerprint().hex()
+    budget = DEFAULT_ULP_BUDGET if ulp_budget is None else ulp_budget
+    loose = _uses_transcendentals(program)
+    outputs = program.outputs
+
+    def diverge(index: int, element: int | None, detail: str) -> Divergence:
+        return Divergence(
+            label=label,
+            fingerprint=fingerprint,
+            inputs=inputs,
+            output_index=index,
+            element=element,
+            backend_output=got[index] if index < len(got) else np.empty(0),
+            reference_output=want[index] if index < len(want) else np.empty(0),
+            detail=detail,
+        )
+
+    if len(got) != len(want):
+        return diverge(0, None, f"count differs: {len(got)} outputs vs {len(want)}")
+    for index, (a, b) in enumerate(zip(got, want, strict=True)):
+        if a.size != b.size:
+            return diverge(index, None, f"has {a.size} elements vs {b.size}")
+        wa = np.ascontiguousarray(a).view(np.uint32).reshape(-1)
+        wb = np.ascontiguousarray(b).view(np.uint32).reshape(-1)
+        is_f32 = index < len(outputs) and outputs[index].dtype.value == "f32"
+        if is_f32:
+            nan_a = np.isnan(wa.view(np.float32))
+            nan_b = np.isnan(wb.view(np.float32))
+            bad = (nan_a != nan_b) | (~nan_a & ~nan_b & (wa != wb))
+            if loose and bad.any():
+                close = np.abs(_ulp_key(wa) - _ulp_key(wb)) <= budget
+                bad &= ~(close & ~nan_a & ~nan_b)
+        else:
+            bad = wa != wb
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            return diverge(
+                index,
+                first,
+                f"differs at element {first}: 0x{int(wa[first]):08x} vs 0x{int(wb[first]):08x} "
+                f"({int(bad.sum())} elements differ)",
+            )
+    return None
+
+
+def assert_conformance(
+    backend: VyreBackend, reference: VyreBackend, cases: Sequence[ConformanceCase]
+) -> None:
+    """Run every case on both backends and raise at the first byte difference.
+
+    Raises:
+        Divergence: an output differs (transcendental F32 ops compared within
+            ``ulp_budget``).
+        InvalidProgram: ``cases`` is empty.
+    """
+    if not cases:
+        raise InvalidProgram(
+            "assert_conformance got no cases, so it would prove nothing",
+            fix="pass at least one ConformanceCase",
+        )
+    for case in cases:
+        got = backend.dispatch(case.program, case.inputs, case.config).result()
+        want = reference.dispatch(case.program, case.inputs, case.config).result()
+        budget = None if case.config is None else case.config.ulp_budget
+        divergence = compare_outputs(
+            case.label, case.program, case.inputs, got, want, ulp_budget=budget
+        )
+        if divergence is not None:
+            raise divergence
+
+
+@dataclass(slots=True)
+class ShadowStats:
+    """Counters of a `ShadowBackend`."""
+
+    dispatches: int = 0
+    sampled: int = 0
+    compared: int = 0
+    divergences: int = 0
+    reference_errors: int = 0
+    recent: deque[Divergence] = field(default_factory=lambda: deque(maxlen=32))
+
+
+class ShadowBackend(VyreBackend):
+    """Serve from ``primary``; re-run a sample of dispatches on ``reference`` and compare.
+
+    Requests are never failed or delayed by the shadow: the caller gets the
+    primary's result as soon as it is ready; the comparison happens when both
+    are done. Divergences are logged on ``vyre_async.shadow``, counted in
+    `stats`, and passed to ``on_divergence``.
+
+    Args:
+        primary: The backend that serves requests.
+        reference: The oracle (usually the reference backend).
+        sample_rate: Fraction of dispatches compared, 0.0 to 1.0.
+        on_divergence: Called with each `Divergence` (from a worker thread).
+        seed: Seed of the sampling generator, for reproducible tests.
+    """
+
+    id = "shadow"
+
+    def __init__(
+        self,
+        primary: VyreBackend,
+        reference: VyreBackend,
+        *,
+        sample_rate: float = 0.01,
+        on_divergence: Any = None,
+        seed: int | None = None,
+    ) -> None:
+        if not 0.0 <= sample_rate <= 1.0:
+            raise ValueError(f"sample_rate must be within 0..1, got {sample_rate}")
+        super().__init__()
+        self.primary = primary
+        self.reference = reference
+        self.sample_rate = sample_rate
+        self.on_divergence = on_divergence
+        self.stats = ShadowStats()
+        self._random = random.Random(seed)
+        self._lock = threading.Lock()
+        self.version = primary.version
+
+    def capabilities(self) -> BackendCapabilities:
+        """Return the primary's capabilities."""
+        return self.primary.capabilities()
+
+    def supported_ops(self) -> frozenset[str]:
+        """Return the primary's operations."""
+        return self.primary.supported_ops()
+
+    def enqueue(self, launch: Launch) -> PendingDispatch:  # pragma: no cover - dispatch overrides
+        raise NotImplementedError("ShadowBackend dispatches through its primary")
+
+    def dispatch(
+        self, program: Program, inputs: Sequence[InputLike], config: DispatchConfig | None = None
+    ) -> PendingDispatch:
+        """Dispatch on the primary; compare a sample against the reference in the background."""
+        with self._lock:
+            self.stats.dispatches += 1
+            sampled = self._random.random() < self.sample_rate
+        if not sampled:
+            return self.primary.dispatch(program, inputs, config)
+        with self._lock:
+            self.stats.sampled += 1
+        kept = [np.array(x, copy=True) if isinstance(x, np.ndarray) else x for x in inputs]
+        primary = self.primary.dispatch(program, inputs, config)
+        try:
+            shadow = self.reference.dispatch(program, kept, config)
+        except Exception as exc:  # the shadow must never fail the request
+            self._reference_failed(exc)
+            return primary
+        outer, completer = PendingDispatch.create(
+            timeout=None if config is None else config.timeout,
+            label=None if config is None else config.label,
+        )
+        state: dict[str, Any] = {}
+        gate = threading.Lock()
+
+        def both_done() -> None:
+            got, want = state["primary"], state.get("reference")
+            if want is None:
+                return
+            budget = None if config is None else config.ulp_budget
+            label = (config.label if config else None) or program.op_id or "dispatch"
+            divergence = compare_outputs(label, program, kept, got, want, ulp_budget=budget)
+            with self._lock:
+                self.stats.compared += 1
+                if divergence is not None:
+                    self.stats.divergences += 1
+                    self.stats.recent.append(divergence)
+            if divergence is not None:
+                _log.warning("shadow divergence on %s: %s", self.primary.id, divergence)
+                if self.on_divergence is not None:
+                    self.on_divergence(divergence)
+
+        def on_primary(p: PendingDispatch) -> None:
+            try:
+                outputs = p.result()
+            except BaseException as exc:
+                completer.fail(exc)
+                return
+            copies = [o.copy() for o in outputs]
+            completer.resolve(outputs, device_s=p.timing.device_s if p.timing else None)
+            with gate:
+                state["primary"] = copies
+                ready = "reference" in state
+            if ready:
+                both_done()
+
+        def on_reference(p: PendingDispatch) -> None:
+            try:
+                outputs = p.result()
+            except BaseException as exc:
+                self._reference_failed(exc)
+                return
+            with gate:
+                state["reference"] = outputs
+                ready = "primary" in state
+            if ready:
+                both_done()
+
+        primary.add_done_callback(on_primary)
+        shadow.add_done_callback(on_reference)
+        return outer
+
+    def _reference_failed(self, exc: BaseException) -> None:
+        with self._lock:
+            self.stats.reference_errors += 1
+        _log.warning("shadow reference dispatch failed: %s", exc)
