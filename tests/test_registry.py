@@ -74,3 +74,119 @@ def test_real_entry_point_group_is_queried() -> None:
     assert all(
         isinstance(ep, EntryPoint) for ep in registry.entry_points(group="vyre_async.backends")
     )
+
+
+# Acquisition --------------------------------------------------------------------
+
+from collections.abc import Iterator  # noqa: E402
+
+from tests.driver.fakes import BytesBackend  # noqa: E402
+from vyre_async import BackendNotFound, ErrorCode, UnsupportedFeature  # noqa: E402
+from vyre_async.capabilities import BackendCapabilities  # noqa: E402
+from vyre_async.registry import (  # noqa: E402
+    _forget_instances,
+    acquire_backend,
+    acquire_preferred_backend,
+    register_backend,
+)
+
+
+class _Gpuish(BytesBackend):
+    id = "gpuish"
+
+    def capabilities(self) -> BackendCapabilities:
+        return BackendCapabilities(
+            async_compute=True, max_storage_buffer_bytes=1 << 30, max_workgroup_lanes=1024
+        )
+
+
+class _RefLike(BytesBackend):
+    id = "ref-like"
+
+
+def _broken() -> BytesBackend:
+    raise RuntimeError("libcuda.so.1: cannot open shared object file")
+
+
+def _refuses() -> BytesBackend:
+    raise UnsupportedFeature("no CUDA device is visible", fix="check nvidia-smi")
+
+
+@pytest.fixture
+def isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(registry, "entry_points", lambda *, group: [])
+    monkeypatch.setattr(registry, "_local", {})
+    _forget_instances()
+    yield
+    _forget_instances()
+
+
+@pytest.mark.usefixtures("isolated")
+def test_acquire_builds_once_per_process() -> None:
+    built: list[int] = []
+
+    def factory() -> BytesBackend:
+        built.append(1)
+        return BytesBackend()
+
+    register_backend(BackendRegistration(id="bytes-test", factory=factory))
+    first = acquire_backend("bytes-test")
+    assert acquire_backend("bytes-test") is first
+    assert built == [1]
+    with pytest.raises(ValueError, match="already registered"):
+        register_backend(BackendRegistration(id="bytes-test", factory=factory))
+
+
+@pytest.mark.usefixtures("isolated")
+def test_unknown_id_lists_the_installed_ones() -> None:
+    register_backend(BackendRegistration(id="bytes-test", factory=BytesBackend))
+    with pytest.raises(BackendNotFound, match="Fix:") as info:
+        acquire_backend("cuda9000")
+    assert "installed: bytes-test" in str(info.value)
+    assert isinstance(info.value, LookupError)
+    assert info.value.code is ErrorCode.BackendNotFound
+
+
+@pytest.mark.usefixtures("isolated")
+def test_factory_failures_become_unsupported_feature() -> None:
+    register_backend(BackendRegistration(id="broken", factory=_broken))
+    with pytest.raises(UnsupportedFeature, match="libcuda") as info:
+        acquire_backend("broken")
+    assert isinstance(info.value.__cause__, RuntimeError)
+    register_backend(BackendRegistration(id="mismatch", factory=BytesBackend))
+    with pytest.raises(UnsupportedFeature, match="another id"):
+        acquire_backend("mismatch")
+
+
+@pytest.mark.usefixtures("isolated")
+def test_preferred_picks_the_most_capable_started_backend() -> None:
+    register_backend(BackendRegistration(id="bytes-test", factory=BytesBackend, precedence=1))
+    register_backend(BackendRegistration(id="gpuish", factory=_Gpuish, precedence=50))
+    register_backend(BackendRegistration(id="broken", factory=_broken, precedence=0))
+    register_backend(BackendRegistration(id="ref-like", factory=_RefLike, is_reference=True))
+    assert acquire_preferred_backend().id == "gpuish"
+
+
+@pytest.mark.usefixtures("isolated")
+def test_preferred_without_a_usable_backend_lists_every_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    register_backend(BackendRegistration(id="broken", factory=_broken))
+    register_backend(BackendRegistration(id="refuses", factory=_refuses))
+    register_backend(BackendRegistration(id="ref-like", factory=_RefLike, is_reference=True))
+    with pytest.raises(UnsupportedFeature, match="Fix:") as info:
+        acquire_preferred_backend()
+    text = str(info.value)
+    assert "broken: " in text and "libcuda" in text
+    assert "refuses: " in text and "no CUDA device" in text
+    assert "allow_reference=True" in text
+    with caplog.at_level(logging.WARNING, logger="vyre_async.registry"):
+        backend = acquire_preferred_backend(allow_reference=True)
+    assert backend.id == "ref-like"
+    assert "using the 'ref-like' reference backend" in caplog.text
+
+
+@pytest.mark.usefixtures("isolated")
+def test_preferred_with_nothing_installed() -> None:
+    with pytest.raises(UnsupportedFeature, match="no GPU dispatch backend is installed"):
+        acquire_preferred_backend(allow_reference=True)

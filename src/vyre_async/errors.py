@@ -67,7 +67,7 @@ class BackendError(Exception):
     Args:
         message: What happened, with the observed values.
         fix: One action the user can take. Appended as ``Fix: ...`` unless the
-            message already carries a ``Fix:`` line.
+            message already ends with a ``Fix:`` line.
         **context: Extra attributes (for example ``diagnostics`` or ``backend_id``)
             stored on the exception for programmatic handling.
     """
@@ -77,7 +77,7 @@ class BackendError(Exception):
 
     def __init__(self, message: str, *, fix: str | None = None, **context: Any) -> None:
         text = message.rstrip()
-        if "Fix:" not in text:
+        if not text.rpartition("\n")[2].startswith("Fix:"):
             text = f"{text}\nFix: {fix or self.default_fix}"
         super().__init__(text)
         self.message = text

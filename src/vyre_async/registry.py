@@ -194,7 +194,7 @@ def acquire_preferred_backend(*, allow_reference: bool = False) -> VyreBackend:
             started.append((reg, acquire_backend(reg.id)))
         except BackendError as exc:
             _log.debug("backend %r unavailable: %s", reg.id, exc)
-            failures.append(f"- {reg.id}: {exc}")
+            failures.append(f"- {reg.id}: " + str(exc).replace("\n", "\n    "))
     if started:
         reg, backend = min(
             started, key=lambda rb: (-rb[1].capabilities().score(), rb[0].precedence, rb[0].id)

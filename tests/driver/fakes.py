@@ -1,0 +1,65 @@
+"""A minimal backend for testing the backend-neutral driver machinery.
+
+It "compiles" a program to its wire bytes (so the disk cache has real bytes to
+store) and answers every dispatch inline with the outputs as initialised:
+zeros for WRITE buffers, the input for READ_WRITE buffers. It computes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from vyre_async.backend import VyreBackend
+from vyre_async.capabilities import BackendCapabilities
+from vyre_async.config import DispatchConfig
+from vyre_async.ir import Access, Program
+from vyre_async.pending import PendingDispatch
+from vyre_async.pipeline import Launch
+from vyre_async.resident import ResidentBuffer
+
+
+class BytesBackend(VyreBackend):
+    id = "bytes-test"
+    version = "1.0"
+
+    def __init__(self, *, fingerprint: str = "host-a", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fingerprint = fingerprint
+        self.builds = 0
+        self.loads = 0
+        self.launches: list[Launch] = []
+
+    def device_fingerprint(self) -> str:
+        return self.fingerprint
+
+    def capabilities(self) -> BackendCapabilities:
+        return BackendCapabilities(max_workgroup_size=(1024, 1024, 64), max_workgroup_lanes=1024)
+
+    def build_pipeline(self, program: Program, config: DispatchConfig) -> Any:
+        self.builds += 1
+        return program.to_wire()
+
+    def serialize_pipeline(self, native: Any) -> bytes | None:
+        return bytes(native)
+
+    def load_pipeline(self, payload: bytes, program: Program, config: DispatchConfig) -> Any:
+        self.loads += 1
+        assert Program.from_wire(payload) == program
+        return payload
+
+    def enqueue(self, launch: Launch) -> PendingDispatch:
+        self.launches.append(launch)
+        outputs = []
+        inputs = dict(zip((d.name for d in launch.plan.inputs), launch.inputs, strict=True))
+        for decl in launch.plan.outputs:
+            if decl.access is Access.READ_WRITE:
+                value = inputs[decl.name]
+                assert not isinstance(value, ResidentBuffer)
+                outputs.append(value.copy())
+            else:
+                outputs.append(np.zeros(launch.plan.count_of(decl.name), decl.dtype.numpy))
+        launch.completer.mark_started()
+        launch.completer.resolve(outputs, device_s=0.0, compile_s=launch.compile_s)
+        return launch.pending

@@ -1,0 +1,252 @@
+"""VyreBackend's shared machinery: pipelines and caches, dispatch checks, defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.driver.fakes import BytesBackend
+from vyre_async import InvalidProgram, UnsupportedFeature
+from vyre_async.backend import CORE_OPS, VyreBackend, ops_used
+from vyre_async.cache import DiskPipelineCache, PipelineCacheWarning
+from vyre_async.config import DispatchConfig
+from vyre_async.ir import Access, BufferDecl, DType, Program, Store, f32, gid
+from vyre_async.pipeline import compile
+from vyre_async.programs import elementwise_xor, histogram, saxpy
+
+U = np.uint32
+
+
+def _xor_inputs(n: int) -> list[np.ndarray]:
+    return [np.arange(n, dtype=U), np.ones(n, U)]
+
+
+def test_compile_once_then_hit() -> None:
+    backend = BytesBackend()
+    program = elementwise_xor(64)
+    first = compile(backend, program)
+    again = backend.compile(elementwise_xor(64))
+    assert first is again
+    assert backend.builds == 1
+    stats = backend.cache_stats()
+    assert (stats.hits, stats.misses, stats.miss_reasons) == (1, 1, {"empty": 1})
+    assert first.source == "compiled" and first.compile_s >= 0
+
+
+def test_resizing_a_buffer_does_not_recompile() -> None:
+    backend = BytesBackend()
+    backend.compile(elementwise_xor(64))
+    assert backend.compile(elementwise_xor(100_000)).native is not None
+    assert backend.builds == 1
+
+
+def test_miss_reasons() -> None:
+    backend = BytesBackend()
+    backend.compile(elementwise_xor(8))
+    backend.compile(saxpy(8))
+    assert backend.pipelines.last_miss_reason == "program_changed"
+    backend.compile(elementwise_xor(8), DispatchConfig(ulp_budget=1))
+    assert backend.pipelines.last_miss_reason == "policy_changed"
+    backend.compile(elementwise_xor(8), DispatchConfig(ulp_budget=1, timeout=3, label="x"))
+    assert backend.pipelines.last_miss_reason == "policy_changed"  # the previous was a hit
+    assert backend.cache_stats().hits == 1
+    backend._device_key = "another-gpu"  # as if the driver changed under a new process
+    backend._identities.clear()
+    backend.compile(elementwise_xor(8))
+    assert backend.pipelines.last_miss_reason == "device_changed"
+    assert backend.cache_stats().miss_reasons == {
+        "empty": 1,
+        "program_changed": 1,
+        "policy_changed": 1,
+        "device_changed": 1,
+    }
+
+
+def test_memory_cache_is_bounded() -> None:
+    backend = BytesBackend(pipeline_cache_capacity=2)
+    for n in range(1, 5):
+        backend.compile(histogram(bins=n))
+    stats = backend.cache_stats()
+    assert stats.entries == 2 and stats.evictions == 2
+
+
+def test_disk_cache_skips_the_build_in_a_new_backend(tmp_path: Path) -> None:
+    disk = DiskPipelineCache(tmp_path)
+    BytesBackend(disk_cache=disk).compile(histogram())
+    fresh = BytesBackend(disk_cache=DiskPipelineCache(tmp_path))
+    pipeline = fresh.compile(histogram())
+    assert (fresh.builds, fresh.loads, pipeline.source) == (0, 1, "disk")
+    other_device = BytesBackend(disk_cache=DiskPipelineCache(tmp_path), fingerprint="host-b")
+    other_device.compile(histogram())
+    assert other_device.builds == 1
+
+
+def test_corrupt_disk_entry_rebuilds_with_a_warning(tmp_path: Path) -> None:
+    disk = DiskPipelineCache(tmp_path)
+    pipeline = BytesBackend(disk_cache=disk).compile(histogram())
+    path = disk.path_for(pipeline.identity.hex)
+    path.write_bytes(path.read_bytes()[:-3])
+    fresh = BytesBackend(disk_cache=disk)
+    with pytest.warns(PipelineCacheWarning):
+        assert fresh.compile(histogram()).source == "compiled"
+    assert fresh.builds == 1
+    assert BytesBackend(disk_cache=disk).compile(histogram()).source == "disk"
+
+
+def test_dispatch_outputs_and_launch_plan() -> None:
+    backend = BytesBackend()
+    pending = backend.dispatch(elementwise_xor(10), _xor_inputs(10), DispatchConfig(label="L"))
+    assert pending.done()
+    assert pending.result()[0].tolist() == [0] * 10
+    launch = backend.launches[-1]
+    assert launch.plan.geometry.grid == (1, 1, 1)
+    assert launch.config.label == "L"
+    assert pending.context["cache_hit"] is False
+    assert backend.dispatch(elementwise_xor(10), _xor_inputs(10)).context["cache_hit"] is True
+
+
+def test_inputs_are_copied_before_dispatch_returns() -> None:
+    backend = BytesBackend()
+    hist = np.arange(256, dtype=U)
+    pending = backend.dispatch(histogram(), [np.zeros(4, U), hist])
+    hist[:] = 7
+    assert pending.result()[0].tolist() == list(range(256))
+
+
+def test_dispatch_sync_and_pipeline_batch() -> None:
+    backend = BytesBackend()
+    assert backend.dispatch_sync(elementwise_xor(4), _xor_inputs(4))[0].size == 4
+    pipeline = backend.compile(elementwise_xor(4))
+    results = [p.result() for p in pipeline.dispatch_batch([_xor_inputs(4)] * 3)]
+    assert len(results) == 3 and backend.builds == 1
+
+
+@pytest.mark.parametrize(
+    ("program", "inputs", "config", "error", "needle"),
+    [
+        (elementwise_xor(4), [np.zeros(4, U)], None, InvalidProgram, "takes 2 input"),
+        (elementwise_xor(4), [np.zeros(4, np.float32)] * 2, None, InvalidProgram, "dtype float32"),
+        (
+            elementwise_xor(4),
+            _xor_inputs(4),
+            DispatchConfig(max_output_bytes=8),
+            InvalidProgram,
+            "max_output_bytes",
+        ),
+        (
+            elementwise_xor(4),
+            _xor_inputs(4),
+            DispatchConfig(cooperative=True),
+            UnsupportedFeature,
+            "cooperative",
+        ),
+        (
+            elementwise_xor(4),
+            _xor_inputs(4),
+            DispatchConfig(persistent_thread="force"),
+            UnsupportedFeature,
+            "persistent",
+        ),
+        (
+            Program(
+                [BufferDecl("o", 0, Access.WRITE, DType.U32, 4)], 4, [Store("o", gid(), f32(1.0))]
+            ),
+            [],
+            None,
+            InvalidProgram,
+            "V014",
+        ),
+        ("not a program", [], None, InvalidProgram, "expects a Program"),
+    ],
+)
+def test_errors_before_launch(
+    program: object,
+    inputs: list[object],
+    config: DispatchConfig | None,
+    error: type[Exception],
+    needle: str,
+) -> None:
+    backend = BytesBackend()
+    with pytest.raises(error, match="Fix:") as info:
+        backend.dispatch(program, inputs, config)  # type: ignore[arg-type]
+    assert needle in str(info.value)
+    assert backend.launches == []
+
+
+def test_pipeline_refuses_a_config_that_needs_other_code() -> None:
+    backend = BytesBackend()
+    pipeline = backend.compile(elementwise_xor(4), DispatchConfig(ulp_budget=1))
+    pipeline.dispatch(_xor_inputs(4), DispatchConfig(ulp_budget=1, label="fine")).result()
+    with pytest.raises(InvalidProgram, match="compile a pipeline for this config"):
+        pipeline.dispatch(_xor_inputs(4), DispatchConfig(ulp_budget=3))
+
+
+def test_unsupported_operations_are_named() -> None:
+    class NoAtomics(BytesBackend):
+        def supported_ops(self) -> frozenset[str]:
+            return frozenset(op for op in CORE_OPS if not op.startswith("atomic."))
+
+    assert "atomic.add" in ops_used(histogram())
+    with pytest.raises(UnsupportedFeature, match=r"atomic\.add"):
+        NoAtomics().dispatch(histogram(), [np.zeros(4, U), np.zeros(256, U)])
+
+
+def test_conservative_defaults() -> None:
+    backend = BytesBackend()
+    assert VyreBackend.capabilities(backend).features == frozenset()
+    assert VyreBackend.capabilities(backend).max_workgroup_size == (1, 1, 1)
+    assert backend.supported_ops() == CORE_OPS
+    assert not backend.device_lost()
+    with pytest.raises(UnsupportedFeature, match="device recovery"):
+        backend.try_recover()
+    for call in (
+        lambda: backend.upload(np.zeros(2, U)),
+        lambda: backend.alloc(DType.U32, 4),
+        lambda: backend.free(None),  # type: ignore[arg-type]
+        lambda: backend.download(None),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(UnsupportedFeature, match="resident buffers") as info:
+            call()
+        assert "Fix:" in str(info.value)
+
+
+def test_a_backend_needs_an_id() -> None:
+    class Nameless(BytesBackend):
+        id = ""
+
+    with pytest.raises(TypeError, match="class attribute id"):
+        Nameless()
+
+
+@pytest.mark.anyio
+async def test_async_context_manager_and_compile_async() -> None:
+    async with BytesBackend() as backend:
+        pipeline = await backend.compile_async(elementwise_xor(4))
+        assert (await pipeline.dispatch(_xor_inputs(4)))[0].size == 4
+
+
+def test_config_validation() -> None:
+    for bad in [
+        {"fixpoint_iterations": 0},
+        {"timeout": 0},
+        {"timeout": float("nan")},
+        {"ulp_budget": -1},
+        {"max_output_bytes": -1},
+        {"speculation": "sometimes"},
+        {"persistent_thread": "yes"},
+        {"workgroup_override": (0, 1, 1)},
+        {"grid_override": (1, 2, 3, 4)},
+        {"cooperative": 1},
+        {"label": 5},
+    ]:
+        with pytest.raises(InvalidProgram, match="Fix:"):
+            DispatchConfig(**bad)  # type: ignore[arg-type]
+    cfg = DispatchConfig(grid_override=8, workgroup_override=[32])  # type: ignore[arg-type]
+    assert cfg.grid_override == (8, 1, 1) and cfg.workgroup_override == (32, 1, 1)
+    assert cfg.same_launch_shape(dataclasses.replace(cfg, timeout=1.0, label="other"))
+    assert not cfg.same_launch_shape(dataclasses.replace(cfg, fixpoint_iterations=2))
+    assert DispatchConfig().same_launch_shape(DispatchConfig(fixpoint_iterations=1))
+    assert DispatchConfig(fixpoint_iterations=3).iterations == 3
