@@ -42,7 +42,7 @@ class Program:
     """One SPMD kernel of the IR. Immutable, hashable, deterministic to serialise.
 
     Args:
-        buffers: The `BufferDecl` list; kept sorted by ``(binding, name)``, so the
+        buffers: The `BufferDecl` list; kept sorted by binding (then name), so the
             order they are given in does not matter.
         workgroup_size: Lanes per workgroup, an int or a 1- to 3-tuple
             (normalised to 3 axes).
@@ -175,5 +175,6 @@ class Program:
         return f"Program({list(self.buffers)!r}, {self.workgroup_size!r}, {list(self.body)!r}{op})"
 
 
-def _buffer_key(decl: BufferDecl) -> tuple[int, str]:
-    return (decl.binding, decl.name)
+def _buffer_key(decl: BufferDecl) -> tuple[int, str, str, str, int]:
+    # Total order, so even invalid programs (duplicate bindings/names) round-trip.
+    return (decl.binding, decl.name, decl.access.value, decl.dtype.value, decl.count)
