@@ -1,9 +1,13 @@
 """vyre-async: an async-first GPU compute driver for Python.
 
-Build a `Program`, validate it, and ``await backend.dispatch(program, inputs)``.
+Build a `Program`, then ``outputs = await backend.dispatch(program, inputs)``.
 """
 
 from vyre_async._version import __version__
+from vyre_async.backend import CORE_OPS, VyreBackend
+from vyre_async.cache import DiskPipelineCache, MemoryPipelineCache, PipelineIdentity
+from vyre_async.capabilities import BackendCapabilities
+from vyre_async.config import DispatchConfig
 from vyre_async.errors import (
     BackendError,
     BackendNotFound,
@@ -20,31 +24,66 @@ from vyre_async.errors import (
     UnknownError,
     UnsupportedFeature,
 )
-from vyre_async.ir import (
-    Access,
-    BufferDecl,
-    DType,
-    Program,
+from vyre_async.ir import Access, BufferDecl, DType, Program
+from vyre_async.pending import (
+    DispatchCompleter,
+    DispatchTiming,
+    PendingDispatch,
+    ResultAlreadyTaken,
 )
+from vyre_async.pipeline import CompiledPipeline, Launch, compile
+from vyre_async.registry import (
+    BackendRegistration,
+    acquire_backend,
+    acquire_preferred_backend,
+    register_backend,
+    registered_backends,
+)
+from vyre_async.resident import ResidentBuffer
+from vyre_async.shadow import ConformanceCase, Divergence, ShadowBackend, assert_conformance
 
 __all__ = [
+    "CORE_OPS",
     "Access",
+    "BackendCapabilities",
     "BackendError",
     "BackendNotFound",
+    "BackendRegistration",
     "BufferDecl",
+    "CompiledPipeline",
+    "ConformanceCase",
     "CooperativeResidencyExceeded",
     "DType",
     "DeviceLost",
     "DeviceOutOfMemory",
+    "DiskPipelineCache",
+    "DispatchCompleter",
+    "DispatchConfig",
     "DispatchFailed",
     "DispatchTimeout",
+    "DispatchTiming",
+    "Divergence",
     "ErrorCode",
     "InvalidProgram",
     "KernelCompileFailed",
+    "Launch",
+    "MemoryPipelineCache",
+    "PendingDispatch",
+    "PipelineIdentity",
     "PoisonedLock",
     "Program",
+    "ResidentBuffer",
+    "ResultAlreadyTaken",
+    "ShadowBackend",
     "Unknown",
     "UnknownError",
     "UnsupportedFeature",
+    "VyreBackend",
     "__version__",
+    "acquire_backend",
+    "acquire_preferred_backend",
+    "assert_conformance",
+    "compile",
+    "register_backend",
+    "registered_backends",
 ]
