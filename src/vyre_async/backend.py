@@ -453,6 +453,8 @@ class VyreBackend(abc.ABC):
         return normalize_input(decl, value)
 
     def _check_config(self, config: DispatchConfig) -> None:
+        if not config.cooperative and config.persistent_thread != "force":
+            return
         caps = self.capabilities()
         if config.cooperative and not caps.grid_sync:
             raise UnsupportedFeature(

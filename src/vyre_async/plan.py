@@ -239,6 +239,16 @@ def plan_dispatch(
     Raises:
         InvalidProgram: wrong number of inputs, or a grid that cannot be inferred.
     """
+    memo_key = (
+        "plan",
+        tuple(input_counts),
+        _axes_key(grid_override),
+        _axes_key(workgroup_override),
+    )
+    plans: dict[object, BindingPlan] = program._memo.setdefault("plans", {})
+    cached = plans.get(memo_key)
+    if cached is not None:
+        return cached
     inputs = program.inputs
     if len(input_counts) != len(inputs):
         raise InvalidProgram(
@@ -255,10 +265,23 @@ def plan_dispatch(
         else normalize_axes(workgroup_override, "workgroup_override")
     )
     grid = infer_grid(program, counts, workgroup=workgroup, grid_override=grid_override)
-    return BindingPlan(
+    plan = BindingPlan(
         program=program,
         geometry=LaunchGeometry(grid=grid, workgroup=workgroup),
         counts=counts,
         inputs=inputs,
         outputs=program.outputs,
     )
+    if len(plans) >= _PLAN_MEMO:
+        plans.clear()
+    plans[memo_key] = plan
+    return plan
+
+
+_PLAN_MEMO = 64
+
+
+def _axes_key(value: int | Sequence[int] | None) -> object:
+    if value is None or isinstance(value, int | np.integer):
+        return value
+    return tuple(value)

@@ -152,17 +152,28 @@ class Program:
     @property
     def inputs(self) -> tuple[BufferDecl, ...]:
         """Buffers a dispatch takes inputs for (READ, UNIFORM, READ_WRITE), in binding order."""
-        return tuple(b for b in self.buffers if b.access.is_input)
+        found = self._memo.get("inputs")
+        if found is None:
+            found = self._memo["inputs"] = tuple(b for b in self.buffers if b.access.is_input)
+        return found  # type: ignore[no-any-return,unused-ignore]
 
     @property
     def outputs(self) -> tuple[BufferDecl, ...]:
         """Buffers a dispatch returns (WRITE, READ_WRITE), in binding order."""
-        return tuple(b for b in self.buffers if b.access.is_output)
+        found = self._memo.get("outputs")
+        if found is None:
+            found = self._memo["outputs"] = tuple(b for b in self.buffers if b.access.is_output)
+        return found  # type: ignore[no-any-return,unused-ignore]
 
     @property
     def workgroup_buffers(self) -> tuple[BufferDecl, ...]:
         """Per-workgroup shared buffers, in binding order."""
-        return tuple(b for b in self.buffers if b.access is Access.WORKGROUP)
+        found = self._memo.get("workgroup_buffers")
+        if found is None:
+            found = self._memo["workgroup_buffers"] = tuple(
+                b for b in self.buffers if b.access is Access.WORKGROUP
+            )
+        return found  # type: ignore[no-any-return,unused-ignore]
 
     @property
     def lanes_per_workgroup(self) -> int:
