@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -152,28 +152,23 @@ class Program:
     @property
     def inputs(self) -> tuple[BufferDecl, ...]:
         """Buffers a dispatch takes inputs for (READ, UNIFORM, READ_WRITE), in binding order."""
-        found = self._memo.get("inputs")
-        if found is None:
-            found = self._memo["inputs"] = tuple(b for b in self.buffers if b.access.is_input)
-        return found  # type: ignore[no-any-return,unused-ignore]
+        return self._select("inputs", lambda b: b.access.is_input)
 
     @property
     def outputs(self) -> tuple[BufferDecl, ...]:
         """Buffers a dispatch returns (WRITE, READ_WRITE), in binding order."""
-        found = self._memo.get("outputs")
-        if found is None:
-            found = self._memo["outputs"] = tuple(b for b in self.buffers if b.access.is_output)
-        return found  # type: ignore[no-any-return,unused-ignore]
+        return self._select("outputs", lambda b: b.access.is_output)
 
     @property
     def workgroup_buffers(self) -> tuple[BufferDecl, ...]:
         """Per-workgroup shared buffers, in binding order."""
-        found = self._memo.get("workgroup_buffers")
+        return self._select("workgroup_buffers", lambda b: b.access is Access.WORKGROUP)
+
+    def _select(self, key: str, keep: Callable[[BufferDecl], bool]) -> tuple[BufferDecl, ...]:
+        found = self._memo.get(key)
         if found is None:
-            found = self._memo["workgroup_buffers"] = tuple(
-                b for b in self.buffers if b.access is Access.WORKGROUP
-            )
-        return found  # type: ignore[no-any-return,unused-ignore]
+            found = self._memo[key] = tuple(b for b in self.buffers if keep(b))
+        return cast(tuple[BufferDecl, ...], found)
 
     @property
     def lanes_per_workgroup(self) -> int:
