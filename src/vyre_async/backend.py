@@ -19,7 +19,9 @@ from typing import Any, ClassVar
 
 import anyio
 import numpy as np
+from opentelemetry.trace import Span
 
+from vyre_async import telemetry
 from vyre_async.cache.disk import DiskPipelineCache
 from vyre_async.cache.identity import PipelineIdentity, pipeline_identity, policy_digest
 from vyre_async.cache.memory import CacheStats, MemoryPipelineCache
@@ -373,10 +375,24 @@ class VyreBackend(abc.ABC):
                 backend lacks.
         """
         cfg = config or _DEFAULT_CONFIG
-        started = time.perf_counter()
-        pipeline, hit = self._pipeline_for(program, cfg)
-        compile_s = 0.0 if hit else time.perf_counter() - started
-        return self._dispatch_pipeline(pipeline, inputs, cfg, cache_hit=hit, compile_s=compile_s)
+        span = telemetry.start_dispatch(self.id, program)
+        try:
+            started, started_ns = time.perf_counter(), time.time_ns()
+            pipeline, hit = self._pipeline_for(program, cfg)
+            compile_s = 0.0 if hit else time.perf_counter() - started
+            compiled = None if hit else (started_ns, time.time_ns())
+            return self._dispatch_pipeline(
+                pipeline,
+                inputs,
+                cfg,
+                cache_hit=hit,
+                compile_s=compile_s,
+                span=span,
+                compile_phase=compiled,
+            )
+        except BaseException as exc:
+            telemetry.fail_before_launch(span, exc, self.id, program)
+            raise
 
     def dispatch_sync(
         self,
@@ -395,7 +411,18 @@ class VyreBackend(abc.ABC):
         *,
         cache_hit: bool,
         compile_s: float = 0.0,
+        span: Span | None = None,
+        compile_phase: tuple[int, int] | None = None,
     ) -> PendingDispatch:
+        if span is None:  # pipeline.dispatch(): the span starts here
+            span = telemetry.start_dispatch(self.id, pipeline.program)
+            try:
+                return self._dispatch_pipeline(
+                    pipeline, inputs, config, cache_hit=cache_hit, compile_s=compile_s, span=span
+                )
+            except BaseException as exc:
+                telemetry.fail_before_launch(span, exc, self.id, pipeline.program)
+                raise
         cfg = config or pipeline.config
         if cfg is not pipeline.config and policy_digest(cfg) != policy_digest(pipeline.config):
             raise InvalidProgram(
@@ -423,6 +450,8 @@ class VyreBackend(abc.ABC):
             )
         pending, completer = PendingDispatch.create(timeout=cfg.timeout, label=cfg.label)
         pending.context["cache_hit"] = cache_hit
+        if compile_phase is not None:
+            completer.record_phase("vyre.compile", *compile_phase)
         launch = Launch(
             pipeline=pipeline,
             plan=plan,
@@ -432,6 +461,7 @@ class VyreBackend(abc.ABC):
             completer=completer,
             compile_s=compile_s,
         )
+        telemetry.attach(span, launch, cache_hit=cache_hit)
         return self.enqueue(launch)
 
     def _prepare_input(self, decl: Any, value: object) -> np.ndarray | ResidentBuffer:

@@ -210,6 +210,12 @@ class PendingDispatch:
                 try:
                     with anyio.move_on_after(self._remaining()):
                         await event.wait()
+                except BaseException:
+                    if not self._settled.is_set():  # the awaiting task was cancelled
+                        hook = self.context.get("await_cancelled")
+                        if hook is not None:
+                            hook(self)
+                    raise
                 finally:
                     self._remove_waker(wake)
             if not self.done():  # woken by the deadline, not by completion
@@ -318,6 +324,18 @@ class DispatchCompleter:
     def mark_started(self) -> None:
         """Record that execution started (ends the queueing time)."""
         self.pending._started = time.monotonic()
+
+    def record_phase(self, name: str, start_ns: int, end_ns: int) -> None:
+        """Record an interval (``time.time_ns()`` clock) shown as a child span of the dispatch.
+
+        Names: ``vyre.compile``, ``vyre.wait``, ``vyre.upload``, ``vyre.launch``,
+        ``vyre.readback``.
+        """
+        self.pending.context.setdefault("phases", []).append((name, start_ns, end_ns))
+
+    def annotate(self, key: str, value: str | bool | int | float) -> None:
+        """Attach an attribute (``vyre.stream``, ``vyre.policy.*``) to the dispatch span."""
+        self.pending.context.setdefault("attributes", {})[key] = value
 
     def resolve(
         self,
