@@ -290,11 +290,13 @@ class PendingDispatch:
             wakers, self._wakers = self._wakers, []
         if state is _TIMED_OUT:
             self._stop.set()
+        # Callbacks (span end, bookkeeping) run before waiters wake, so a caller that
+        # resumes sees them done.
+        for fn in callbacks:
+            _run_callback(fn, self)
         self._settled.set()
         for wake in wakers:
             wake()
-        for fn in callbacks:
-            _run_callback(fn, self)
         return True
 
     def _host_timing(self) -> DispatchTiming:

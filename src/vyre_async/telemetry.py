@@ -70,8 +70,8 @@ def start_dispatch(backend_id: str, program: Program) -> Span:
     span = _tracer.start_span(SPAN_NAME, record_exception=False, set_status_on_exception=False)
     if span.is_recording():
         span.set_attribute("vyre.backend.id", backend_id)
-        span.set_attribute("vyre.program.op_id", program.op_id)
-        if isinstance(program, Program):
+        if isinstance(program, Program):  # anything else fails validation right after
+            span.set_attribute("vyre.program.op_id", program.op_id)
             span.set_attribute("vyre.program.fingerprint", program.fingerprint().hex())
     return span
 

@@ -7,6 +7,9 @@ zeros for WRITE buffers, the input for READ_WRITE buffers. It computes nothing.
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -63,3 +66,43 @@ class BytesBackend(VyreBackend):
         launch.completer.mark_started()
         launch.completer.resolve(outputs, device_s=0.0, compile_s=launch.compile_s)
         return launch.pending
+
+
+class DelayBackend(BytesBackend):
+    """Completes every dispatch from one worker thread after ``delay`` seconds, like a device.
+
+    Records ``vyre.wait`` and ``vyre.launch`` phases and a ``vyre.stream`` attribute.
+    """
+
+    id = "delay-test"
+
+    def __init__(self, delay: float = 0.001, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.delay = delay
+        self._queue: queue.SimpleQueue[Launch | None] = queue.SimpleQueue()
+        self._worker = threading.Thread(target=self._serve, daemon=True)
+        self._worker.start()
+
+    def enqueue(self, launch: Launch) -> PendingDispatch:
+        launch.pending.context["enqueued_ns"] = time.time_ns()
+        self._queue.put(launch)
+        return launch.pending
+
+    def _serve(self) -> None:
+        while (launch := self._queue.get()) is not None:
+            started = time.time_ns()
+            launch.completer.mark_started()
+            launch.completer.record_phase(
+                "vyre.wait", launch.pending.context["enqueued_ns"], started
+            )
+            time.sleep(self.delay)
+            outputs = [
+                np.zeros(launch.plan.count_of(d.name), d.dtype.numpy) for d in launch.plan.outputs
+            ]
+            launch.completer.record_phase("vyre.launch", started, time.time_ns())
+            launch.completer.annotate("vyre.stream", 1)
+            launch.completer.resolve(outputs, device_s=self.delay)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._worker.join()
