@@ -25,7 +25,7 @@ pytest: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 demo: $(STAMP)
-	$(BIN)/python examples/demo.py
+	$(BIN)/vyre-async demo
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/wire.py

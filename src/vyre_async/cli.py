@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import platform
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from vyre_async._version import __version__
 from vyre_async.cache.disk import DiskPipelineCache
+from vyre_async.errors import BackendError
 from vyre_async.registry import registered_backends
 
 __all__ = ["main"]
@@ -75,6 +78,33 @@ def _cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from vyre_async.demo import run_demo
+
+    provider = _tracing(args.trace)
+    try:
+        return run_demo(
+            tasks=args.tasks, per_task=args.per_task, use_trio=args.trio, backend_id=args.backend
+        )
+    finally:
+        if provider is not None:
+            provider.shutdown()
+
+
+def _tracing(spec: str) -> Any:
+    if spec == "none":
+        return None
+    from vyre_async.tracing import configure_tracing
+
+    return configure_tracing(spec)
+
+
+def _trace_spec(value: str) -> str:
+    if value in ("none", "console", "otlp") or (value.startswith("file:") and len(value) > 5):
+        return value
+    raise argparse.ArgumentTypeError("choose none, console, otlp or file:PATH")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the ``vyre-async`` command."""
     parser = argparse.ArgumentParser(
@@ -92,13 +122,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cache.add_argument("--json", action="store_true", help="print machine-readable JSON (info)")
     cache.set_defaults(run=_cache)
+    demo = commands.add_parser(
+        "demo", help="run concurrent tasks dispatching the standard programs, checked exactly"
+    )
+    demo.add_argument("--tasks", type=int, default=64, help="concurrent tasks (default 64)")
+    demo.add_argument("--per-task", type=int, default=30, help="dispatches per task (default 30)")
+    demo.add_argument("--trio", action="store_true", help="run on trio instead of asyncio")
+    demo.add_argument("--backend", default=None, help="backend id (default: the best available)")
+    demo.add_argument(
+        "--trace",
+        type=_trace_spec,
+        default="none",
+        metavar="{none,console,otlp,file:PATH}",
+        help="export a span per dispatch (otlp honours OTEL_EXPORTER_OTLP_ENDPOINT, "
+        "default http://localhost:4318; OTEL_SERVICE_NAME names the service)",
+    )
+    demo.set_defaults(run=_demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the process exit status."""
     args = build_parser().parse_args(argv)
-    return int(args.run(args))
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.run(args))
+    except BackendError as exc:
+        print(f"vyre-async: {type(exc).__name__} ({int(exc.code)}): {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,25 +1,26 @@
-"""The main job: many concurrent tasks dispatching the standard programs.
+"""The main job (``vyre-async demo``, ``make demo``): concurrent tasks dispatching.
 
-Run with ``make demo``. It picks the best backend of this machine (the numpy
-reference backend when no GPU is usable, and says so), checks every output
-against an independent numpy oracle, and prints a summary.
+Picks the best backend of this machine (the numpy reference backend when no
+GPU is usable, and says so), runs many concurrent tasks that dispatch the
+standard programs, checks every output against its independent numpy oracle,
+and prints a summary: dispatches, throughput, p50/p99 latency, cache hits.
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
 import statistics
-import sys
 import time
 
 import anyio
 import numpy as np
 
-from vyre_async import DispatchConfig, acquire_preferred_backend
 from vyre_async.backend import VyreBackend
+from vyre_async.config import DispatchConfig
 from vyre_async.ir import validate
 from vyre_async.programs import Workload, standard_workloads
+from vyre_async.registry import acquire_backend, acquire_preferred_backend
+
+__all__ = ["run_demo"]
 
 
 def describe(workloads: list[Workload]) -> None:
@@ -74,25 +75,16 @@ async def run(backend: VyreBackend, workloads: list[Workload], tasks: int, per_t
     return 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--tasks", type=int, default=64)
-    parser.add_argument("--per-task", type=int, default=30)
-    parser.add_argument("--trio", action="store_true", help="run on trio instead of asyncio")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+def run_demo(
+    *, tasks: int = 64, per_task: int = 30, use_trio: bool = False, backend_id: str | None = None
+) -> int:
+    """Describe the standard programs, run the workload and print the summary; return 0 if exact."""
     workloads = standard_workloads()
     describe(workloads)
-    backend = acquire_preferred_backend(allow_reference=True)
+    if backend_id is None:
+        backend = acquire_preferred_backend(allow_reference=True)
+    else:
+        backend = acquire_backend(backend_id)
     return anyio.run(
-        run,
-        backend,
-        workloads,
-        args.tasks,
-        args.per_task,
-        backend="trio" if args.trio else "asyncio",
+        run, backend, workloads, tasks, per_task, backend="trio" if use_trio else "asyncio"
     )
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,207 @@
+"""The driver contract, checked on every registered backend, under asyncio and trio."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+import pytest
+
+from tests.conformance.corpus import Case, cases
+from vyre_async import (
+    Access,
+    BufferDecl,
+    DispatchConfig,
+    DispatchTimeout,
+    DType,
+    InvalidProgram,
+    Program,
+    ResultAlreadyTaken,
+    UnsupportedFeature,
+    VyreBackend,
+)
+from vyre_async.ir import Assign, Let, Load, Loop, Store, Var, u32
+from vyre_async.programs import elementwise_xor, standard_workloads
+from vyre_async.shadow import compare_outputs
+
+pytestmark = pytest.mark.anyio
+
+CASES = cases()
+
+
+def spin(workgroup: int = 1) -> Program:
+    """``out[0] = sum(range(n))`` with ``n`` read at run time: as long as you like."""
+    return Program(
+        [
+            BufferDecl("n", 0, Access.UNIFORM, DType.U32, 1),
+            BufferDecl("out", 1, Access.WRITE, DType.U32, workgroup),
+        ],
+        workgroup,
+        [
+            Let("acc", u32(0)),
+            Loop("i", u32(0), Load("n", u32(0)), [Assign("acc", Var("acc") + Var("i"))]),
+            Store("out", u32(0), Var("acc")),
+        ],
+        op_id="test.spin",
+    )
+
+
+def _config(case: Case) -> DispatchConfig:
+    return DispatchConfig(grid_override=case.grid, ulp_budget=case.ulp_budget, label=case.name)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+async def test_corpus_byte_for_byte(backend: VyreBackend, case: Case) -> None:
+    outputs = await backend.dispatch(case.program, case.inputs, _config(case))
+    divergence = compare_outputs(
+        case.name, case.program, case.inputs, outputs, case.expected, ulp_budget=case.ulp_budget
+    )
+    assert divergence is None, str(divergence)
+    for got, want in zip(outputs, case.expected, strict=True):
+        assert got.dtype == np.asarray(want).dtype
+
+
+async def test_errors_before_launch_carry_a_fix(backend: VyreBackend) -> None:
+    program = elementwise_xor(8)
+    ok = [np.zeros(8, np.uint32), np.zeros(8, np.uint32)]
+    bad_calls = [
+        (lambda: backend.dispatch(program, ok[:1]), InvalidProgram),
+        (lambda: backend.dispatch(program, [ok[0], np.zeros(8, np.float32)]), InvalidProgram),
+        (lambda: backend.dispatch(program, ok, DispatchConfig(max_output_bytes=4)), InvalidProgram),
+    ]
+    if not backend.capabilities().grid_sync:
+        bad_calls.append(
+            (
+                lambda: backend.dispatch(program, ok, DispatchConfig(cooperative=True)),
+                UnsupportedFeature,
+            )
+        )
+    for call, error in bad_calls:
+        with pytest.raises(error) as info:
+            call()
+        assert str(info.value).rpartition("\n")[2].startswith("Fix: ")
+    assert (await backend.dispatch(program, ok))[0].tolist() == [0] * 8
+
+
+async def test_a_result_is_taken_once(backend: VyreBackend) -> None:
+    pending = backend.dispatch(elementwise_xor(4), [np.ones(4, np.uint32)] * 2)
+    await pending
+    with pytest.raises(ResultAlreadyTaken):
+        await pending
+
+
+async def test_many_dispatches_in_flight_complete_correctly(backend: VyreBackend) -> None:
+    workloads = standard_workloads()
+    jobs = []
+    for seed in range(48):
+        w = workloads[seed % len(workloads)]
+        inputs = w.inputs(seed)
+        jobs.append(
+            (
+                w,
+                w.expected(inputs),
+                backend.dispatch(w.program, inputs, DispatchConfig(grid_override=w.grid)),
+            )
+        )
+    for w, expected, pending in jobs:
+        outputs = await pending
+        assert compare_outputs(w.name, w.program, [], outputs, expected) is None
+
+
+async def test_timeout_raises_promptly_and_the_backend_recovers(backend: VyreBackend) -> None:
+    n = np.array([2_000_000_000], np.uint32)
+    start = time.monotonic()
+    with pytest.raises(DispatchTimeout) as info:
+        await backend.dispatch(spin(), [n], DispatchConfig(timeout=0.05, label="spin"))
+    waited = time.monotonic() - start
+    assert 0.04 <= waited < 0.5, waited
+    assert isinstance(info.value, TimeoutError)
+    outputs = await backend.dispatch(spin(), [np.array([100], np.uint32)])
+    assert outputs[0][0] == sum(range(100))
+
+
+async def test_cancelling_waiters_leaves_everything_else_intact(backend: VyreBackend) -> None:
+    xor = elementwise_xor(256)
+    await backend.dispatch(xor, [np.zeros(256, np.uint32)] * 2)  # warm pools and caches
+    await backend.dispatch(spin(), [np.array([1000], np.uint32)])
+    gc.collect()
+    threads_before = threading.active_count()
+    cancelled = 0
+    survivors_ok = 0
+    scopes: list[anyio.CancelScope] = []
+    rng = np.random.default_rng(7)
+
+    async def victim() -> None:
+        nonlocal cancelled
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            await backend.dispatch(
+                spin(), [np.array([200_000], np.uint32)], DispatchConfig(timeout=2.0)
+            )
+        if scope.cancelled_caught:
+            cancelled += 1
+
+    async def survivor() -> None:
+        nonlocal survivors_ok
+        a = rng.integers(0, 2**32, 256, dtype=np.uint32)
+        b = rng.integers(0, 2**32, 256, dtype=np.uint32)
+        outputs = await backend.dispatch(xor, [a, b])
+        survivors_ok += int(np.array_equal(outputs[0], a ^ b))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(200):
+            tg.start_soon(victim if i % 2 == 0 else survivor)
+        for _ in range(3):
+            await anyio.lowlevel.checkpoint()
+        for scope in scopes:
+            scope.cancel()
+    assert len(scopes) == 100
+    assert cancelled == 100
+    assert survivors_ok == 100
+    await backend.flush()
+    gc.collect()
+    assert threading.active_count() <= threads_before
+    outputs = await backend.dispatch(xor, [np.full(256, 3, np.uint32), np.ones(256, np.uint32)])
+    assert outputs[0].tolist() == [2] * 256
+
+
+def _rss_bytes() -> int:
+    with open(f"/proc/{os.getpid()}/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc for RSS")
+async def test_load_10000_dispatches_from_200_tasks(backend: VyreBackend) -> None:
+    xor = elementwise_xor(64)
+    per_task = 50
+    a = np.arange(64, dtype=np.uint32)
+    await backend.dispatch(xor, [a, a])
+    rss_before = _rss_bytes()
+    peak = rss_before
+    correct = 0
+
+    async def worker(t: int) -> None:
+        nonlocal correct, peak
+        b = np.full(64, t, np.uint32)
+        for _ in range(per_task):
+            outputs = await backend.dispatch(xor, [a, b])
+            correct += int(np.array_equal(outputs[0], a ^ b))
+        peak = max(peak, _rss_bytes())
+
+    start = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for t in range(200):
+            tg.start_soon(worker, t)
+    elapsed = time.perf_counter() - start
+    assert correct == 200 * per_task
+    growth = peak - rss_before
+    print(
+        f"\n{backend.id}: 10000 dispatches in {elapsed:.2f} s, "
+        f"peak RSS growth {growth / 2**20:.1f} MiB"
+    )
+    assert growth < 256 * 2**20
