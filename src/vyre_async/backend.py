@@ -389,6 +389,7 @@ class VyreBackend(abc.ABC):
                 compile_s=compile_s,
                 span=span,
                 compile_phase=compiled,
+                program=program,
             )
         except BaseException as exc:
             telemetry.fail_before_launch(span, exc, self.id, program)
@@ -413,7 +414,13 @@ class VyreBackend(abc.ABC):
         compile_s: float = 0.0,
         span: Span | None = None,
         compile_phase: tuple[int, int] | None = None,
+        program: Program | None = None,
     ) -> PendingDispatch:
+        """Plan and enqueue one dispatch of ``program`` on a compiled ``pipeline``.
+
+        ``program`` may differ from ``pipeline.program`` in buffer counts only
+        (they share a kernel digest); the launch is planned with ``program``.
+        """
         if span is None:  # pipeline.dispatch(): the span starts here
             span = telemetry.start_dispatch(self.id, pipeline.program)
             try:
@@ -430,7 +437,7 @@ class VyreBackend(abc.ABC):
                 fix="compile a pipeline for this config: backend.compile(program, config)",
             )
         self._check_config(cfg)
-        program = pipeline.program
+        program = program or pipeline.program
         check_input_count(program, inputs)
         prepared = tuple(
             self._prepare_input(decl, value)

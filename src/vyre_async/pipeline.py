@@ -94,8 +94,10 @@ class Launch:
     """Everything a backend's ``enqueue`` hook needs to run one dispatch.
 
     Attributes:
-        pipeline: The compiled pipeline.
-        plan: Binding plan: geometry and every buffer's count.
+        pipeline: The compiled pipeline. Its ``program`` may differ from
+            ``plan.program`` in buffer counts (one pipeline serves every size);
+            use ``plan.program`` and ``plan.counts`` for sizes.
+        plan: Binding plan: the dispatched program, geometry and every buffer's count.
         inputs: One item per input buffer: a private host array, or a
             `ResidentBuffer` of this backend.
         config: The dispatch config.

@@ -9,6 +9,7 @@ import time
 
 import anyio
 import anyio.lowlevel
+import anyio.to_thread
 import numpy as np
 import pytest
 
@@ -52,11 +53,21 @@ def spin(workgroup: int = 1) -> Program:
 
 
 def _config(case: Case) -> DispatchConfig:
-    return DispatchConfig(grid_override=case.grid, ulp_budget=case.ulp_budget, label=case.name)
+    return DispatchConfig(
+        grid_override=case.grid,
+        ulp_budget=case.ulp_budget or None,
+        fixpoint_iterations=case.fixpoint_iterations,
+        label=case.name,
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 async def test_corpus_byte_for_byte(backend: VyreBackend, case: Case) -> None:
+    if case.error is not None:
+        with pytest.raises(case.error) as info:
+            await backend.dispatch(case.program, case.inputs, _config(case))
+        assert "Fix:" in str(info.value)
+        return
     outputs = await backend.dispatch(case.program, case.inputs, _config(case))
     divergence = compare_outputs(
         case.name, case.program, case.inputs, outputs, case.expected, ulp_budget=case.ulp_budget
@@ -127,9 +138,13 @@ async def test_timeout_raises_promptly_and_the_backend_recovers(backend: VyreBac
 
 async def test_cancelling_waiters_leaves_everything_else_intact(backend: VyreBackend) -> None:
     xor = elementwise_xor(256)
-    await backend.dispatch(xor, [np.zeros(256, np.uint32)] * 2)  # warm pools and caches
-    await backend.dispatch(spin(), [np.array([1000], np.uint32)])
-    gc.collect()
+    # Warm every pool to its bounded size first, so a leak shows as growth.
+    warm = [backend.dispatch(spin(), [np.array([5000], np.uint32)]) for _ in range(8)]
+    for pending in warm:
+        await pending
+    await backend.dispatch(xor, [np.zeros(256, np.uint32)] * 2)
+    await backend.flush()
+    await anyio.to_thread.run_sync(gc.collect)  # anyio keeps one idle worker thread cached
     threads_before = threading.active_count()
     cancelled = 0
     survivors_ok = 0

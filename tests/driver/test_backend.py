@@ -43,6 +43,14 @@ def test_resizing_a_buffer_does_not_recompile() -> None:
     assert backend.builds == 1
 
 
+def test_a_shared_pipeline_is_planned_with_the_dispatched_programs_sizes() -> None:
+    backend = BytesBackend()
+    assert backend.dispatch_sync(elementwise_xor(1000), _xor_inputs(1000))[0].size == 1000
+    assert backend.dispatch_sync(elementwise_xor(8), _xor_inputs(8))[0].size == 8
+    assert backend.builds == 1
+    assert backend.launches[-1].plan.program == elementwise_xor(8)
+
+
 def test_miss_reasons() -> None:
     backend = BytesBackend()
     backend.compile(elementwise_xor(8))

@@ -91,7 +91,7 @@ class ReferenceBackend(VyreBackend):
 
     # Dispatch ---------------------------------------------------------------------
     def _estimate_ns(self, launch: Launch) -> float:
-        program = launch.pipeline.program
+        program = launch.plan.program
         steps = program._memo.get("reference.steps")
         if steps is None:
             steps = _static_steps(program.body)
@@ -153,7 +153,7 @@ class ReferenceBackend(VyreBackend):
             completer.fail(
                 DispatchFailed(
                     f"the reference engine failed on "
-                    f"{launch.pipeline.program.op_id or 'a program'}: {type(exc).__name__}: {exc}",
+                    f"{launch.plan.program.op_id or 'a program'}: {type(exc).__name__}: {exc}",
                     fix="this is a bug in vyre_reference; report it with the program's wire bytes",
                 )
             )
@@ -268,7 +268,7 @@ def _wait_all(futures: list[Future[None]]) -> None:
 
 def _timeout(launch: Launch) -> DispatchTimeout:
     return DispatchTimeout(
-        f"dispatch {launch.config.label or launch.pipeline.program.op_id or ''} was stopped: "
+        f"dispatch {launch.config.label or launch.plan.program.op_id or ''} was stopped: "
         f"past its timeout of {launch.config.timeout} s",
         fix="raise DispatchConfig.timeout or split the work into smaller dispatches",
     )

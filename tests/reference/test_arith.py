@@ -1,0 +1,167 @@
+"""Every operator and cast of the engine, on arrays and uniform scalars, against scalar oracles."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.reference import slow_interpreter as oracle
+from vyre_async.ir import BinOp, DType, UnOp
+from vyre_async.ir.ops import TRANSCENDENTAL, bin_result, un_result
+from vyre_reference import arith
+
+_SPECIAL_U32 = [
+    0,
+    1,
+    2,
+    3,
+    31,
+    32,
+    33,
+    255,
+    256,
+    0x7FFF_FFFF,
+    0x8000_0000,
+    0xFFFF_FFFE,
+    0xFFFF_FFFF,
+]
+_SPECIAL_F32_BITS = [
+    0x0000_0000,
+    0x8000_0000,
+    0x3F80_0000,
+    0xBF80_0000,
+    0x3F00_0000,
+    0xBF00_0000,
+    0x3FC0_0000,
+    0x4020_0000,
+    0x7FC0_0000,
+    0x7F80_0000,
+    0xFF80_0000,
+    0x0000_0001,
+    0x8000_0001,
+    0x007F_FFFF,
+    0x0080_0000,
+    0x7F7F_FFFF,
+    0xFF7F_FFFF,
+    0x4B80_0001,
+    0x4F80_0000,
+    0xCF00_0000,
+]
+
+
+def _values(dtype: DType, rng: np.random.Generator, n: int) -> np.ndarray[Any, Any]:
+    if dtype is DType.BOOL:
+        return rng.integers(0, 2, n).astype(np.bool_)
+    if dtype is DType.F32:
+        words = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+        small = rng.standard_normal(n).astype(np.float32).view(np.uint32)
+        words = np.where(rng.integers(0, 2, n) == 0, words, small)
+        words[: len(_SPECIAL_F32_BITS)] = _SPECIAL_F32_BITS
+        return words.view(np.float32)
+    words = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    words[rng.integers(0, 2, n) == 0] %= 40
+    words[: len(_SPECIAL_U32)] = _SPECIAL_U32
+    return words if dtype is DType.U32 else words.view(np.int32)
+
+
+def _py(value: Any, dtype: DType) -> Any:
+    if dtype is DType.F32:
+        return float(value)
+    if dtype is DType.BOOL:
+        return bool(value)
+    return int(value)
+
+
+def _words(values: list[Any], dtype: DType) -> list[int]:
+    if dtype is DType.F32:
+        return [int(struct.unpack("<I", struct.pack("<f", v))[0]) for v in values]
+    return [int(v) & 0xFFFF_FFFF for v in values]
+
+
+def _check(got: Any, want: list[Any], dtype: DType, ulp: int = 0) -> None:
+    got_list = np.asarray(got).reshape(-1)
+    assert got_list.dtype == arith.NUMPY_DTYPE[dtype]
+    if dtype is DType.F32:
+        g = got_list.astype(np.float32)
+        w = np.array(want, dtype=np.float64).astype(np.float32)
+        assert np.array_equal(np.isnan(g), np.isnan(w))
+        keep = ~np.isnan(w)
+        gk = g[keep].view(np.uint32).astype(np.int64)
+        wk = w[keep].view(np.uint32).astype(np.int64)
+        gk = np.where(gk >= 2**31, 2**31 - gk, gk)
+        wk = np.where(wk >= 2**31, 2**31 - wk, wk)
+        assert np.abs(gk - wk).max(initial=0) <= ulp
+    else:
+        assert _words(got_list.tolist(), dtype) == _words(want, dtype)
+
+
+BIN_CASES = [(op, dt) for op in BinOp for dt in DType if bin_result(op, dt) is not None]
+UN_CASES = [(op, dt) for op in UnOp for dt in DType if un_result(op, dt) is not None]
+
+
+@pytest.mark.parametrize(("op", "dtype"), BIN_CASES, ids=lambda x: str(x))
+def test_binary_ops(op: BinOp, dtype: DType) -> None:
+    rng = np.random.default_rng(hash((op.value, dtype.value)) % 2**32)
+    a = _values(dtype, rng, 400)
+    b = _values(dtype, rng, 400)
+    result = bin_result(op, dtype)
+    assert result is not None
+    fn = arith.binary_op(op, dtype)
+    with np.errstate(all="ignore"):
+        got = fn(a, b)
+        want = [
+            oracle.binary(op, dtype, _py(x, dtype), _py(y, dtype))
+            for x, y in zip(a, b, strict=True)
+        ]
+        _check(got, want, result)
+        for k in (0, 1, 5, 12):  # a uniform right operand takes the scalar paths
+            scalar = b[k : k + 1].reshape(()).item()
+            got = fn(a, b.dtype.type(scalar))
+            want = [oracle.binary(op, dtype, _py(x, dtype), _py(b[k], dtype)) for x in a]
+            _check(got, want, result)
+
+
+@pytest.mark.parametrize(("op", "dtype"), UN_CASES, ids=lambda x: str(x))
+def test_unary_ops(op: UnOp, dtype: DType) -> None:
+    rng = np.random.default_rng(hash((op.value, dtype.value)) % 2**32)
+    a = _values(dtype, rng, 400)
+    with np.errstate(all="ignore"):
+        got = arith.unary_op(op, dtype)(a)
+    want = [oracle.unary(op, dtype, _py(x, dtype)) for x in a]
+    result = un_result(op, dtype)
+    assert result is not None
+    _check(got, want, result, ulp=2 if op in TRANSCENDENTAL else 0)
+
+
+@pytest.mark.parametrize("source", list(DType), ids=str)
+@pytest.mark.parametrize("target", list(DType), ids=str)
+def test_casts(source: DType, target: DType) -> None:
+    rng = np.random.default_rng(3)
+    a = _values(source, rng, 400)
+    with np.errstate(all="ignore"):
+        got = arith.cast_op(source, target)(a)
+    _check(got, [oracle.cast(source, target, _py(x, source)) for x in a], target)
+
+
+def test_fma_is_exactly_rounded_on_hard_cases() -> None:
+    rng = np.random.default_rng(11)
+    n = 20_000
+    # a*b lands next to a binary32 midpoint, then c tips (or not) the rounding.
+    a = (1 + rng.integers(0, 2**12, n) * 2.0**-12).astype(np.float32)
+    b = (1 + rng.integers(0, 2**12, n) * 2.0**-12).astype(np.float32)
+    c = (rng.choice([-1.0, 1.0], n) * 2.0 ** rng.integers(-70, -20, n)).astype(np.float32)
+    c[::7] = -(a[::7].astype(np.float64) * b[::7]).astype(np.float32)  # cancellation
+    special = np.array(_SPECIAL_F32_BITS, np.uint32).view(np.float32)
+    a = np.concatenate([a, np.repeat(special, len(special))])
+    b = np.concatenate([b, np.tile(special, len(special))])
+    c = np.concatenate([c, np.tile(special[::-1], len(special))])
+    with np.errstate(all="ignore"):
+        got = arith.fma_f32(a, b, c)
+    want = [oracle.fma(float(x), float(y), float(z)) for x, y, z in zip(a, b, c, strict=True)]
+    _check(got, want, DType.F32)
+    # The hard cases are hard: binary64 then binary32 (two roundings) gets some wrong.
+    naive = (a[:n].astype(np.float64) * b[:n] + c[:n]).astype(np.float32)
+    assert not np.array_equal(naive.view(np.uint32), np.asarray(got)[:n].view(np.uint32))
