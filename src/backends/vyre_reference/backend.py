@@ -26,7 +26,7 @@ from vyre_async.ir.expr import Const
 from vyre_async.ir.limits import MAX_WORKGROUP_BYTES, MAX_WORKGROUP_LANES
 from vyre_async.ir.program import Program
 from vyre_async.ir.stmt import Block, If, Loop, Stmt
-from vyre_async.ir.types import Access, DType
+from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.pending import PendingDispatch
 from vyre_async.pipeline import Launch
 from vyre_async.plan import normalize_input
@@ -181,12 +181,8 @@ class ReferenceBackend(VyreBackend):
             array = np.array(data, dtype=dtype.numpy, copy=True).reshape(-1)
         else:
             dtype = DType.U32
-            array = normalize_input(_Decl(dtype), data)
-        return self._keep(
-            ResidentBuffer(
-                backend_id=self.id, dtype=dtype, count=array.size, native=array, label=label
-            )
-        )
+            array = normalize_input(BufferDecl(label or "upload", 0, Access.READ, dtype), data)
+        return self._keep(dtype, array, label)
 
     def alloc(self, dtype: DType | str, count: int, *, label: str | None = None) -> ResidentBuffer:
         """Allocate a zero-filled resident buffer of ``count`` elements."""
@@ -194,9 +190,7 @@ class ReferenceBackend(VyreBackend):
         if count < 0:
             raise InvalidProgram(f"cannot allocate {count} elements", fix="pass a count >= 0")
         array = np.zeros(count, kind.numpy)
-        return self._keep(
-            ResidentBuffer(backend_id=self.id, dtype=kind, count=count, native=array, label=label)
-        )
+        return self._keep(kind, array, label)
 
     def download(self, buffer: ResidentBuffer) -> np.ndarray:
         """Return a copy of a resident buffer's contents."""
@@ -284,15 +278,3 @@ def _dtype_of(array: np.ndarray) -> DType:
         f"cannot upload an array of dtype {array.dtype}",
         fix="convert it to uint32, int32, float32 or bool first",
     )
-
-
-class _Decl:
-    """The minimum of a BufferDecl that `normalize_input` reads."""
-
-    def __init__(self, dtype: DType) -> None:
-        self.dtype = dtype
-        self.name = "upload"
-        self.count = 0
-
-
-_ = Access.WORKGROUP
