@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 test: $(STAMP) lint types pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples scripts
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 types: $(STAMP)
 	$(BIN)/mypy

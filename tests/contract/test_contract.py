@@ -130,7 +130,7 @@ async def test_timeout_raises_promptly_and_the_backend_recovers(backend: VyreBac
     with pytest.raises(DispatchTimeout) as info:
         await backend.dispatch(spin(), [n], DispatchConfig(timeout=0.05, label="spin"))
     waited = time.monotonic() - start
-    assert 0.04 <= waited < 0.5, waited
+    assert 0.04 <= waited < 1.5, waited  # prompt, with room for a loaded CI machine
     assert isinstance(info.value, TimeoutError)
     outputs = await backend.dispatch(spin(), [np.array([100], np.uint32)])
     assert outputs[0][0] == sum(range(100))
