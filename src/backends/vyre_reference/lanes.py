@@ -21,6 +21,7 @@ and of atomics within a statement.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -90,7 +91,7 @@ class LaneSet:
         self.grid = grid
         self.workgroup = workgroup
         self.shape = shape
-        self.size = int(np.prod(shape))
+        self.size = math.prod(shape)
         self.parent = parent
         self._cache: dict[Any, Any] = {}
 
@@ -110,7 +111,7 @@ class LaneSet:
         if hit is None:
             linear = self.wg_ids() if kind == "w" else self.lid_ids()
             ext = self.grid if kind == "w" else self.workgroup
-            if ext[axis] == int(np.prod(ext)):
+            if ext[axis] == math.prod(ext):
                 hit = linear
             elif axis == 0:
                 hit = linear % ext[0]

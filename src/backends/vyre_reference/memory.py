@@ -13,6 +13,7 @@ keep the value of the last lane in lane order.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -60,16 +61,24 @@ class LaunchState:
         self.lengths = lengths
         self.grid = grid
         self.workgroup = workgroup
-        builtins: dict[tuple[str, int], Any] = {}
-        for axis in range(3):
-            unit = tuple(1 if k == axis else 0 for k in range(3))
-            wg_unit = tuple(workgroup[axis] if k == axis else 0 for k in range(3))
-            builtins[("lid", axis)] = Affine(0, (0, 0, 0), unit)  # type: ignore[arg-type]
-            builtins[("wgid", axis)] = Affine(0, unit, (0, 0, 0))  # type: ignore[arg-type]
-            builtins[("gid", axis)] = Affine(0, wg_unit, unit)  # type: ignore[arg-type]
-            builtins[("nwg", axis)] = np.uint32(grid[axis] % _MOD)
-        self.builtins = builtins
+        self.builtins = _builtins(grid, workgroup)
         self.check_cancel: Callable[[], None] = _never if cancel is None else _checker(cancel)
+
+
+@functools.lru_cache(maxsize=256)
+def _builtins(
+    grid: tuple[int, int, int], workgroup: tuple[int, int, int]
+) -> dict[tuple[str, int], Any]:
+    """Return the builtin values of one launch geometry (immutable; shared between launches)."""
+    builtins: dict[tuple[str, int], Any] = {}
+    for axis in range(3):
+        unit = tuple(1 if k == axis else 0 for k in range(3))
+        wg_unit = tuple(workgroup[axis] if k == axis else 0 for k in range(3))
+        builtins[("lid", axis)] = Affine(0, (0, 0, 0), unit)  # type: ignore[arg-type]
+        builtins[("wgid", axis)] = Affine(0, unit, (0, 0, 0))  # type: ignore[arg-type]
+        builtins[("gid", axis)] = Affine(0, wg_unit, unit)  # type: ignore[arg-type]
+        builtins[("nwg", axis)] = np.uint32(grid[axis] % _MOD)
+    return builtins
 
 
 def _checker(cancel: threading.Event) -> Callable[[], None]:
@@ -112,6 +121,8 @@ def _affine_view(
             (a or ng == 1) and (b or nl == 1) and (ng == 1 or nl == 1 or a >= b * nl)
         ):
             return None
+        if b and a == b * nl:  # rows follow each other: a plain strided slice, reshaped
+            return arr[off : last + 1 : b].reshape(ng, nl)
         shape = (ng if a else 1, nl if b else 1)
         return as_strided(arr[off:], shape=shape, strides=(a * item, b * item), writeable=store)
     assert isinstance(lanes, FlatLanes)
