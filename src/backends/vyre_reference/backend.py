@@ -106,9 +106,9 @@ class ReferenceBackend(VyreBackend):
                 "the reference backend was shut down", fix="acquire or create a new backend"
             )
         if launch.plan.geometry.lanes == 0 or self._estimate_ns(launch) < self.inline_ns:
-            self._run(launch)
+            self._run(launch, None)
             return launch.pending
-        future = self._executor().submit(self._run, launch)
+        future = self._executor().submit(self._run, launch, time.time_ns())
         with self._pool_lock:
             self._in_flight.add(future)
         future.add_done_callback(self._forget)
@@ -126,12 +126,16 @@ class ReferenceBackend(VyreBackend):
         with self._pool_lock:
             self._in_flight.discard(future)
 
-    def _run(self, launch: Launch) -> None:
+    def _run(self, launch: Launch, queued_ns: int | None) -> None:
+        """Execute one launch (inline, or on a worker when ``queued_ns`` is given)."""
         completer = launch.completer
         if completer.stop_requested.is_set():
             completer.fail(_timeout(launch))  # dropped if already settled: nothing runs
             return
         completer.mark_started()
+        started_ns = time.time_ns()
+        if queued_ns is not None:
+            completer.record_phase("vyre.wait", queued_ns, started_ns)
         start = time.perf_counter()
         try:
             arrays = [self._host_array(item) for item in launch.inputs]
@@ -158,7 +162,9 @@ class ReferenceBackend(VyreBackend):
                 )
             )
             return
-        completer.resolve(outputs, device_s=time.perf_counter() - start, compile_s=launch.compile_s)
+        device_s = time.perf_counter() - start
+        completer.record_phase("vyre.launch", started_ns, time.time_ns())
+        completer.resolve(outputs, device_s=device_s, compile_s=launch.compile_s)
 
     def _host_array(self, item: np.ndarray | ResidentBuffer) -> np.ndarray:
         if isinstance(item, ResidentBuffer):

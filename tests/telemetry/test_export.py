@@ -1,0 +1,192 @@
+"""Spans leave the process: OTLP/HTTP to a real receiver, and OTLP-JSON files.
+
+Each scenario runs in a subprocess because a tracer provider is global and can
+be installed once per process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+SERVICE = textwrap.dedent(
+    """
+    import anyio, numpy as np
+    from opentelemetry import trace
+    from vyre_async import acquire_backend
+    from vyre_async.programs import elementwise_xor
+    from vyre_async.tracing import configure_tracing
+
+    provider = configure_tracing(SPEC)
+    tracer = trace.get_tracer("service")
+    backend = acquire_backend("reference")
+
+    async def handle(i):
+        with tracer.start_as_current_span(f"request-{i}"):
+            await backend.dispatch(elementwise_xor(64), [np.full(64, i, np.uint32)] * 2)
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            for i in range(5):
+                tg.start_soon(handle, i)
+
+    anyio.run(main)
+    provider.shutdown()
+    """
+)
+
+
+def _run(spec: str, env: dict[str, str]) -> None:
+    code = SERVICE.replace("SPEC", repr(spec))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    requests: ClassVar[list[tuple[str, str, bytes]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        _Receiver.requests.append((self.path, self.headers.get("Content-Type", ""), body))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+        self.wfile.write(b"")
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet
+        return
+
+
+@pytest.fixture
+def receiver() -> Iterator[str]:
+    _Receiver.requests = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _spans_from_request(body: bytes) -> list[tuple[str, bytes, bytes, bytes, str]]:
+    request = ExportTraceServiceRequest.FromString(body)
+    found = []
+    for rs in request.resource_spans:
+        service = next(
+            a.value.string_value for a in rs.resource.attributes if a.key == "service.name"
+        )
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                found.append((s.name, s.trace_id, s.span_id, s.parent_span_id, service))
+    return found
+
+
+def test_otlp_http_export_reaches_a_receiver_with_parent_links(receiver: str) -> None:
+    _run("otlp", {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver, "OTEL_SERVICE_NAME": "vyre-e2e"})
+    assert _Receiver.requests, "the exporter sent nothing"
+    path, content_type, _ = _Receiver.requests[0]
+    assert path == "/v1/traces" and content_type == "application/x-protobuf"
+    spans = [s for _, _, body in _Receiver.requests for s in _spans_from_request(body)]
+    requests = {
+        name: (trace_id, span_id)
+        for name, trace_id, span_id, _, _ in spans
+        if name.startswith("request-")
+    }
+    dispatches = [s for s in spans if s[0] == "vyre.dispatch"]
+    assert len(requests) == 5 and len(dispatches) == 5
+    assert {s[4] for s in spans} == {"vyre-e2e"}
+    by_parent = {parent: (trace_id, span_id) for _, trace_id, span_id, parent, _ in dispatches}
+    for trace_id, span_id in requests.values():
+        assert by_parent[span_id][0] == trace_id  # same trace, parented under its request
+    dispatch_ids = {s[2] for s in dispatches}
+    children = [s for s in spans if s[3] in dispatch_ids]
+    assert {s[0] for s in children} >= {"vyre.launch"}
+
+
+def test_file_export_is_valid_otlp_json(tmp_path: Path) -> None:
+    target = tmp_path / "traces" / "vyre.jsonl"
+    _run(f"file:{target}", {"OTEL_SERVICE_NAME": "vyre-file"})
+    lines = target.read_text().splitlines()
+    assert lines
+    spans = []
+    for line in lines:
+        document = json.loads(line)
+        for rs in document["resourceSpans"]:
+            attrs = {a["key"]: a["value"] for a in rs["resource"]["attributes"]}
+            assert attrs["service.name"] == {"stringValue": "vyre-file"}
+            for ss in rs["scopeSpans"]:
+                spans += ss["spans"]
+    dispatches = [s for s in spans if s["name"] == "vyre.dispatch"]
+    assert len(dispatches) == 5
+    for s in spans:
+        assert len(s["traceId"]) == 32 and int(s["traceId"], 16)  # hex, not base64
+        assert len(s["spanId"]) == 16 and int(s["spanId"], 16)
+        assert isinstance(s["kind"], int)
+        assert int(s["endTimeUnixNano"]) >= int(s["startTimeUnixNano"])
+    by_id = {s["spanId"]: s for s in spans}
+    for d in dispatches:
+        parent = by_id[d["parentSpanId"]]
+        assert parent["name"].startswith("request-") and parent["traceId"] == d["traceId"]
+        keys = {a["key"] for a in d["attributes"]}
+        assert {"vyre.backend.id", "vyre.program.fingerprint", "vyre.device.time_s"} <= keys
+
+
+def test_cli_demo_writes_a_trace_file(tmp_path: Path) -> None:
+    target = tmp_path / "demo.jsonl"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vyre_async.cli",
+            "demo",
+            "--tasks",
+            "2",
+            "--per-task",
+            "3",
+            "--trace",
+            f"file:{target}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    names = [
+        s["name"]
+        for line in target.read_text().splitlines()
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for s in ss["spans"]
+    ]
+    assert names.count("vyre.dispatch") == 6
+
+
+def test_bad_trace_spec_is_a_usage_error() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "vyre_async.cli", "demo", "--trace", "jaeger"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and "file:PATH" in out.stderr
+    from vyre_async.tracing import configure_tracing
+
+    with pytest.raises(ValueError, match="file:PATH"):
+        configure_tracing("zipkin")
+    assert configure_tracing("none") is None
