@@ -15,11 +15,15 @@ by fingerprint (bounded cardinality).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, Span, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
 
 from vyre_async._version import __version__
 from vyre_async.errors import DispatchTimeout
@@ -31,6 +35,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PHASES",
+    "is_enabled",
+    "set_enabled",
     "SPAN_NAME",
     "finish_dispatch",
     "prometheus_text",
@@ -44,70 +50,138 @@ PHASES = ("vyre.compile", "vyre.wait", "vyre.upload", "vyre.launch", "vyre.readb
 
 _tracer = trace.get_tracer("vyre_async", __version__)
 _meter = metrics.get_meter("vyre_async", __version__)
-_dispatches = _meter.create_counter(
-    "vyre.dispatch.count", unit="{dispatch}", description="Dispatches by outcome"
-)
+
+
+_COUNTERS = {
+    "vyre.dispatch.count": ("{dispatch}", "Dispatches by outcome (vyre.status)"),
+    "vyre.pipeline.cache.hits": ("{lookup}", "Pipeline cache hits"),
+    "vyre.pipeline.cache.misses": ("{lookup}", "Pipeline cache misses"),
+    "vyre.prefetch.hits": ("{prediction}", "Dispatches whose pipeline a prediction compiled"),
+    "vyre.prefetch.misses": ("{prediction}", "Dispatches no prediction prepared"),
+    "vyre.bytes.in": ("By", "Input bytes of successful dispatches"),
+    "vyre.bytes.out": ("By", "Output bytes of successful dispatches"),
+}
+
+
+class _Tallies:
+    """Monotonic sums kept in-process and read by observable counters at collection time.
+
+    Counting is a dict increment under an uncontended lock (well under a
+    microsecond), instead of a synchronous SDK instrument call per counter.
+    Series keys are tuples of ``(attribute, value)`` pairs built once per dispatch.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sums: dict[str, dict[tuple[tuple[str, str], ...], int]] = {
+            name: {} for name in _COUNTERS
+        }
+
+    def add(self, name: str, key: tuple[tuple[str, str], ...], amount: int = 1) -> None:
+        series = self._sums[name]
+        with self._lock:
+            series[key] = series.get(key, 0) + amount
+
+    def observe(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def callback(_options: CallbackOptions) -> Iterable[Observation]:
+            with self._lock:
+                items = list(self._sums[name].items())
+            return [Observation(value, dict(key)) for key, value in items]
+
+        return callback
+
+
+_tallies = _Tallies()
+for _name, (_unit, _description) in _COUNTERS.items():
+    _meter.create_observable_counter(
+        _name, callbacks=[_tallies.observe(_name)], unit=_unit, description=_description
+    )
 _latency = _meter.create_histogram(
     "vyre.dispatch.duration", unit="s", description="dispatch() to result ready, host clock"
 )
 _device = _meter.create_histogram(
     "vyre.dispatch.device_time", unit="s", description="Execution time measured by the backend"
 )
-_cache_hits = _meter.create_counter("vyre.pipeline.cache.hits", unit="{lookup}")
-_cache_misses = _meter.create_counter("vyre.pipeline.cache.misses", unit="{lookup}")
-_prefetch_hits = _meter.create_counter("vyre.prefetch.hits", unit="{prediction}")
-_prefetch_misses = _meter.create_counter("vyre.prefetch.misses", unit="{prediction}")
-_bytes_in = _meter.create_counter("vyre.bytes.in", unit="By", description="Input bytes")
-_bytes_out = _meter.create_counter("vyre.bytes.out", unit="By", description="Output bytes")
 
 
-def _labels(backend_id: str, program: Program) -> dict[str, str]:
-    return {"vyre.backend.id": backend_id, "vyre.program.op_id": program.op_id or "unnamed"}
+#: Returned by `start_dispatch` while telemetry is off; nothing is recorded for it.
+_DISABLED: Span = NonRecordingSpan(INVALID_SPAN_CONTEXT)
+_enabled = os.environ.get("VYRE_TELEMETRY", "on").strip().lower() not in ("0", "off", "false", "no")
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turn vyre-async's spans and metrics on or off for this process.
+
+    Off, dispatches create no span and record no metric at all (the starting
+    value comes from ``VYRE_TELEMETRY=off``). With no SDK configured the cost is
+    already tiny; this switch exists to measure that cost and for hot loops.
+    """
+    global _enabled
+    _enabled = bool(enabled)
+
+
+def is_enabled() -> bool:
+    """Return True when dispatches are traced and metered."""
+    return _enabled
+
+
+def _labels(backend_id: str, program: Program) -> tuple[tuple[str, str], ...]:
+    return (("vyre.backend.id", backend_id), ("vyre.program.op_id", program.op_id or "unnamed"))
 
 
 def start_dispatch(backend_id: str, program: Program) -> Span:
     """Start the ``vyre.dispatch`` span in the caller's current context."""
+    if not _enabled:
+        return _DISABLED
     span = _tracer.start_span(SPAN_NAME, record_exception=False, set_status_on_exception=False)
     if span.is_recording():
-        span.set_attribute("vyre.backend.id", backend_id)
+        attributes: dict[str, AttributeValue] = {"vyre.backend.id": backend_id}
         if isinstance(program, Program):  # anything else fails validation right after
-            span.set_attribute("vyre.program.op_id", program.op_id)
-            span.set_attribute("vyre.program.fingerprint", program.fingerprint().hex())
+            attributes["vyre.program.op_id"] = program.op_id
+            attributes["vyre.program.fingerprint"] = program.fingerprint().hex()
+        span.set_attributes(attributes)
     return span
 
 
 def fail_before_launch(span: Span, error: BaseException, backend_id: str, program: Any) -> None:
     """End ``span`` for an error raised by ``dispatch()`` itself, before any launch."""
+    if span is _DISABLED:
+        return
     if span.is_recording():
         span.record_exception(error)
         span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         span.set_attribute("vyre.error.code", int(getattr(error, "code", 0)))
     span.end()
     op_id = getattr(program, "op_id", "") or "unnamed"
-    _dispatches.add(
-        1, {"vyre.backend.id": backend_id, "vyre.program.op_id": op_id, "vyre.status": "rejected"}
-    )
+    labels = (("vyre.backend.id", backend_id), ("vyre.program.op_id", op_id))
+    _tallies.add("vyre.dispatch.count", (*labels, ("vyre.status", "rejected")))
 
 
 def attach(span: Span, launch: Launch, *, cache_hit: bool) -> None:
     """Record the launch's attributes on ``span`` and end it when the dispatch settles."""
+    if span is _DISABLED:
+        return
     pending = launch.pending
     plan = launch.plan
     program = plan.program
     backend_id = launch.pipeline.backend.id
     labels = _labels(backend_id, program)
-    (_cache_hits if cache_hit else _cache_misses).add(1, labels)
+    _tallies.add("vyre.pipeline.cache.hits" if cache_hit else "vyre.pipeline.cache.misses", labels)
     if span.is_recording():
-        span.set_attribute("vyre.launch.grid", list(plan.geometry.grid))
-        span.set_attribute("vyre.launch.workgroup", list(plan.geometry.workgroup))
-        span.set_attribute("vyre.bytes.in", plan.bytes_in)
-        span.set_attribute("vyre.bytes.out", plan.bytes_out)
-        span.set_attribute("vyre.pipeline.cache_hit", cache_hit)
+        attributes: dict[str, AttributeValue] = {
+            "vyre.launch.grid": list(plan.geometry.grid),
+            "vyre.launch.workgroup": list(plan.geometry.workgroup),
+            "vyre.bytes.in": plan.bytes_in,
+            "vyre.bytes.out": plan.bytes_out,
+            "vyre.pipeline.cache_hit": cache_hit,
+        }
         if launch.config.label:
-            span.set_attribute("vyre.label", launch.config.label)
+            attributes["vyre.label"] = launch.config.label
+        span.set_attributes(attributes)
     context = pending.context
     context["span"] = span
     context["labels"] = labels
+    context["label_attrs"] = dict(labels)
     context["bytes"] = (plan.bytes_in, plan.bytes_out)
     context["await_cancelled"] = _await_cancelled
     pending.add_done_callback(finish_dispatch)
@@ -124,13 +198,13 @@ def _await_cancelled(pending: PendingDispatch) -> None:
             Status(StatusCode.ERROR, "await cancelled; the dispatch keeps running on the backend")
         )
     span.end()
-    _dispatches.add(1, {**pending.context["labels"], "vyre.status": "cancelled"})
+    _tallies.add("vyre.dispatch.count", (*pending.context["labels"], ("vyre.status", "cancelled")))
 
 
 def finish_dispatch(pending: PendingDispatch) -> None:
     """End the dispatch span with the outcome, timing, phases and backend attributes."""
     context = pending.context
-    labels: dict[str, str] = context["labels"]
+    labels: tuple[tuple[str, str], ...] = context["labels"]
     timing = pending.timing
     error = pending._error
     status = (
@@ -138,16 +212,16 @@ def finish_dispatch(pending: PendingDispatch) -> None:
     )
     if not context.get("span_ended"):
         context["span_ended"] = True
-        _dispatches.add(1, {**labels, "vyre.status": status})
+        _tallies.add("vyre.dispatch.count", (*labels, ("vyre.status", status)))
         _end_span(context["span"], pending, error)
     if timing is not None and timing.wall_s is not None:
-        _latency.record(timing.wall_s, labels)
+        _latency.record(timing.wall_s, context["label_attrs"])
     if timing is not None and timing.device_s is not None:
-        _device.record(timing.device_s, labels)
+        _device.record(timing.device_s, context["label_attrs"])
     if error is None:
         bytes_in, bytes_out = context["bytes"]
-        _bytes_in.add(bytes_in, labels)
-        _bytes_out.add(bytes_out, labels)
+        _tallies.add("vyre.bytes.in", labels, bytes_in)
+        _tallies.add("vyre.bytes.out", labels, bytes_out)
 
 
 def _end_span(span: Span, pending: PendingDispatch, error: BaseException | None) -> None:
@@ -157,12 +231,12 @@ def _end_span(span: Span, pending: PendingDispatch, error: BaseException | None)
             child = _tracer.start_span(name, context=parent, start_time=start_ns)
             child.end(end_time=max(start_ns, end_ns))
         timing = pending.timing
+        final: dict[str, AttributeValue] = dict(pending.context.get("attributes", {}))
         if timing is not None and timing.device_s is not None:
-            span.set_attribute("vyre.device.time_s", timing.device_s)
+            final["vyre.device.time_s"] = timing.device_s
         if timing is not None and timing.queue_s is not None:
-            span.set_attribute("vyre.queue.time_s", timing.queue_s)
-        for key, value in pending.context.get("attributes", {}).items():
-            span.set_attribute(key, value)
+            final["vyre.queue.time_s"] = timing.queue_s
+        span.set_attributes(final)
         if error is not None:
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
@@ -172,7 +246,9 @@ def _end_span(span: Span, pending: PendingDispatch, error: BaseException | None)
 
 def record_prefetch(backend_id: str, program: Program, hit: bool) -> None:
     """Count one shape-prediction outcome for ``program``."""
-    (_prefetch_hits if hit else _prefetch_misses).add(1, _labels(backend_id, program))
+    _tallies.add(
+        "vyre.prefetch.hits" if hit else "vyre.prefetch.misses", _labels(backend_id, program)
+    )
 
 
 # Prometheus text exposition ------------------------------------------------------

@@ -168,3 +168,24 @@ async def test_metrics_and_prometheus_text(
     )
     assert "# TYPE vyre_dispatch_duration histogram" in text
     assert 'le="+Inf"' in text and "vyre_dispatch_duration_count{" in text
+
+
+async def test_telemetry_can_be_switched_off(
+    spans: InMemorySpanExporter, reader: InMemoryMetricReader, backend: DelayBackend
+) -> None:
+    from vyre_async import telemetry
+
+    before = reader.get_metrics_data()
+    telemetry.set_enabled(False)
+    try:
+        assert not telemetry.is_enabled()
+        await backend.dispatch(XOR, INPUTS)
+        with pytest.raises(InvalidProgram):
+            backend.dispatch(XOR, INPUTS[:1])
+    finally:
+        telemetry.set_enabled(True)
+    assert _dispatch_spans(spans) == []
+    assert telemetry.is_enabled()
+    await backend.dispatch(XOR, INPUTS)
+    assert len(_dispatch_spans(spans)) == 1
+    assert before is not None
