@@ -72,6 +72,10 @@ class BindingPlan:
     counts: tuple[int, ...]
     inputs: tuple[BufferDecl, ...]
     outputs: tuple[BufferDecl, ...]
+    #: Bytes of input data the dispatch consumes.
+    bytes_in: int = 0
+    #: Bytes of output data the dispatch returns.
+    bytes_out: int = 0
 
     def count_of(self, name: str) -> int:
         """Return the element count bound to the buffer called ``name``."""
@@ -79,16 +83,6 @@ class BindingPlan:
             if decl.name == name:
                 return count
         raise KeyError(name)
-
-    @property
-    def bytes_in(self) -> int:
-        """Bytes of input data the dispatch consumes."""
-        return 4 * sum(self.count_of(d.name) for d in self.inputs)
-
-    @property
-    def bytes_out(self) -> int:
-        """Bytes of output data the dispatch returns."""
-        return 4 * sum(self.count_of(d.name) for d in self.outputs)
 
 
 def normalize_axes(value: int | Sequence[int], what: str) -> tuple[int, int, int]:
@@ -271,6 +265,10 @@ def plan_dispatch(
         counts=counts,
         inputs=inputs,
         outputs=program.outputs,
+        bytes_in=4
+        * sum(c for d, c in zip(program.buffers, counts, strict=True) if d.access.is_input),
+        bytes_out=4
+        * sum(c for d, c in zip(program.buffers, counts, strict=True) if d.access.is_output),
     )
     if len(plans) >= _PLAN_MEMO:
         plans.clear()

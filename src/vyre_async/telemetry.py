@@ -82,6 +82,12 @@ class _Tallies:
         with self._lock:
             series[key] = series.get(key, 0) + amount
 
+    def add_many(self, entries: Iterable[tuple[str, tuple[tuple[str, str], ...], int]]) -> None:
+        with self._lock:
+            for name, key, amount in entries:
+                series = self._sums[name]
+                series[key] = series.get(key, 0) + amount
+
     def observe(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(_options: CallbackOptions) -> Iterable[Observation]:
             with self._lock:
@@ -164,9 +170,7 @@ def attach(span: Span, launch: Launch, *, cache_hit: bool) -> None:
     pending = launch.pending
     plan = launch.plan
     program = plan.program
-    backend_id = launch.pipeline.backend.id
-    labels = _labels(backend_id, program)
-    _tallies.add("vyre.pipeline.cache.hits" if cache_hit else "vyre.pipeline.cache.misses", labels)
+    labels = _labels(launch.pipeline.backend.id, program)
     if span.is_recording():
         attributes: dict[str, AttributeValue] = {
             "vyre.launch.grid": list(plan.geometry.grid),
@@ -183,6 +187,7 @@ def attach(span: Span, launch: Launch, *, cache_hit: bool) -> None:
     context["labels"] = labels
     context["label_attrs"] = dict(labels)
     context["bytes"] = (plan.bytes_in, plan.bytes_out)
+    context["cache_hit"] = cache_hit
     context["await_cancelled"] = _await_cancelled
     pending.add_done_callback(finish_dispatch)
 
@@ -210,18 +215,20 @@ def finish_dispatch(pending: PendingDispatch) -> None:
     status = (
         "ok" if error is None else ("timeout" if isinstance(error, DispatchTimeout) else "error")
     )
+    cache = "vyre.pipeline.cache.hits" if context["cache_hit"] else "vyre.pipeline.cache.misses"
+    counts = [(cache, labels, 1)]
     if not context.get("span_ended"):
         context["span_ended"] = True
-        _tallies.add("vyre.dispatch.count", (*labels, ("vyre.status", status)))
+        counts.append(("vyre.dispatch.count", (*labels, ("vyre.status", status)), 1))
         _end_span(context["span"], pending, error)
+    if error is None:
+        bytes_in, bytes_out = context["bytes"]
+        counts += [("vyre.bytes.in", labels, bytes_in), ("vyre.bytes.out", labels, bytes_out)]
+    _tallies.add_many(counts)
     if timing is not None and timing.wall_s is not None:
         _latency.record(timing.wall_s, context["label_attrs"])
     if timing is not None and timing.device_s is not None:
         _device.record(timing.device_s, context["label_attrs"])
-    if error is None:
-        bytes_in, bytes_out = context["bytes"]
-        _tallies.add("vyre.bytes.in", labels, bytes_in)
-        _tallies.add("vyre.bytes.out", labels, bytes_out)
 
 
 def _end_span(span: Span, pending: PendingDispatch, error: BaseException | None) -> None:
