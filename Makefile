@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo lint types pytest bench clean
+.PHONY: test demo lint types pytest bench bench-cuda clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/wire.py
+	$(BIN)/python benchmarks/reference.py
+	$(BIN)/python benchmarks/driver.py
+	$(BIN)/python benchmarks/telemetry.py
+
+bench-cuda: $(STAMP)
+	$(BIN)/python benchmarks/cuda.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist

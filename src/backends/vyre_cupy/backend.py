@@ -1,0 +1,759 @@
+"""`CupyBackend`: the CUDA driver on CuPy (id ``"cupy"``).
+
+A dispatch becomes, on one leased non-blocking stream and without any host
+synchronisation: one host-to-device copy of the pinned staging buffer (buffer
+lengths + inputs), one memset of the WRITE buffers, the kernel launch(es)
+between two timing events, one device-to-host copy of the outputs into pinned
+memory, and a completion event. The completion bridge
+(`vyre_cupy.completion`) notices the event from its single thread, copies the
+outputs out, and settles the `PendingDispatch`.
+
+CuPy is imported only when a backend is created (`create_backend`), never when
+backends are listed; a machine without CuPy, driver or device gets an
+`UnsupportedFeature` naming the cause.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import anyio
+import numpy as np
+
+from vyre_async import __version__
+from vyre_async.backend import VyreBackend
+from vyre_async.cache.disk import DiskPipelineCache
+from vyre_async.capabilities import BackendCapabilities
+from vyre_async.config import DispatchConfig
+from vyre_async.errors import (
+    BackendError,
+    DeviceLost,
+    DispatchFailed,
+    DispatchTimeout,
+    InvalidProgram,
+    UnsupportedFeature,
+)
+from vyre_async.ir.program import Program
+from vyre_async.ir.types import Access, BufferDecl, DType
+from vyre_async.pending import DispatchCompleter, PendingDispatch
+from vyre_async.pipeline import Launch
+from vyre_async.plan import normalize_input
+from vyre_async.resident import ResidentBuffer
+from vyre_cupy.codegen import CODEGEN_VERSION, KernelParam, KernelSource, generate
+from vyre_cupy.compile import (
+    NVRTC_OPTIONS,
+    CompiledKernel,
+    choose_target,
+    compile_kernel,
+    decode_kernel,
+    encode_kernel,
+    load_function,
+)
+from vyre_cupy.completion import CompletionBridge
+from vyre_cupy.device import DeviceInfo, capabilities_of, nvrtc_module, probe
+from vyre_cupy.errors import is_device_lost, translate
+from vyre_cupy.layout import ArenaLayout, Source, plan_layout
+from vyre_cupy.streams import DEFAULT_STREAMS, StreamPool
+
+__all__ = ["CudaKernel", "CupyBackend", "create_backend"]
+
+_log = logging.getLogger("vyre_async.cupy")
+_READERS_KEPT = 32
+
+
+@dataclass(frozen=True, slots=True)
+class CudaKernel:
+    """The native artifact of a `CompiledPipeline` on this backend.
+
+    Attributes:
+        source: The generated CUDA C and its launch ABI.
+        compiled: The NVRTC output (what the disk cache stores).
+        function: The loaded, launchable CuPy kernel function.
+    """
+
+    source: KernelSource
+    compiled: CompiledKernel
+    function: Any
+
+
+@dataclass(eq=False)
+class _DeviceBuffer:
+    """Device memory behind a `ResidentBuffer`, with its stream-ordering events."""
+
+    memory: Any
+    ptr: int
+    nbytes: int
+    last_write: Any = None  # event after the last write (upload, memset, dispatch)
+    readers: list[Any] = field(default_factory=list)  # events of dispatches reading it
+
+
+def create_backend(
+    *,
+    device: int = 0,
+    streams: int = DEFAULT_STREAMS,
+    disk_cache: DiskPipelineCache | str | None = "default",
+    **kwargs: Any,
+) -> CupyBackend:
+    """Build the ``cupy`` backend (the registry's factory).
+
+    Args:
+        device: CUDA device ordinal.
+        streams: Size of the non-blocking stream pool.
+        disk_cache: Where compiled kernels persist across processes: ``"default"``
+            (the default, a `DiskPipelineCache` under ``$VYRE_CACHE_DIR`` or the
+            platform's user cache directory), a cache, or None for memory only.
+        **kwargs: Passed to `VyreBackend` (``pipeline_cache_capacity``, ``prefetch``).
+
+    Raises:
+        UnsupportedFeature: no CuPy, no usable CUDA driver, or no device; the
+            message names the cause and how to fix it.
+    """
+    cache = DiskPipelineCache() if disk_cache == "default" else disk_cache
+    if isinstance(cache, str):
+        raise ValueError(f"disk_cache must be 'default', a DiskPipelineCache or None: {cache!r}")
+    return CupyBackend(device=device, streams=streams, disk_cache=cache, **kwargs)
+
+
+class CupyBackend(VyreBackend):
+    """Dispatch programs as CUDA kernels compiled with NVRTC, through CuPy.
+
+    Args:
+        device: CUDA device ordinal.
+        streams: Size of the non-blocking stream pool dispatches share.
+        **kwargs: Passed to `VyreBackend` (``pipeline_cache_capacity``, ``disk_cache``).
+
+    Raises:
+        UnsupportedFeature: no CuPy, no usable CUDA driver, or no such device.
+    """
+
+    id = "cupy"
+    version = __version__
+
+    def __init__(self, *, device: int = 0, streams: int = DEFAULT_STREAMS, **kwargs: Any) -> None:
+        cupy, info = probe(device)  # first: a machine without CUDA fails before any set-up
+        super().__init__(**kwargs)
+        self._cupy: ModuleType = cupy
+        self._rt: Any = cupy.cuda.runtime
+        self.info: DeviceInfo = info
+        self._nvrtc = nvrtc_module(cupy)
+        self._target = choose_target(info.compute_capability, info.nvrtc_archs)
+        self._caps = capabilities_of(info)
+        self._grid_limit = (
+            info.attribute("MaxGridDimX", 2**31 - 1),
+            info.attribute("MaxGridDimY", 65535),
+            info.attribute("MaxGridDimZ", 65535),
+        )
+        self._streams = StreamPool(streams, self._make_stream)
+        self._bridge = CompletionBridge(on_start=self._use_device)
+        self._events: deque[Any] = deque()
+        self._lock = threading.Lock()
+        self._resident: dict[int, ResidentBuffer] = {}
+        self._lost: DeviceLost | None = None
+        self._closed = False
+
+    # Description ----------------------------------------------------------------
+    def capabilities(self) -> BackendCapabilities:
+        """Report the device's limits; ``async_compute`` is the only native feature claimed."""
+        return self._caps
+
+    def device_fingerprint(self) -> str:
+        """Device name and architecture, driver, CUDA runtime and CuPy versions."""
+        return self.info.fingerprint
+
+    def compiler_fingerprint(self) -> str:
+        """NVRTC version, the exact options and target, and the code generator's version."""
+        major, minor = self.info.nvrtc_version
+        return (
+            f"nvrtc {major}.{minor}; {' '.join(NVRTC_OPTIONS)} -arch={self._target}; "
+            f"vyre_cupy codegen {CODEGEN_VERSION}"
+        )
+
+    def device_lost(self) -> bool:
+        """True once a sticky CUDA error poisoned the context (every dispatch then fails)."""
+        return self._lost is not None
+
+    @property
+    def in_flight(self) -> int:
+        """Dispatches (and resident-buffer copies) the device has not finished yet."""
+        return self._bridge.in_flight
+
+    # Pipelines --------------------------------------------------------------------
+    def build_pipeline(self, program: Program, config: DispatchConfig) -> CudaKernel:
+        """Generate CUDA C, compile it with NVRTC and load it.
+
+        Raises:
+            KernelCompileFailed: NVRTC rejected the generated source.
+            DeviceOutOfMemory, DeviceLost, DispatchFailed: loading the module failed.
+        """
+        source = generate(program)
+        compiled = compile_kernel(source, nvrtc=self._nvrtc, target=self._target)
+        if compiled.log:
+            _log.debug("NVRTC log for %s:\n%s", program.op_id or "program", compiled.log)
+        return CudaKernel(source, compiled, self._load(compiled))
+
+    def serialize_pipeline(self, native: Any) -> bytes | None:
+        """Return the cubin/PTX record the disk cache stores."""
+        if isinstance(native, CudaKernel):
+            return encode_kernel(native.compiled)
+        return None
+
+    def load_pipeline(self, payload: bytes, program: Program, config: DispatchConfig) -> Any:
+        """Load a kernel compiled by an earlier process (no NVRTC); rebuild it if unusable."""
+        source = generate(program)
+        try:
+            compiled = decode_kernel(payload)
+            if compiled.entry != source.entry or compiled.params != len(source.params):
+                raise ValueError("the cached kernel's ABI does not match the program")
+            return CudaKernel(source, compiled, self._load(compiled))
+        except (ValueError, DispatchFailed) as exc:
+            warnings.warn(
+                f"vyre_cupy: ignoring an unusable cached kernel ({exc}); recompiling",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return self.build_pipeline(program, config)
+
+    def _load(self, compiled: CompiledKernel) -> Any:
+        self._use_device()
+        try:
+            return load_function(compiled)
+        except Exception as exc:
+            error = translate(exc, during="loading the compiled kernel", device=self.info.name)
+            self._note(exc, error)
+            raise error from exc
+
+    # Dispatch ---------------------------------------------------------------------
+    def enqueue(self, launch: Launch) -> PendingDispatch:
+        """Enqueue upload → launch → readback on a pooled stream; return at once.
+
+        Raises:
+            InvalidProgram: the backend was shut down.
+            DeviceLost: an earlier sticky CUDA error made the device unusable.
+            UnsupportedFeature: the grid or workgroup exceeds the device's limits.
+        """
+        self._check_open()
+        completer = launch.completer
+        if completer.stop_requested.is_set():
+            completer.fail(_timeout(launch))
+            return launch.pending
+        self._check_geometry(launch)
+        native = launch.pipeline.native
+        if not isinstance(native, CudaKernel):
+            raise InvalidProgram(
+                f"pipeline {launch.pipeline!r} was not compiled by the cupy backend",
+                fix="compile pipelines with the backend that dispatches them",
+            )
+        try:
+            self._submit(launch, native)
+        except BackendError as exc:
+            completer.fail(exc)
+        except Exception as exc:
+            error = translate(exc, during="enqueueing the dispatch", device=self.info.name)
+            self._note(exc, error)
+            completer.fail(error)
+        return launch.pending
+
+    def _submit(self, launch: Launch, kernel: CudaKernel) -> None:
+        plan = launch.plan
+        params = kernel.source.params
+        counts = dict(zip((d.name for d in plan.program.buffers), plan.counts, strict=True))
+        given = dict(zip((d.name for d in plan.inputs), launch.inputs, strict=True))
+        items = [given.get(p.name) for p in params]
+        layout = plan_layout(
+            [p.decl.access for p in params],
+            [counts[p.name] for p in params],
+            _resident_sources(params, items),
+        )
+        cp = self._cupy
+        self._use_device()
+        index, stream = self._streams.lease()
+        try:
+            with stream:  # the memory pool ties the arena to this stream
+                arena = cp.cuda.alloc(layout.total_bytes)
+            staging = cp.cuda.alloc_pinned_memory(max(layout.upload_bytes, 4))
+            readback = cp.cuda.alloc_pinned_memory(max(layout.readback_bytes, 4))
+            host = np.frombuffer(staging, np.uint8, layout.upload_bytes)
+            host[: 4 * len(params)].view(np.uint32)[:] = [counts[p.name] for p in params]
+            for slot, item in zip(layout.slots, items, strict=True):
+                if slot.source is Source.HOST and slot.nbytes:
+                    assert isinstance(item, np.ndarray) and slot.offset is not None
+                    view = host[slot.offset : slot.offset + slot.nbytes].view(item.dtype)
+                    np.copyto(view, item, casting="no")
+            events = [self._event() for _ in range(4)]
+            # One dispatch's operations are contiguous on its stream, and reach the
+            # bridge in stream order.
+            with self._streams.ordering(index):
+                launch.completer.mark_started()
+                launch.completer.annotate("vyre.stream", index)
+                residents = self._enqueue(
+                    launch, kernel, layout, items, stream, int(arena.ptr), staging, readback, events
+                )
+                flight = _InFlight(
+                    backend=self,
+                    launch=launch,
+                    params=params,
+                    stream=index,
+                    layout=layout,
+                    keep=(arena, staging, stream, residents),
+                    readback=readback,
+                    events=events,
+                )
+                self._bridge.submit(flight, queue=index)
+        except BaseException:
+            self._streams.release(index)
+            raise
+
+    def _enqueue(
+        self,
+        launch: Launch,
+        kernel: CudaKernel,
+        layout: ArenaLayout,
+        items: list[Any],
+        stream: Any,
+        base: int,
+        staging: Any,
+        readback: Any,
+        events: list[Any],
+    ) -> list[tuple[_DeviceBuffer, bool]]:
+        """Enqueue upload, launch(es) and readback on ``stream``; never synchronises."""
+        rt, sp = self._rt, stream.ptr
+        events[0].record(stream)
+        rt.memcpyAsync(base, staging.ptr, layout.upload_bytes, rt.memcpyHostToDevice, sp)
+        residents = self._order_residents(items, layout, stream)
+        for slot, item in zip(layout.slots, items, strict=True):
+            if slot.source is Source.DEVICE:
+                assert isinstance(item, ResidentBuffer) and slot.offset is not None
+                source = item.native(self.id)
+                rt.memcpyAsync(
+                    base + slot.offset, source.ptr, slot.nbytes, rt.memcpyDeviceToDevice, sp
+                )
+        if layout.zero_bytes:
+            rt.memsetAsync(base + layout.zero_offset, 0, layout.zero_bytes, sp)
+        events[1].record(stream)
+        args = [
+            np.uint64(_pointer(slot, item, base, self.id))
+            for slot, item in zip(layout.slots, items, strict=True)
+        ]
+        args.append(np.uint64(base))
+        geometry = launch.plan.geometry
+        if geometry.lanes:
+            for _ in range(launch.config.iterations):
+                kernel.function(geometry.grid, geometry.workgroup, tuple(args), stream=stream)
+        events[2].record(stream)
+        for slot, item in zip(layout.slots, items, strict=True):
+            if slot.source is Source.DEVICE and _writes(slot, item):
+                assert isinstance(item, ResidentBuffer) and slot.offset is not None
+                target = item.native(self.id)
+                rt.memcpyAsync(
+                    target.ptr, base + slot.offset, slot.nbytes, rt.memcpyDeviceToDevice, sp
+                )
+        if layout.download_bytes:
+            rt.memcpyAsync(
+                readback.ptr,
+                base + layout.download_offset,
+                layout.download_bytes,
+                rt.memcpyDeviceToHost,
+                sp,
+            )
+        for slot, item in zip(layout.slots, items, strict=True):
+            if slot.source is Source.DIRECT and slot.readback is not None and slot.nbytes:
+                assert isinstance(item, ResidentBuffer)
+                rt.memcpyAsync(
+                    readback.ptr + slot.readback,
+                    item.native(self.id).ptr,
+                    slot.nbytes,
+                    rt.memcpyDeviceToHost,
+                    sp,
+                )
+        events[3].record(stream)
+        self._after_residents(residents, events[3])
+        return residents
+
+    def _check_geometry(self, launch: Launch) -> None:
+        geometry = launch.plan.geometry
+        caps = self._caps
+        if any(g > limit for g, limit in zip(geometry.grid, self._grid_limit, strict=True)):
+            raise UnsupportedFeature(
+                f"grid {geometry.grid} exceeds the device's limit {self._grid_limit}",
+                fix="use larger workgroups or split the dispatch into several smaller ones",
+                feature="grid size",
+            )
+        if any(
+            w > limit for w, limit in zip(geometry.workgroup, caps.max_workgroup_size, strict=True)
+        ):
+            raise UnsupportedFeature(
+                f"workgroup {geometry.workgroup} exceeds the device's limit "
+                f"{caps.max_workgroup_size}",
+                fix="choose a workgroup shape within the device's limits",
+                feature="workgroup size",
+            )
+
+    def _order_residents(
+        self, items: list[Any], layout: ArenaLayout, stream: Any
+    ) -> list[tuple[_DeviceBuffer, bool]]:
+        """Make ``stream`` wait for earlier work on the resident buffers this dispatch uses."""
+        uses: dict[int, tuple[_DeviceBuffer, bool]] = {}
+        for slot, item in zip(layout.slots, items, strict=True):
+            if isinstance(item, ResidentBuffer):
+                buf = item.native(self.id)
+                written = _writes(slot, item)
+                previous = uses.get(id(buf))
+                uses[id(buf)] = (buf, written or (previous is not None and previous[1]))
+        with self._lock:
+            for buf, written in uses.values():
+                if buf.last_write is not None:
+                    stream.wait_event(buf.last_write)
+                if written:
+                    for event in buf.readers:
+                        stream.wait_event(event)
+        return list(uses.values())
+
+    def _after_residents(self, uses: list[tuple[_DeviceBuffer, bool]], done: Any) -> None:
+        with self._lock:
+            for buf, written in uses:
+                if written:
+                    buf.last_write, buf.readers = done, []
+                else:
+                    if len(buf.readers) >= _READERS_KEPT:
+                        buf.readers = [e for e in buf.readers if not e.done]
+                    buf.readers.append(done)
+
+    # Helpers ------------------------------------------------------------------------
+    def _make_stream(self) -> Any:
+        self._use_device()
+        return self._cupy.cuda.Stream(non_blocking=True)
+
+    def _use_device(self) -> None:
+        if self._rt.getDevice() != self.info.ordinal:
+            self._rt.setDevice(self.info.ordinal)
+
+    def _event(self) -> Any:
+        try:
+            return self._events.popleft()
+        except IndexError:
+            return self._cupy.cuda.Event()
+
+    def _recycle(self, events: list[Any]) -> None:
+        if len(self._events) < 1024:
+            self._events.extend(events)
+
+    def _note(self, exc: BaseException, error: BackendError) -> None:
+        """Remember a sticky CUDA error: the device is lost for every later dispatch."""
+        if is_device_lost(exc) and isinstance(error, DeviceLost) and self._lost is None:
+            self._lost = error
+            _log.error("CUDA device %s is lost: %s", self.info.name, error)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidProgram(
+                "the cupy backend was shut down", fix="acquire or create a new backend"
+            )
+        if self._lost is not None:
+            raise DeviceLost(
+                f"the CUDA device is lost after an earlier error: {self._lost.message}",
+                fix="restart the process; CUDA cannot recover a context after a sticky error",
+            )
+
+    # Resident buffers -------------------------------------------------------------
+    def upload(self, data: np.ndarray | bytes, *, label: str | None = None) -> ResidentBuffer:
+        """Copy ``data`` to a new device buffer (asynchronously; later dispatches are ordered).
+
+        Raises:
+            InvalidProgram: unsupported dtype, or bytes not made of 4-byte words.
+            DeviceOutOfMemory: the device has no room for it.
+        """
+        self._check_open()
+        if isinstance(data, np.ndarray):
+            dtype = _dtype_of(data)
+            array = np.ascontiguousarray(data, dtype=dtype.numpy).reshape(-1)
+        else:
+            dtype = DType.U32
+            array = normalize_input(BufferDecl(label or "upload", 0, Access.READ, dtype), data)
+        return self._resident_op(dtype, array.size, label, array)
+
+    def alloc(self, dtype: DType | str, count: int, *, label: str | None = None) -> ResidentBuffer:
+        """Allocate a zero-filled device buffer of ``count`` elements.
+
+        Raises:
+            InvalidProgram: a negative count.
+            DeviceOutOfMemory: the device has no room for it.
+        """
+        self._check_open()
+        kind = DType(dtype)
+        if count < 0:
+            raise InvalidProgram(f"cannot allocate {count} elements", fix="pass a count >= 0")
+        return self._resident_op(kind, count, label, None)
+
+    def _resident_op(
+        self, dtype: DType, count: int, label: str | None, array: np.ndarray | None
+    ) -> ResidentBuffer:
+        cp, rt = self._cupy, self._rt
+        nbytes = 4 * count
+        self._use_device()
+        index, stream = self._streams.lease()
+        try:
+            with stream:
+                memory = cp.cuda.alloc(max(nbytes, 4))
+            buf = _DeviceBuffer(memory, int(memory.ptr), nbytes)
+            keep: tuple[Any, ...] = (memory,)
+            staging = None
+            if array is not None and nbytes:
+                staging = cp.cuda.alloc_pinned_memory(nbytes)
+                np.copyto(np.frombuffer(staging, array.dtype, count), array)
+                keep += (staging,)
+            done = self._event()
+            with self._streams.ordering(index):
+                if staging is not None:
+                    rt.memcpyAsync(buf.ptr, staging.ptr, nbytes, rt.memcpyHostToDevice, stream.ptr)
+                elif nbytes:
+                    rt.memsetAsync(buf.ptr, 0, nbytes, stream.ptr)
+                done.record(stream)
+                buf.last_write = done
+                self._bridge.submit(_Copy(self, index, done, keep), queue=index)
+        except BaseException as exc:
+            self._streams.release(index)
+            if isinstance(exc, Exception):
+                error = translate(exc, during="creating a resident buffer", device=self.info.name)
+                self._note(exc, error)
+                raise error from exc
+            raise
+        resident = ResidentBuffer(
+            backend_id=self.id, dtype=dtype, count=count, native=buf, label=label
+        )
+        self._resident[resident.id] = resident
+        return resident
+
+    def download(self, buffer: ResidentBuffer) -> np.ndarray:
+        """Copy a resident buffer back to a new host array (blocks until earlier writes finish).
+
+        Raises:
+            InvalidProgram: the buffer belongs to another backend or was freed.
+        """
+        buf: _DeviceBuffer = buffer.native(self.id)
+        self._check_open()
+        cp, rt = self._cupy, self._rt
+        self._use_device()
+        index, stream = self._streams.lease()
+        try:
+            pinned = cp.cuda.alloc_pinned_memory(max(buf.nbytes, 4))
+            done = self._event()
+            with self._streams.ordering(index):
+                with self._lock:
+                    if buf.last_write is not None:
+                        stream.wait_event(buf.last_write)
+                if buf.nbytes:
+                    rt.memcpyAsync(
+                        pinned.ptr, buf.ptr, buf.nbytes, rt.memcpyDeviceToHost, stream.ptr
+                    )
+                done.record(stream)
+            done.synchronize()
+            out = np.frombuffer(pinned, buffer.dtype.numpy, buffer.count).copy()
+            self._recycle([done])
+            return out
+        except Exception as exc:
+            error = translate(exc, during="downloading a resident buffer", device=self.info.name)
+            self._note(exc, error)
+            raise error from exc
+        finally:
+            self._streams.release(index)
+
+    def free(self, buffer: ResidentBuffer) -> None:
+        """Release a resident buffer; in-flight work using it keeps it alive until it ends.
+
+        Raises:
+            InvalidProgram: the buffer belongs to another backend or was already freed.
+        """
+        buffer.native(self.id)
+        buffer._release()
+        self._resident.pop(buffer.id, None)
+
+    @property
+    def resident_count(self) -> int:
+        """Number of live resident buffers."""
+        return len(self._resident)
+
+    # Lifecycle --------------------------------------------------------------------
+    async def flush(self) -> None:
+        """Wait, without blocking the event loop, until the device finished all submitted work."""
+        delay = 0.0002
+        while self._bridge.in_flight:
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 0.01)
+
+    async def shutdown(self) -> None:
+        """Finish submitted work, stop the completion thread and drop the streams."""
+        self._closed = True
+        await self.flush()
+        self._bridge.close()
+        self._streams.close()
+        self._events.clear()
+
+
+class _InFlight:
+    """One enqueued dispatch, watched by the completion bridge."""
+
+    __slots__ = ("backend", "events", "keep", "launch", "layout", "params", "readback", "stream")
+
+    def __init__(
+        self,
+        *,
+        backend: CupyBackend,
+        launch: Launch,
+        params: tuple[KernelParam, ...],
+        stream: int,
+        layout: ArenaLayout,
+        keep: tuple[Any, ...],
+        readback: Any,
+        events: list[Any],
+    ) -> None:
+        self.backend = backend
+        self.launch = launch
+        self.params = params
+        self.stream = stream
+        self.layout = layout
+        self.keep = keep  # device arena, staging, stream, residents: alive until done
+        self.readback = readback
+        self.events = events
+
+    def ready(self) -> bool:
+        """Return True once the dispatch's completion event fired (``cudaEventQuery``)."""
+        return bool(self.events[3].done)
+
+    def finish(self, error: BaseException | None) -> None:
+        """Copy the outputs out and settle the dispatch (or fail it); release its resources."""
+        backend, completer = self.backend, self.launch.completer
+        try:
+            if error is not None:
+                raise error
+            if completer.stop_requested.is_set():  # timed out: nobody takes the result
+                completer.fail(_timeout(self.launch, started=True))
+                backend._recycle(self.events[:3])
+                return
+            outputs = self._outputs()
+            device_s = self._record_phases(completer)
+        except Exception as exc:
+            failure = translate(exc, during="running the kernel", device=backend.info.name)
+            backend._note(exc, failure)
+            completer.fail(failure)
+        else:
+            completer.resolve(outputs, device_s=device_s, compile_s=self.launch.compile_s)
+            # The completion event may be a resident buffer's ordering event: keep it then.
+            backend._recycle(self.events if not self.keep[3] else self.events[:3])
+        finally:
+            backend._streams.release(self.stream)
+            self.keep = ()
+            self.readback = None
+
+    def _outputs(self) -> list[np.ndarray]:
+        plan = self.launch.plan
+        by_name = {p.name: slot for p, slot in zip(self.params, self.layout.slots, strict=True)}
+        counts = dict(zip((d.name for d in plan.program.buffers), plan.counts, strict=True))
+        outputs = []
+        for decl in plan.outputs:
+            slot = by_name[decl.name]
+            assert slot.readback is not None
+            count = counts[decl.name]
+            view = np.frombuffer(self.readback, decl.dtype.numpy, count, slot.readback)
+            outputs.append(view.copy())
+        return outputs
+
+    def _record_phases(self, completer: DispatchCompleter) -> float:
+        """Record upload/launch/readback child spans from device event times; return kernel s."""
+        elapsed = self.backend._cupy.cuda.get_elapsed_time
+        e = self.events
+        upload, kernel, readback = (
+            float(elapsed(e[0], e[1])) * 1e6,
+            float(elapsed(e[1], e[2])) * 1e6,
+            float(elapsed(e[2], e[3])) * 1e6,
+        )
+        end = time.time_ns()
+        t2 = end - int(readback)
+        t1 = t2 - int(kernel)
+        t0 = t1 - int(upload)
+        completer.record_phase("vyre.upload", t0, t1)
+        completer.record_phase("vyre.launch", t1, t2)
+        completer.record_phase("vyre.readback", t2, end)
+        return kernel / 1e9
+
+
+class _Copy:
+    """A resident-buffer upload or memset, watched so its staging and stream lease are released."""
+
+    __slots__ = ("backend", "done", "keep", "stream")
+
+    def __init__(self, backend: CupyBackend, stream: int, done: Any, keep: tuple[Any, ...]) -> None:
+        self.backend = backend
+        self.stream = stream
+        self.done = done
+        self.keep = keep
+
+    def ready(self) -> bool:
+        """Return True once the copy finished."""
+        return bool(self.done.done)
+
+    def finish(self, error: BaseException | None) -> None:
+        """Release the staging memory and the stream lease; log a device error."""
+        self.backend._streams.release(self.stream)
+        self.keep = ()
+        if error is not None:
+            failure = translate(error, during="copying a resident buffer", device="the GPU")
+            self.backend._note(error, failure)
+            _log.error("resident buffer copy failed: %s", failure)
+
+
+def _resident_sources(params: Any, items: list[Any]) -> list[Source | None]:
+    """DIRECT for resident inputs, DEVICE for READ_WRITE ones also passed in another slot."""
+    if not any(isinstance(item, ResidentBuffer) for item in items):
+        return [None] * len(items)
+    seen = Counter(item.id for item in items if isinstance(item, ResidentBuffer))
+    out: list[Source | None] = []
+    for param, item in zip(params, items, strict=True):
+        if not isinstance(item, ResidentBuffer):
+            out.append(None)
+        elif param.decl.access is Access.READ_WRITE and seen[item.id] > 1:
+            out.append(Source.DEVICE)
+        else:
+            out.append(Source.DIRECT)
+    return out
+
+
+def _writes(slot: Any, item: Any) -> bool:
+    return isinstance(item, ResidentBuffer) and slot.readback is not None
+
+
+def _pointer(slot: Any, item: Any, base: int, backend_id: str) -> int:
+    if slot.source is Source.DIRECT:
+        return int(item.native(backend_id).ptr)
+    return base + int(slot.offset)
+
+
+def _timeout(launch: Launch, *, started: bool = False) -> DispatchTimeout:
+    name = launch.config.label or launch.plan.program.op_id or ""
+    what = (
+        "ended after its timeout of {} s; its result was discarded"
+        if started
+        else "was not started: past its timeout of {} s"
+    )
+    return DispatchTimeout(
+        f"dispatch {name} " + what.format(launch.config.timeout),
+        fix="raise DispatchConfig.timeout or split the work into smaller dispatches",
+    )
+
+
+def _dtype_of(array: np.ndarray) -> DType:
+    for dtype in (DType.U32, DType.I32, DType.F32):
+        if array.dtype == dtype.numpy:
+            return dtype
+    if array.dtype == np.bool_:
+        return DType.BOOL
+    raise InvalidProgram(
+        f"cannot upload an array of dtype {array.dtype}",
+        fix="convert it to uint32, int32, float32 or bool first",
+    )

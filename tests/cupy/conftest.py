@@ -1,0 +1,107 @@
+"""Shared fixtures of the CUDA backend tests: one batch build per kernel set, started together.
+
+The conformance corpus and the operator table are each compiled ONCE for the
+CPU emulator (``g++``), and both are compiled ONCE together by ``nvcc`` for
+sm_90. The three compilers start at the same time on first use (the machine
+has two cores) and their results are cached across runs by content hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conformance.corpus import Case, cases
+from tests.cupy.emulator import NVCC, NVCC_FLAGS, BuildJob, build_emulator, nvcc_command
+from tests.cupy.op_table import OpCase, op_cases
+from tests.cupy.unit_programs import race_probes, unit_cases
+from vyre_async.ir import Program
+from vyre_async.programs import elementwise_xor
+from vyre_cupy.codegen import KernelSource, generate
+
+
+@dataclass
+class NvccJob:
+    """An ``nvcc`` batch compile of many kernels (possibly still running)."""
+
+    kernels: list[KernelSource]
+    source: Path
+    marker: Path
+    process: subprocess.Popen[bytes] | None
+
+    def wait(self) -> tuple[int, str]:
+        """Return ``(returncode, log)``; a cached success returns ``(0, "")``."""
+        if self.process is None:
+            return 0, ""
+        _, err = self.process.communicate(timeout=600)
+        if self.process.returncode == 0:
+            self.marker.touch()
+        return self.process.returncode, err.decode(errors="replace")
+
+
+def start_nvcc(programs: list[Program]) -> NvccJob:
+    """Start one ``nvcc -cubin -arch=sm_90`` over every program's kernel (entries k0, k1...)."""
+    kernels = [generate(p, entry=f"k{i}") for i, p in enumerate(programs)]
+    unit = "\n".join(k.source for k in kernels)
+    digest = hashlib.sha256((unit + " ".join(NVCC_FLAGS) + str(NVCC)).encode()).hexdigest()
+    folder = Path(tempfile.gettempdir()) / "vyre-cupy-nvcc" / digest[:32]
+    folder.mkdir(parents=True, exist_ok=True)
+    source, marker = folder / "kernels.cu", folder / "ok"
+    if marker.exists():
+        return NvccJob(kernels, source, marker, None)
+    source.write_text(unit)
+    process = subprocess.Popen(
+        [*nvcc_command(source, folder / "kernels.cubin"), "-Xptxas", "-warn-spills"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    return NvccJob(kernels, source, marker, process)
+
+
+@dataclass
+class Toolchain:
+    """The batch builds every emulation and compile test shares."""
+
+    corpus: list[Case]
+    ops: list[OpCase]  # operator table, then the unit programs: compared with the reference
+    probes: list[tuple[str, Program, bool]]  # race-detector probes, after them in the build
+    corpus_build: BuildJob
+    ops_build: BuildJob
+    nvcc: NvccJob | None
+    device_programs: list[Program]  # kernels of the fake device (emulator shared library)
+    device_build: BuildJob
+
+
+@pytest.fixture(scope="session")
+def toolchain() -> Toolchain:
+    if shutil.which("g++") is None:  # required in CI: the emulation is how CUDA is checked there
+        pytest.fail("the CUDA emulation tests need g++ (C++20, e.g. Debian's build-essential)")
+    corpus = [c for c in cases() if c.error is None]
+    ops = op_cases() + unit_cases()
+    probes = race_probes()
+    corpus_build = build_emulator([c.program for c in corpus])
+    ops_build = build_emulator([o.program for o in ops] + [p for _, p, _ in probes])
+    programs = [c.program for c in corpus] + [o.program for o in ops] + [p for _, p, _ in probes]
+    nvcc = start_nvcc(programs) if NVCC else None
+    device_programs = fake_device_programs()
+    device_build = build_emulator(device_programs, library=True)
+    return Toolchain(
+        corpus, ops, probes, corpus_build, ops_build, nvcc, device_programs, device_build
+    )
+
+
+def fake_device_programs() -> list[Program]:
+    """Programs the fake-device tests dispatch: the corpus, the contract's, and their own."""
+    from tests.contract.test_contract import spin
+    from tests.cupy.device_programs import extra_programs
+
+    programs = [c.program for c in cases() if c.error is None]
+    programs += [spin(), elementwise_xor(64)]
+    programs += [o.program for o in op_cases() + unit_cases()]
+    return programs + extra_programs()

@@ -1,0 +1,67 @@
+"""Programs the fake-device tests dispatch besides the corpus and the contract's own."""
+
+from __future__ import annotations
+
+from vyre_async.ir import (
+    Access,
+    BufferDecl,
+    DType,
+    If,
+    Load,
+    Loop,
+    Program,
+    Return,
+    Store,
+    Var,
+    gid,
+    u32,
+)
+
+__all__ = ["accumulate", "extra_programs", "gate"]
+
+
+def accumulate() -> Program:
+    """``acc[i] += x[i] * 3`` with ``acc`` READ_WRITE and ``x`` READ (resident-buffer tests)."""
+    return Program(
+        [
+            BufferDecl("x", 0, Access.READ, DType.U32),
+            BufferDecl("acc", 1, Access.READ_WRITE, DType.U32),
+        ],
+        64,
+        [Store("acc", gid(), Load("acc", gid()) + Load("x", gid()) * 3)],
+        op_id="test.accumulate",
+    )
+
+
+def gate() -> Program:
+    """Spin until ``flag[0]`` becomes non-zero, then ``out[0] = 1``: a kernel the test ends.
+
+    On the fake device, memory is host memory, so a test can open the gate by
+    writing the flag while kernels wait on it (stream order then holds them in flight).
+    """
+    return Program(
+        [
+            BufferDecl("flag", 0, Access.READ, DType.U32, 1),
+            BufferDecl("out", 1, Access.WRITE, DType.U32, 1),
+        ],
+        1,
+        [
+            Loop(
+                "i",
+                u32(0),
+                u32(0xFFFF_FFFF),
+                [
+                    If(
+                        Load("flag", u32(0)).ne(u32(0)),
+                        [Store("out", u32(0), Var("i") * 0 + 1), Return()],
+                    )
+                ],
+            )
+        ],
+        op_id="test.gate",
+    )
+
+
+def extra_programs() -> list[Program]:
+    """Return every extra program (one kernel each in the fake device's library)."""
+    return [accumulate(), gate()]

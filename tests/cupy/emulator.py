@@ -1,0 +1,302 @@
+"""Run generated CUDA kernels on the CPU, and compile them with ``nvcc``: no GPU needed.
+
+The emulation harness (``emulation/cuda_emu.h``) defines the CUDA built-ins
+for host compilation: one OS thread per lane of a workgroup (so
+``__syncthreads()`` is a real barrier), workgroups one after another, atomics
+as compiler builtins, intrinsics by their documented semantics. Many kernels
+are built into ONE binary with ONE ``g++`` invocation, and a batch of launches
+runs in ONE process, so the whole conformance corpus costs one compile and one
+run. Built binaries are cached under the temp dir, keyed by a hash of
+everything that goes into them.
+
+``nvcc_command`` compiles the same kernels for ``sm_90`` with the options the
+backend gives NVRTC; codegen that does not compile fails the suite.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vyre_async.ir import Access, Program
+from vyre_async.plan import BindingPlan, normalize_inputs, plan_dispatch
+from vyre_cupy.codegen import KernelSource, generate
+
+__all__ = [
+    "EMULATION_DIR",
+    "Emulator",
+    "Request",
+    "Result",
+    "build_emulator",
+    "gxx_command",
+    "nvcc_command",
+    "request_for",
+    "translation_unit",
+]
+
+EMULATION_DIR = Path(__file__).parent / "emulation"
+GXX = shutil.which("g++") or "g++"
+NVCC = shutil.which("nvcc")
+GXX_FLAGS = ("-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-w")
+#: The options `vyre_cupy.compile` gives NVRTC (nvcc spells them the same way).
+NVCC_FLAGS = (
+    "--std=c++17",
+    "--fmad=false",
+    "-ftz=false",
+    "-prec-div=true",
+    "-prec-sqrt=true",
+    "-arch=sm_90",
+)
+_MAGIC = 0x554D4556
+_CACHE = Path(tempfile.gettempdir()) / "vyre-cupy-emulator"
+
+
+def kernels_for(programs: Sequence[Program]) -> list[KernelSource]:
+    """Return the kernels of ``programs`` with distinct entry names ``k0, k1, ...``."""
+    return [generate(p, entry=f"k{i}") for i, p in enumerate(programs)]
+
+
+def translation_unit(kernels: Sequence[KernelSource], *, trailer: str = "harness.inc") -> str:
+    """Return one C++ translation unit holding every kernel plus ``trailer``.
+
+    ``harness.inc`` adds the batch-runner ``main``; ``library.inc`` the C entry
+    point ``vy_emu_launch`` of the shared-library build (the fake device).
+    """
+    parts = ['#include "cuda_emu.h"']
+    parts += [k.source for k in kernels]
+    for i, k in enumerate(kernels):
+        casts = [
+            f"({'const ' if p.decl.access in (Access.READ, Access.UNIFORM) else ''}"
+            f"{_ctype(p.decl.dtype.value)}*)a[{p.index}]"
+            for p in k.params
+        ]
+        casts.append(f"(const unsigned*)a[{len(k.params)}]")
+        parts.append(f"static void vy_call_{i}(void** a) {{ {k.entry}({', '.join(casts)}); }}")
+    table = ", ".join(f"vy_call_{i}" for i in range(len(kernels))) or "nullptr"
+    parts.append(f"static const vy_emu::Kernel vy_kernels[] = {{{table}}};")
+    parts.append(f"static const unsigned vy_kernel_count = {len(kernels)}u;")
+    parts.append(f'#include "{trailer}"')
+    return "\n".join(parts) + "\n"
+
+
+def _ctype(dtype: str) -> str:
+    return {"u32": "unsigned", "i32": "int", "f32": "float", "bool": "unsigned"}[dtype]
+
+
+def gxx_command(source: Path, binary: Path) -> list[str]:
+    """Return the ``g++`` command building the harness from ``source``."""
+    return [GXX, *GXX_FLAGS, "-I", str(EMULATION_DIR), str(source), "-o", str(binary)]
+
+
+def nvcc_command(source: Path, output: Path) -> list[str]:
+    """Return the ``nvcc`` command compiling ``source`` (CUDA C) to an sm_90 cubin."""
+    assert NVCC is not None, "nvcc is not on PATH"
+    return [NVCC, *NVCC_FLAGS, "-cubin", str(source), "-o", str(output)]
+
+
+def _toolchain_id() -> str:
+    version = subprocess.run([GXX, "--version"], capture_output=True, text=True, check=False)
+    return version.stdout.splitlines()[0] if version.stdout else GXX
+
+
+@dataclass
+class BuildJob:
+    """A ``g++`` build of the harness, possibly still running (see `build_emulator`)."""
+
+    binary: Path
+    source: Path
+    process: subprocess.Popen[bytes] | None
+    kernels: tuple[KernelSource, ...]
+
+    def wait(self) -> Emulator:
+        """Wait for the compiler and return the emulator.
+
+        Raises:
+            AssertionError: ``g++`` rejected the generated code (its log is in the message).
+        """
+        if self.process is not None:
+            _, err = self.process.communicate(timeout=600)
+            if self.process.returncode != 0:
+                raise AssertionError(
+                    f"g++ failed on {self.source}:\n{err.decode(errors='replace')[-6000:]}"
+                )
+            os.replace(self.binary.with_suffix(".tmp"), self.binary)
+            self.process = None
+        return Emulator(self.binary, self.kernels)
+
+    def discard(self) -> None:
+        """Delete the build's folder (for one-off kernel sets); waits for the compiler first."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+        shutil.rmtree(self.binary.parent, ignore_errors=True)
+
+
+def build_emulator(programs: Sequence[Program], *, library: bool = False) -> BuildJob:
+    """Start building one emulator binary holding the kernels of ``programs``.
+
+    Returns at once; ``.wait()`` gives the `Emulator`. A binary built before from
+    the same sources, header and compiler is reused from the temp-dir cache.
+
+    Args:
+        programs: The programs; kernel ``i`` is ``programs[i]``.
+        library: Build a shared library exporting ``vy_emu_launch`` (see
+            ``emulation/library.inc``) instead of the batch-runner executable.
+    """
+    kernels = tuple(kernels_for(programs))
+    trailer = "library.inc" if library else "harness.inc"
+    unit = translation_unit(kernels, trailer=trailer)
+    digest = hashlib.sha256()
+    for part in (
+        unit,
+        (EMULATION_DIR / "cuda_emu.h").read_text(),
+        (EMULATION_DIR / trailer).read_text(),
+        " ".join(GXX_FLAGS),
+        _toolchain_id(),
+    ):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    folder = _CACHE / digest.hexdigest()[:32]
+    folder.mkdir(parents=True, exist_ok=True)
+    binary = folder / ("libemu.so" if library else "emu")
+    source = folder / "unit.cpp"
+    if binary.exists():
+        return BuildJob(binary, source, None, kernels)
+    source.write_text(unit)
+    command = gxx_command(source, binary.with_suffix(".tmp"))
+    if library:
+        command[1:1] = ["-shared", "-fPIC"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return BuildJob(binary, source, process, kernels)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One launch for the emulator: which kernel, its plan, its inputs."""
+
+    kernel: int
+    plan: BindingPlan
+    inputs: tuple[np.ndarray[Any, Any], ...]
+    iterations: int = 1
+    trace: bool = False
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one launch produced: the outputs (as a backend returns them) and the race flag."""
+
+    outputs: list[np.ndarray[Any, Any]]
+    racy: bool
+
+
+def request_for(
+    kernel: int,
+    program: Program,
+    inputs: Sequence[Any],
+    *,
+    grid: tuple[int, int, int] | None = None,
+    workgroup: tuple[int, int, int] | None = None,
+    iterations: int = 1,
+    trace: bool = False,
+) -> Request:
+    """Return the `Request` launching ``program`` (kernel index ``kernel``) like the backend.
+
+    The launch is planned with the driver's own `plan_dispatch`, exactly as a
+    backend receives it.
+
+    Raises:
+        InvalidProgram: the inputs do not fit, or the grid cannot be inferred.
+    """
+    arrays = normalize_inputs(program, inputs)
+    plan = plan_dispatch(
+        program, [a.size for a in arrays], grid_override=grid, workgroup_override=workgroup
+    )
+    return Request(kernel, plan, tuple(arrays), iterations, trace)
+
+
+class Emulator:
+    """A built harness binary; `run` executes a batch of launches in one process."""
+
+    def __init__(self, binary: Path, kernels: tuple[KernelSource, ...]) -> None:
+        self.binary = binary
+        self.kernels = kernels
+
+    def run(self, requests: Sequence[Request], *, timeout: float = 300.0) -> list[Result]:
+        """Run every request (in order, one process) and return their results.
+
+        Raises:
+            AssertionError: the harness crashed or timed out.
+        """
+        job = bytearray(struct.pack("<2I", _MAGIC, len(requests)))
+        for request in requests:
+            job += self._encode(request)
+        with tempfile.TemporaryDirectory(prefix="vyre-emu-") as tmp:
+            jobs, results = Path(tmp) / "jobs.bin", Path(tmp) / "results.bin"
+            jobs.write_bytes(job)
+            done = subprocess.run(
+                [str(self.binary), str(jobs), str(results)],
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise AssertionError(
+                    f"emulator exited with {done.returncode}: {done.stderr.decode()[-4000:]}"
+                )
+            data = np.frombuffer(results.read_bytes(), dtype="<u4")
+        return self._decode(requests, data)
+
+    def _encode(self, request: Request) -> bytes:
+        kernel = self.kernels[request.kernel]
+        plan = request.plan
+        given = dict(zip((d.name for d in plan.inputs), request.inputs, strict=True))
+        counts = dict(zip((d.name for d in plan.program.buffers), plan.counts, strict=True))
+        geometry = plan.geometry
+        words = [
+            request.kernel,
+            *geometry.grid,
+            *geometry.workgroup,
+            request.iterations,
+            int(request.trace),
+            len(kernel.params),
+        ]
+        out = bytearray(struct.pack(f"<{len(words)}I", *words))
+        for param in kernel.params:
+            count = counts[param.name]
+            data = given.get(param.name)
+            if data is None:  # WRITE buffers start zero-filled
+                data = np.zeros(count, np.uint32)
+            raw = np.ascontiguousarray(data).view("<u4").reshape(-1)
+            assert raw.size == count, (param.name, raw.size, count)
+            out += struct.pack("<I", count) + raw.tobytes()
+        return bytes(out)
+
+    def _decode(self, requests: Sequence[Request], data: np.ndarray[Any, Any]) -> list[Result]:
+        results = []
+        at = 0
+        for request in requests:
+            kernel = self.kernels[request.kernel]
+            status, params = int(data[at]), int(data[at + 1])
+            at += 2
+            assert params == len(kernel.params)
+            final: dict[str, np.ndarray[Any, Any]] = {}
+            for param in kernel.params:
+                count = int(data[at])
+                words = data[at + 1 : at + 1 + count]
+                at += 1 + count
+                final[param.name] = words.copy().view(param.decl.dtype.numpy)
+            outputs = [final[d.name] for d in request.plan.outputs]
+            results.append(Result(outputs, bool(status & 1)))
+        assert at == data.size, "trailing data in the emulator's results"
+        return results

@@ -1,0 +1,371 @@
+"""A fake CUDA device behind a fake ``cupy``: the backend's whole runtime path, without a GPU.
+
+The fake implements exactly the slice of CuPy's API that `vyre_cupy` uses —
+``cupy.cuda.runtime`` (device queries, ``memcpyAsync``, ``memsetAsync``),
+``Device.attributes``, ``Stream(non_blocking=True)`` with ``wait_event``,
+``Event`` (``record``/``done``/``synchronize``), ``get_elapsed_time``,
+``alloc``, ``alloc_pinned_memory``, ``cupy.cuda.function.Module`` and the NVRTC
+bindings — with the semantics the backend relies on:
+
+- "device" memory is host memory, so device pointers are real addresses;
+- each stream is a worker thread running its queued operations in order, so
+  copies, launches and event records really are asynchronous to the caller;
+- kernels run in the CPU emulator built as a shared library
+  (``emulation/library.inc``); "NVRTC" hands the generated source through, and
+  ``Module.load`` finds the kernel compiled from that exact source in the library;
+- fault injection: out-of-memory past ``memory_limit``, and a sticky
+  ``cudaErrorIllegalAddress`` for the next launch (``fail_next_launch``).
+
+What this does not prove: anything about real CUDA (timing, the driver, the
+real CuPy signatures beyond those mirrored here). That is ``scripts/gpu-check``'s job.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import queue
+import threading
+import time
+import types
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from vyre_async.ir import Program
+from vyre_cupy.codegen import generate
+
+__all__ = ["CUDARuntimeError", "FakeDevice", "OutOfMemoryError"]
+
+MEMCPY_H2D, MEMCPY_D2H, MEMCPY_D2D = 1, 2, 3
+_IMAGE_TAG = b"FAKE-CUBIN\n"
+
+
+class CUDARuntimeError(RuntimeError):
+    """Same name and ``status`` attribute as CuPy's runtime error."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"cudaError {status}")
+        self.status = status
+
+
+class OutOfMemoryError(MemoryError):
+    """Same name as ``cupy.cuda.memory.OutOfMemoryError``."""
+
+
+class NVRTCError(RuntimeError):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"NVRTC error {status}")
+        self.status = status
+
+
+class FakeDevice:
+    """One emulated GPU and the fake CuPy modules that reach it.
+
+    Args:
+        library: The emulator shared library (``build_emulator(..., library=True)``).
+        programs: The programs it holds, in kernel order.
+    """
+
+    def __init__(self, library: Path, programs: Sequence[Program]) -> None:
+        self.lib = ctypes.CDLL(str(library))
+        self.lib.vy_emu_launch.argtypes = [ctypes.c_uint] * 7 + [
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.c_int,
+        ]
+        self.lib.vy_emu_launch.restype = ctypes.c_int
+        self.kernels: dict[str, int] = {}
+        for index, program in enumerate(programs):
+            self.kernels.setdefault(generate(program).source, index)
+        self.launch_lock = threading.Lock()  # threaded kernels share static __shared__ arrays
+        self.memory_limit = 1 << 31
+        self.allocated = 0
+        self.sticky: int | None = None
+        self.fail_next_launch = False
+        self.compiles = 0
+        self.launches = 0
+        self.streams: weakref.WeakValueDictionary[int, FakeStream] = weakref.WeakValueDictionary()
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    # The fake modules ---------------------------------------------------------------
+    def modules(self) -> dict[str, types.ModuleType]:
+        """Return the ``sys.modules`` entries that make ``import cupy`` reach this device."""
+        device = self
+
+        runtime: Any = types.ModuleType("cupy_backends.cuda.api.runtime")
+        runtime.CUDARuntimeError = CUDARuntimeError
+        runtime.memcpyHostToDevice = MEMCPY_H2D
+        runtime.memcpyDeviceToHost = MEMCPY_D2H
+        runtime.memcpyDeviceToDevice = MEMCPY_D2D
+        runtime.getDeviceCount = lambda: 1
+        runtime.getDevice = lambda: 0
+        runtime.setDevice = lambda ordinal: None
+        runtime.driverGetVersion = lambda: 13000
+        runtime.runtimeGetVersion = lambda: 13000
+        runtime.getDeviceProperties = lambda ordinal: {
+            "name": b"Emulated sm_90 (CPU)",
+            "major": 9,
+            "minor": 0,
+            "totalGlobalMem": 1 << 34,
+        }
+        runtime.memcpyAsync = self._memcpy
+        runtime.memsetAsync = self._memset
+
+        function: Any = types.ModuleType("cupy.cuda.function")
+        function.Module = lambda: FakeModule(device)
+
+        cuda: Any = types.ModuleType("cupy.cuda")
+        cuda.runtime = runtime
+        cuda.function = function
+        cuda.Device = lambda ordinal=0: types.SimpleNamespace(
+            id=ordinal,
+            attributes={
+                "MaxThreadsPerBlock": 1024,
+                "MaxBlockDimX": 1024,
+                "MaxBlockDimY": 1024,
+                "MaxBlockDimZ": 64,
+                "MaxGridDimX": 2**31 - 1,
+                "MaxGridDimY": 65535,
+                "MaxGridDimZ": 65535,
+                "MaxSharedMemoryPerBlock": 49152,
+                "WarpSize": 32,
+                "ConcurrentKernels": 1,
+                "MultiProcessorCount": 132,
+            },
+        )
+        cuda.Stream = lambda non_blocking=False: FakeStream(device)
+        cuda.Event = lambda block=False, disable_timing=False: FakeEvent(device)
+        cuda.get_elapsed_time = lambda start, end: (end.stamp - start.stamp) * 1e3
+        cuda.alloc = self._alloc
+        cuda.alloc_pinned_memory = PinnedMemory
+
+        cupy: Any = types.ModuleType("cupy")
+        cupy.__version__ = "13.6.0+fake"
+        cupy.cuda = cuda
+
+        nvrtc: Any = types.ModuleType("cupy_backends.cuda.libs.nvrtc")
+        nvrtc.NVRTCError = NVRTCError
+        nvrtc.getVersion = lambda: (13, 0)
+        nvrtc.getSupportedArchs = lambda: (75, 80, 86, 89, 90, 100, 120)
+        sources: dict[int, str] = {}
+        counter = itertools.count(1)
+
+        def create_program(src: str, name: str, headers: Any, names: Any) -> int:
+            handle = next(counter)
+            sources[handle] = src
+            return handle
+
+        def compile_program(handle: int, options: Sequence[str]) -> None:
+            device.compiles += 1
+            assert "-ftz=false" in options and "--fmad=false" in options
+
+        nvrtc.createProgram = create_program
+        nvrtc.compileProgram = compile_program
+        nvrtc.getProgramLog = lambda handle: ""
+        nvrtc.getCUBIN = lambda handle: _IMAGE_TAG + sources[handle].encode()
+        nvrtc.getPTX = lambda handle: _IMAGE_TAG + sources[handle].encode()
+        nvrtc.destroyProgram = lambda handle: sources.pop(handle)
+
+        packages = {
+            name: types.ModuleType(name) for name in ("cupy_backends", "cupy_backends.cuda")
+        }
+        libs: Any = types.ModuleType("cupy_backends.cuda.libs")
+        libs.nvrtc = nvrtc
+        return {
+            "cupy": cupy,
+            "cupy.cuda": cuda,
+            "cupy.cuda.function": function,
+            **packages,
+            "cupy_backends.cuda.libs": libs,
+            "cupy_backends.cuda.libs.nvrtc": nvrtc,
+        }
+
+    # Runtime calls --------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise the sticky error, if the device has one (as every CUDA call then does)."""
+        if self.sticky is not None:
+            raise CUDARuntimeError(self.sticky)
+
+    def _alloc(self, nbytes: int) -> DeviceMemory:
+        self.check()
+        with self._lock:
+            if self.allocated + nbytes > self.memory_limit:
+                raise OutOfMemoryError(f"out of memory allocating {nbytes} bytes")
+            self.allocated += nbytes
+        return DeviceMemory(self, nbytes)
+
+    def _stream(self, ptr: int) -> FakeStream:
+        return self.streams[ptr]
+
+    def _memcpy(self, dst: int, src: int, size: int, kind: int, stream: int) -> None:
+        self.check()
+        assert kind in (MEMCPY_H2D, MEMCPY_D2H, MEMCPY_D2D)
+        self._stream(stream).enqueue(lambda: ctypes.memmove(dst, src, size))
+
+    def _memset(self, ptr: int, value: int, size: int, stream: int) -> None:
+        self.check()
+        self._stream(stream).enqueue(lambda: ctypes.memset(ptr, value, size))
+
+    def launch(self, index: int, threaded: bool, grid: Any, block: Any, args: Any) -> None:
+        """Run kernel ``index`` now (called on a stream thread)."""
+        if self.fail_next_launch:
+            self.fail_next_launch = False
+            self.sticky = 700  # cudaErrorIllegalAddress: the context is gone
+            return
+        if self.sticky is not None:
+            return
+        pointers = (ctypes.c_void_p * len(args))(*[int(a) for a in args])
+        with self.launch_lock if threaded else _NO_LOCK:
+            status = self.lib.vy_emu_launch(index, *grid, *block, pointers, int(not threaded))
+        assert status == 0
+        self.launches += 1
+
+    def new_stream_id(self) -> int:
+        return next(self._ids)
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
+
+
+class DeviceMemory:
+    """A "device" allocation: host memory whose address is the device pointer."""
+
+    def __init__(self, device: FakeDevice, nbytes: int) -> None:
+        self.buffer = (ctypes.c_char * max(nbytes, 1))()
+        self.ptr = ctypes.addressof(self.buffer)
+        self.nbytes = nbytes
+
+        def release(device: FakeDevice = device, nbytes: int = nbytes) -> None:
+            with device._lock:
+                device.allocated -= nbytes
+
+        weakref.finalize(self, release)
+
+
+class PinnedMemory(bytearray):
+    """Pinned host memory: a buffer (numpy can view it) with a stable ``ptr``."""
+
+    def __init__(self, nbytes: int) -> None:
+        super().__init__(nbytes)
+        self._view = (ctypes.c_char * max(nbytes, 1)).from_buffer(self) if nbytes else None
+        self.ptr = ctypes.addressof(self._view) if self._view is not None else 0
+
+
+class FakeStream:
+    """A stream: one worker thread running queued operations in submission order."""
+
+    def __init__(self, device: FakeDevice) -> None:
+        self.device = device
+        self.ptr = device.new_stream_id()
+        device.streams[self.ptr] = self
+        self._queue: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
+        thread = threading.Thread(
+            target=_stream_main, args=(self._queue,), name=f"fake-stream-{self.ptr}", daemon=True
+        )
+        thread.start()
+        weakref.finalize(self, self._queue.put, None)
+
+    def enqueue(self, op: Callable[[], object]) -> None:
+        self._queue.put(op)
+
+    def wait_event(self, event: FakeEvent) -> None:
+        self.device.check()
+        generation = event.generation
+        self.enqueue(lambda: event.wait_for(generation))
+
+    def __enter__(self) -> FakeStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _stream_main(ops: queue.SimpleQueue[Callable[[], object] | None]) -> None:
+    while True:
+        op = ops.get()
+        if op is None:
+            return
+        op()
+
+
+class FakeEvent:
+    """A CUDA event: ``record`` captures the stream's work so far; ``done`` never blocks."""
+
+    def __init__(self, device: FakeDevice) -> None:
+        self.device = device
+        self.generation = 0
+        self.completed = 0
+        self.stamp = 0.0
+        self._cond = threading.Condition()
+
+    def record(self, stream: FakeStream) -> None:
+        self.device.check()
+        with self._cond:
+            self.generation += 1
+            generation = self.generation
+        stream.enqueue(lambda: self._complete(generation))
+
+    def _complete(self, generation: int) -> None:
+        with self._cond:
+            self.stamp = time.perf_counter()
+            self.completed = max(self.completed, generation)
+            self._cond.notify_all()
+
+    def wait_for(self, generation: int) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self.completed >= generation)
+
+    @property
+    def done(self) -> bool:
+        """Like CuPy's ``Event.done`` (``cudaEventQuery``): never blocks, raises device errors."""
+        self.device.check()
+        with self._cond:
+            done = self.completed >= self.generation
+        if done:
+            self.device.check()
+        return done
+
+    def synchronize(self) -> None:
+        self.wait_for(self.generation)
+        self.device.check()
+
+
+class FakeModule:
+    """``cupy.cuda.function.Module``: ``load`` finds the kernel built from the same source."""
+
+    def __init__(self, device: FakeDevice) -> None:
+        self.device = device
+        self.index: int | None = None
+        self.threaded = False
+
+    def load(self, image: bytes) -> None:
+        self.device.check()
+        if not image.startswith(_IMAGE_TAG):
+            raise CUDARuntimeError(200)  # invalid image
+        source = image[len(_IMAGE_TAG) :].rstrip(b"\0").decode()
+        if source not in self.device.kernels:
+            raise CUDARuntimeError(200)
+        self.index = self.device.kernels[source]
+        self.threaded = "__syncthreads" in source
+
+    def get_function(self, name: str) -> Callable[..., None]:
+        assert self.index is not None and name == "vyre_main"
+        index, threaded, device = self.index, self.threaded, self.device
+
+        def launch(grid: tuple[int, ...], block: tuple[int, ...], args: Any, stream: Any) -> None:
+            device.check()
+            assert len(grid) == len(block) == 3 and all(g >= 1 for g in grid + block)
+            values = tuple(args)
+            stream.enqueue(lambda: device.launch(index, threaded, grid, block, values))
+
+        return launch

@@ -1,0 +1,346 @@
+"""The `CupyBackend` end to end on a fake CUDA device (see ``fake_cupy.py``), without a GPU.
+
+The backend runs unchanged — probe, codegen, "NVRTC", module loading, stream
+pool, pinned staging, arena upload/memset/launch/readback, event timing,
+resident buffers, the completion bridge, error translation, the disk cache —
+against a fake ``cupy`` whose streams are worker threads and whose kernels run
+in the CPU emulator. The driver's own contract tests (``tests/contract``) run
+here unchanged against it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+import pytest
+
+from tests.contract import test_contract as contract
+from tests.cupy import test_cupy_gpu as gpu_tests
+from tests.cupy.conftest import Toolchain
+from tests.cupy.device_programs import accumulate, gate
+from tests.cupy.fake_cupy import FakeDevice
+from vyre_async import (
+    DeviceLost,
+    DeviceOutOfMemory,
+    DiskPipelineCache,
+    DispatchConfig,
+    DispatchTimeout,
+    DType,
+    InvalidProgram,
+    UnsupportedFeature,
+)
+from vyre_async.cache.disk import PipelineCacheWarning
+from vyre_async.programs import elementwise_xor, standard_workloads
+from vyre_cupy import CupyBackend, create_backend
+
+pytestmark = pytest.mark.anyio
+
+# The driver's contract tests, unchanged, with `backend` bound to the fake-device backend below.
+test_corpus_byte_for_byte = contract.test_corpus_byte_for_byte
+test_errors_before_launch_carry_a_fix = contract.test_errors_before_launch_carry_a_fix
+test_a_result_is_taken_once = contract.test_a_result_is_taken_once
+test_many_dispatches_in_flight_complete_correctly = (
+    contract.test_many_dispatches_in_flight_complete_correctly
+)
+test_timeout_raises_promptly_and_the_backend_recovers = (
+    contract.test_timeout_raises_promptly_and_the_backend_recovers
+)
+# Not contract.test_cancelling_waiters_leaves_everything_else_intact: it assumes a
+# spin(200_000) dispatch outlasts the dispatching of 200 tasks, which a fast device (this
+# fake one, or a GPU) does not, so some victims finish before they are cancelled. The
+# variant below checks the same guarantees without that timing assumption.
+test_load_10000_dispatches_from_200_tasks = contract.test_load_10000_dispatches_from_200_tasks
+
+# The GPU tests whose programs are known in advance, on the fake device (checks their logic;
+# the random-program and fresh-process tests need a real GPU).
+test_gpu_corpus = gpu_tests.test_corpus_byte_for_byte
+test_gpu_every_operator_on_edge_values = gpu_tests.test_every_operator_on_edge_values
+test_gpu_subnormals_survive = gpu_tests.test_subnormals_survive
+test_gpu_timing_and_one_completion_thread = (
+    gpu_tests.test_device_timing_phases_and_one_completion_thread
+)
+test_gpu_resident_buffers = gpu_tests.test_resident_buffers
+test_gpu_limits = gpu_tests.test_limits_are_checked_before_launch
+
+
+@pytest.fixture(scope="module")
+def fake(toolchain: Toolchain) -> Iterator[FakeDevice]:
+    device = FakeDevice(toolchain.device_build.wait().binary, toolchain.device_programs)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, module in device.modules().items():
+            patch.setitem(sys.modules, name, module)
+        yield device
+
+
+@pytest.fixture(scope="module")
+def backend(fake: FakeDevice) -> Iterator[CupyBackend]:
+    backend = create_backend(disk_cache=None)
+    yield backend
+    anyio.run(backend.shutdown)
+
+
+@pytest.fixture(scope="module")
+def gpu(backend: CupyBackend) -> CupyBackend:
+    """The fake-device backend, under the name the GPU tests use."""
+    return backend
+
+
+@pytest.fixture
+def fresh_device(toolchain: Toolchain, fake: FakeDevice) -> Iterator[FakeDevice]:
+    """A second fake device (for fault injection that poisons its context)."""
+    device = FakeDevice(toolchain.device_build.wait().binary, toolchain.device_programs)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, module in device.modules().items():
+            patch.setitem(sys.modules, name, module)
+        yield device
+
+
+def test_probe_and_capabilities(backend: CupyBackend) -> None:
+    caps = backend.capabilities()
+    assert caps.device_name == "Emulated sm_90 (CPU)"
+    assert caps.async_compute and not caps.grid_sync and not caps.subgroup_ops
+    assert caps.max_workgroup_size == (1024, 1024, 64) and caps.max_workgroup_lanes == 1024
+    assert caps.max_workgroup_memory_bytes == 48 * 1024 and caps.subgroup_size == 32
+    assert "sm_90" in backend.device_fingerprint() and "cupy 13.6.0+fake" in (
+        backend.device_fingerprint()
+    )
+    assert "-ftz=false" in backend.compiler_fingerprint()
+    assert "-arch=sm_90" in backend.compiler_fingerprint()
+
+
+@pytest.mark.anyio
+async def test_outputs_are_private_arrays_with_device_timing_and_phases(
+    backend: CupyBackend,
+) -> None:
+    program = elementwise_xor(100)
+    a = np.arange(100, dtype=np.uint32)
+    pending = backend.dispatch(program, [a, a * 3])
+    outputs = await pending
+    assert outputs[0].tolist() == (a ^ (a * 3)).tolist()
+    assert outputs[0].flags.owndata and outputs[0].flags.writeable
+    assert pending.timing is not None and pending.timing.device_s is not None
+    phases = [name for name, _, _ in pending.context["phases"]]
+    assert phases[-3:] == ["vyre.upload", "vyre.launch", "vyre.readback"]
+    assert all(start <= end for _, start, end in pending.context["phases"])
+    assert "vyre.stream" in pending.context["attributes"]
+
+
+@pytest.mark.anyio
+async def test_one_completion_thread_for_many_dispatches(backend: CupyBackend) -> None:
+    program = elementwise_xor(64)
+    a = np.arange(64, dtype=np.uint32)
+    pendings = [backend.dispatch(program, [a, np.full(64, k, np.uint32)]) for k in range(300)]
+    names = {t.name for t in threading.enumerate()}
+    assert sum(n.startswith("vyre-cupy-completion") for n in names) == 1
+    for k, pending in enumerate(pendings):
+        assert (await pending)[0].tolist() == (a ^ k).tolist()
+    assert max(backend._streams.busy()) == 0
+    assert backend._streams.created() <= backend._streams.size
+
+
+@pytest.mark.anyio
+async def test_resident_buffers(backend: CupyBackend) -> None:
+    program = accumulate()
+    x = backend.upload(np.arange(256, dtype=np.uint32), label="x")
+    acc = backend.alloc(DType.U32, 256, label="acc")
+    for _ in range(3):  # each dispatch waits for the previous write of acc (stream ordering)
+        outputs = await backend.dispatch(program, [x, acc])
+    assert outputs[0].tolist() == [9 * i for i in range(256)]
+    assert backend.download(acc).tolist() == [9 * i for i in range(256)]
+    # Chained without awaiting: writes to a resident buffer stay ordered across streams.
+    pendings = [backend.dispatch(program, [x, acc]) for _ in range(8)]
+    for pending in pendings:
+        await pending
+    assert backend.download(acc).tolist() == [33 * i for i in range(256)]
+    # The same buffer as READ input and READ_WRITE input: each slot starts from the same
+    # contents, then the READ_WRITE result is written back (as on the reference backend).
+    both = backend.upload(np.arange(256, dtype=np.uint32))
+    outputs = await backend.dispatch(program, [both, both])
+    assert outputs[0].tolist() == [4 * i for i in range(256)]
+    assert backend.download(both).tolist() == [4 * i for i in range(256)]
+    floats = backend.upload(np.zeros(4, np.float32))
+    with pytest.raises(InvalidProgram):
+        backend.dispatch(program, [floats, acc])
+    assert backend.upload(b"\x01\x00\x00\x00").count == 1
+    pending = backend.dispatch(program, [x, acc])
+    backend.free(acc)  # in-flight work keeps the memory alive
+    await pending
+    with pytest.raises(InvalidProgram):
+        backend.download(acc)
+    with pytest.raises(InvalidProgram):
+        backend.free(acc)
+    for buffer in (x, both, floats):
+        backend.free(buffer)
+
+
+@pytest.mark.anyio
+async def test_device_out_of_memory_surfaces_at_the_result(
+    backend: CupyBackend, fake: FakeDevice
+) -> None:
+    program = elementwise_xor(1 << 16)
+    a = np.zeros(1 << 16, np.uint32)
+    limit, fake.memory_limit = fake.memory_limit, fake.allocated + 1024
+    try:
+        with pytest.raises(DeviceOutOfMemory) as info:
+            await backend.dispatch(program, [a, a])
+        assert "Fix:" in str(info.value)
+        with pytest.raises(DeviceOutOfMemory):
+            backend.alloc(DType.U32, 1 << 20)
+    finally:
+        fake.memory_limit = limit
+    assert (await backend.dispatch(program, [a, a + 1]))[0][0] == 1
+
+
+def test_device_limits_are_checked_before_launch(backend: CupyBackend) -> None:
+    program = elementwise_xor(4)
+    a = np.zeros(4, np.uint32)
+    with pytest.raises(UnsupportedFeature) as info:
+        backend.dispatch(program, [a, a], DispatchConfig(grid_override=(1, 70000, 1)))
+    assert "grid" in str(info.value) and "Fix:" in str(info.value)
+
+
+@pytest.mark.anyio
+async def test_a_sticky_error_loses_the_device(fresh_device: FakeDevice) -> None:
+    backend = create_backend(disk_cache=None)
+    program = elementwise_xor(8)
+    a = np.ones(8, np.uint32)
+    assert (await backend.dispatch(program, [a, a]))[0].tolist() == [0] * 8
+    fresh_device.fail_next_launch = True
+    with pytest.raises(DeviceLost) as info:
+        await backend.dispatch(program, [a, a])
+    assert info.value.cuda_status == 700 and "Fix:" in str(info.value)
+    assert backend.device_lost()
+    with pytest.raises(DeviceLost):
+        backend.dispatch(program, [a, a])
+    await backend.shutdown()
+
+
+@pytest.mark.anyio
+async def test_disk_cache_lets_a_new_backend_skip_nvrtc(fake: FakeDevice, tmp_path: Path) -> None:
+    workload = next(w for w in standard_workloads() if w.name == "sum")
+    inputs = workload.inputs(3)
+    expected = workload.expected(inputs)
+    cache = DiskPipelineCache(tmp_path)
+    first = create_backend(disk_cache=cache)
+    before = fake.compiles
+    out = await first.dispatch(
+        workload.program, inputs, DispatchConfig(grid_override=workload.grid)
+    )
+    assert fake.compiles == before + 1 and cache.info().entries == 1
+    second = create_backend(disk_cache=cache)  # like a new process: an empty memory cache
+    pipeline = second.compile(workload.program)
+    assert pipeline.source == "disk" and fake.compiles == before + 1
+    again = await pipeline.dispatch(inputs, DispatchConfig(grid_override=workload.grid))
+    for got, want in zip((out[0], again[0]), expected * 2, strict=False):
+        assert got.tobytes() == want.tobytes()
+    # A corrupt record in a valid cache entry is ignored with a warning and recompiled.
+    third = create_backend(disk_cache=cache)
+    cache.put(pipeline.identity.hex, b"not a kernel record")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rebuilt = third.compile(workload.program)
+    assert any("recompiling" in str(w.message) for w in caught)
+    assert not any(issubclass(w.category, PipelineCacheWarning) for w in caught)
+    assert rebuilt.native.compiled.entry == "vyre_main" and fake.compiles == before + 2
+    for backend in (first, second, third):
+        await backend.shutdown()
+
+
+@pytest.mark.anyio
+async def test_shutdown_finishes_work_and_refuses_more(fake: FakeDevice) -> None:
+    backend = create_backend(disk_cache=None)
+    program = elementwise_xor(64)
+    a = np.arange(64, dtype=np.uint32)
+    pendings = [backend.dispatch(program, [a, a]) for _ in range(20)]
+    await backend.shutdown()
+    assert all(p.done() for p in pendings)
+    assert not backend._bridge.running
+    with pytest.raises(InvalidProgram):
+        backend.dispatch(program, [a, a])
+
+
+async def test_cancelling_waiters_releases_everything(backend: CupyBackend) -> None:
+    spin, xor = contract.spin(), elementwise_xor(256)
+    flag = backend.upload(np.zeros(1, np.uint32))
+    await anyio.to_thread.run_sync(backend.download, flag)  # the upload finished
+    warm = [backend.dispatch(spin, [np.array([5000], np.uint32)]) for _ in range(8)]
+    for pending in warm:
+        await pending
+    await backend.flush()
+    threads_before = _threads()
+    cancelled = survivors_ok = 0
+    scopes: list[anyio.CancelScope] = []
+    rng = np.random.default_rng(7)
+
+    async def victim() -> None:
+        nonlocal cancelled
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            await backend.dispatch(gate(), [flag], DispatchConfig(timeout=10.0))
+        cancelled += int(scope.cancelled_caught)
+
+    async def survivor() -> None:
+        nonlocal survivors_ok
+        a = rng.integers(0, 2**32, 256, dtype=np.uint32)
+        b = rng.integers(0, 2**32, 256, dtype=np.uint32)
+        outputs = await backend.dispatch(xor, [a, b])
+        survivors_ok += int(np.array_equal(outputs[0], a ^ b))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(200):
+            tg.start_soon(victim if i % 2 == 0 else survivor)
+        for _ in range(3):
+            await anyio.lowlevel.checkpoint()
+        for scope in scopes:
+            scope.cancel()
+        # The victims' kernels are still spinning (the gate is shut): open it, so they end
+        # and the survivors queued behind them on the same streams run.
+        ctypes.memmove(flag.native(backend.id).ptr, np.ones(1, np.uint32).ctypes.data, 4)
+    assert len(scopes) == 100 and cancelled == 100
+    assert survivors_ok == 100
+    await backend.flush()  # the cancelled dispatches' device work ended and was released
+    assert backend.in_flight == 0 and max(backend._streams.busy()) == 0
+    assert _threads() <= threads_before
+    out = await backend.dispatch(xor, [np.full(256, 3, np.uint32), np.ones(256, np.uint32)])
+    assert out[0].tolist() == [2] * 256
+    backend.free(flag)
+
+
+def _threads() -> int:
+    """Threads other than the fake device's stream workers (real CUDA streams are not threads)."""
+    return sum(not t.name.startswith("fake-stream") for t in threading.enumerate())
+
+
+async def test_empty_buffers_and_results_discarded_after_a_timeout(backend: CupyBackend) -> None:
+    empty = np.zeros(0, np.uint32)
+    outputs = await backend.dispatch(accumulate(), [empty, empty])
+    assert outputs[0].shape == (0,) and outputs[0].dtype == np.uint32
+    flag = backend.upload(np.zeros(1, np.uint32))
+    await anyio.to_thread.run_sync(backend.download, flag)
+    pending = backend.dispatch(gate(), [flag], DispatchConfig(timeout=0.05, label="gated"))
+    with pytest.raises(DispatchTimeout) as info:
+        await pending
+    assert "gated" in str(info.value) and "Fix:" in str(info.value)
+    ctypes.memmove(flag.native(backend.id).ptr, np.ones(1, np.uint32).ctypes.data, 4)
+    await backend.flush()  # the kernel ended; its result was dropped and its memory released
+    assert backend.in_flight == 0 and max(backend._streams.busy()) == 0
+    backend.free(flag)
+
+
+def test_factory_uses_the_default_disk_cache(
+    fake: FakeDevice, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VYRE_CACHE_DIR", str(tmp_path))
+    backend = create_backend()
+    assert backend.disk_cache is not None and backend.disk_cache.root == tmp_path
+    assert create_backend(disk_cache=None).disk_cache is None
+    with pytest.raises(ValueError):
+        create_backend(disk_cache="elsewhere")

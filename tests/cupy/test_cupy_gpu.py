@@ -1,0 +1,184 @@
+"""The ``cupy`` backend on a real CUDA device (marked ``gpu``; skipped, with the reason, without).
+
+These are the checks no CPU run can make: the corpus, the operator table and
+random programs byte for byte against the reference on the GPU; subnormals
+surviving NVRTC (CuPy's own compile cache would force ``-ftz=true``); device
+event timing; resident buffers; the disk cache in a fresh process; one
+completion thread for thousands of dispatches in flight. ``test_cupy_fake_device``
+runs most of them on the fake device, so their own logic is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conformance.corpus import Case, cases
+from tests.cupy.op_table import op_cases
+from tests.cupy.unit_programs import unit_cases
+from tests.strategies import programs, small_inputs_for
+from vyre_async import DispatchConfig, DType, InvalidProgram, UnsupportedFeature
+from vyre_async.shadow import compare_outputs
+from vyre_cupy import CupyBackend, create_backend
+from vyre_reference import execute
+
+
+def _cuda_unavailable() -> str | None:
+    """Return why no CUDA device is usable here, or None (the narrow probe)."""
+    try:
+        import cupy
+    except Exception as exc:
+        return f"CuPy is not importable ({type(exc).__name__}: {exc})"
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:
+        return f"no usable CUDA driver ({type(exc).__name__}: {exc})"
+    return None if count > 0 else "no CUDA device is visible"
+
+
+REASON = _cuda_unavailable()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=str(REASON))]
+
+
+@pytest.fixture(scope="module")
+def gpu() -> CupyBackend:
+    return create_backend(disk_cache=None)
+
+
+def _config(case: Case) -> DispatchConfig:
+    return DispatchConfig(
+        grid_override=case.grid,
+        ulp_budget=case.ulp_budget or None,
+        fixpoint_iterations=case.fixpoint_iterations,
+        label=case.name,
+    )
+
+
+def test_corpus_byte_for_byte(gpu: CupyBackend) -> None:
+    for case in cases():
+        if case.error is not None:
+            with pytest.raises(case.error):
+                gpu.dispatch_sync(case.program, case.inputs, _config(case))
+            continue
+        outputs = gpu.dispatch_sync(case.program, case.inputs, _config(case))
+        divergence = compare_outputs(
+            case.name, case.program, case.inputs, outputs, case.expected, ulp_budget=case.ulp_budget
+        )
+        assert divergence is None, str(divergence)
+
+
+def test_every_operator_on_edge_values(gpu: CupyBackend) -> None:
+    for case in op_cases() + unit_cases():
+        outputs = gpu.dispatch_sync(case.program, list(case.inputs))
+        want = execute(case.program, list(case.inputs))
+        divergence = compare_outputs(case.name, case.program, case.inputs, outputs, want)
+        assert divergence is None, str(divergence)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_random_programs_on_one_lane_match_the_reference(
+    gpu: CupyBackend, data: st.DataObject
+) -> None:
+    # One lane: no other lane can race, so GPU and lockstep reference must agree exactly.
+    program = data.draw(programs(), label="program")
+    inputs = data.draw(small_inputs_for(program), label="inputs")
+    config = DispatchConfig(grid_override=(1, 1, 1), workgroup_override=(1, 1, 1))
+    want = execute(program, inputs, grid_override=(1, 1, 1), workgroup_override=(1, 1, 1))
+    got = gpu.dispatch_sync(program, inputs, config)
+    divergence = compare_outputs("random", program, inputs, got, want)
+    assert divergence is None, f"{divergence}\n{program!r}"
+
+
+def test_subnormals_survive(gpu: CupyBackend) -> None:
+    from vyre_async.programs import saxpy
+
+    tiny = np.array([1e-45, 1e-40, -3e-39], np.float32)
+    out = gpu.dispatch_sync(saxpy(3), [tiny, np.zeros(3, np.float32), np.float32([0.5])])[0]
+    assert out.tobytes() == (np.float32(0.5) * tiny).tobytes()
+    assert (out != 0).any()
+
+
+def test_device_timing_phases_and_one_completion_thread(gpu: CupyBackend) -> None:
+    from vyre_async.programs import elementwise_xor
+
+    program = elementwise_xor(4096)
+    a = np.arange(4096, dtype=np.uint32)
+    pendings = [gpu.dispatch(program, [a, np.full(4096, k, np.uint32)]) for k in range(2000)]
+    names = [t.name for t in threading.enumerate()]
+    assert names.count("vyre-cupy-completion") == 1
+    for k, pending in enumerate(pendings):
+        assert np.array_equal(pending.result()[0], a ^ k)
+    timing = pendings[-1].timing
+    assert timing is not None and timing.device_s is not None and timing.device_s > 0
+    phases = [name for name, _, _ in pendings[-1].context["phases"]]
+    assert phases[-3:] == ["vyre.upload", "vyre.launch", "vyre.readback"]
+
+
+def test_resident_buffers(gpu: CupyBackend) -> None:
+    from tests.cupy.device_programs import accumulate
+
+    x = gpu.upload(np.arange(1 << 16, dtype=np.uint32))
+    acc = gpu.alloc(DType.U32, 1 << 16)
+    pendings = [gpu.dispatch(accumulate(), [x, acc]) for _ in range(10)]
+    for pending in pendings:
+        pending.result()
+    assert gpu.download(acc).tolist() == [30 * i for i in range(1 << 16)]
+    both = gpu.upload(np.arange(256, dtype=np.uint32))
+    assert gpu.dispatch_sync(accumulate(), [both, both])[0].tolist() == [4 * i for i in range(256)]
+    for buffer in (x, acc, both):
+        gpu.free(buffer)
+    with pytest.raises(InvalidProgram):
+        gpu.download(acc)
+
+
+def test_limits_are_checked_before_launch(gpu: CupyBackend) -> None:
+    from vyre_async.programs import elementwise_xor
+
+    a = np.zeros(4, np.uint32)
+    with pytest.raises(UnsupportedFeature):
+        gpu.dispatch(elementwise_xor(4), [a, a], DispatchConfig(grid_override=(1, 1 << 17, 1)))
+
+
+def test_disk_cache_skips_nvrtc_in_a_fresh_process(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import json, sys, time
+        import numpy as np
+        from vyre_async import DiskPipelineCache, DispatchConfig
+        from vyre_async.programs import standard_workloads
+        from vyre_cupy import create_backend
+        backend = create_backend(disk_cache=DiskPipelineCache(sys.argv[1]))
+        w = next(w for w in standard_workloads() if w.name == "matmul")
+        start = time.perf_counter()
+        pipeline = backend.compile(w.program)
+        took = time.perf_counter() - start
+        inputs = w.inputs(1)
+        out = pipeline.dispatch(inputs, DispatchConfig(grid_override=w.grid)).result()
+        ok = all(a.tobytes() == b.tobytes() for a, b in zip(out, w.expected(inputs)))
+        print(json.dumps({"source": pipeline.source, "seconds": took, "ok": ok}))
+        """
+    )
+    env = dict(os.environ)
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        )
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert runs[0]["source"] == "compiled" and runs[1]["source"] == "disk"
+    assert runs[0]["ok"] and runs[1]["ok"]
