@@ -21,6 +21,7 @@ from vyre_async import (
     DispatchTimeout,
     DType,
     InvalidProgram,
+    PendingDispatch,
     Program,
     ResultAlreadyTaken,
     UnsupportedFeature,
@@ -146,20 +147,22 @@ async def test_cancelling_waiters_leaves_everything_else_intact(backend: VyreBac
     await backend.flush()
     await anyio.to_thread.run_sync(gc.collect)  # anyio keeps one idle worker thread cached
     threads_before = threading.active_count()
-    cancelled = 0
+    cancelled: set[int] = set()
     survivors_ok = 0
     scopes: list[anyio.CancelScope] = []
+    victims: list[PendingDispatch] = []
     rng = np.random.default_rng(7)
 
     async def victim() -> None:
-        nonlocal cancelled
         with anyio.CancelScope() as scope:
             scopes.append(scope)
-            await backend.dispatch(
+            pending = backend.dispatch(
                 spin(), [np.array([200_000], np.uint32)], DispatchConfig(timeout=2.0)
             )
+            victims.append(pending)
+            await pending
         if scope.cancelled_caught:
-            cancelled += 1
+            cancelled.add(id(pending))
 
     async def survivor() -> None:
         nonlocal survivors_ok
@@ -173,10 +176,14 @@ async def test_cancelling_waiters_leaves_everything_else_intact(backend: VyreBac
             tg.start_soon(victim if i % 2 == 0 else survivor)
         for _ in range(3):
             await anyio.lowlevel.checkpoint()
+        in_flight = {id(p) for p in victims if not p.done()}
         for scope in scopes:
             scope.cancel()
     assert len(scopes) == 100
-    assert cancelled == 100
+    # Every victim still running when its waiter was cancelled saw the cancellation
+    # (a fast device may finish some victims first; the reference backend finishes none).
+    assert len(in_flight) >= 10
+    assert in_flight <= cancelled
     assert survivors_ok == 100
     await backend.flush()
     gc.collect()
