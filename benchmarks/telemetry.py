@@ -37,7 +37,8 @@ if mode in ("sdk_noop", "sdk_batch"):
             return SpanExportResult.SUCCESS
 
     provider = TracerProvider()
-    provider.add_span_processor(SpanProcessor() if mode == "sdk_noop" else BatchSpanProcessor(Drop()))
+    processor = SpanProcessor() if mode == "sdk_noop" else BatchSpanProcessor(Drop())
+    provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
     metrics.set_meter_provider(MeterProvider())
 from vyre_async import acquire_backend
@@ -95,7 +96,10 @@ def main() -> None:
         "repeats_per_round": args.repeats,
         "target_pct": {"no_sdk": 10, "sdk_noop": 10},
         "python": platform.python_version(),
-        "machine": f"{platform.machine()}, {platform.system()} {platform.release()}, {os.cpu_count()} CPUs",
+        "machine": (
+            f"{platform.machine()}, {platform.system()} {platform.release()}, "
+            f"{os.cpu_count()} CPUs"
+        ),
     }
     print(json.dumps(report))
 
