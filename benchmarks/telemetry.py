@@ -83,6 +83,8 @@ def main() -> None:
         for mode in MODES:
             results[mode].append(measure(mode, args.repeats))
     base = statistics.median(results["disabled"])
+    system = f"{platform.system()} {platform.release()}"
+    machine = f"{platform.machine()}, {system}, {os.cpu_count()} CPUs"
     report = {
         "benchmark": "telemetry_overhead",
         "program": "xor, 64 lanes, reference backend, dispatch().result()",
@@ -96,10 +98,7 @@ def main() -> None:
         "repeats_per_round": args.repeats,
         "target_pct": {"no_sdk": 10, "sdk_noop": 10},
         "python": platform.python_version(),
-        "machine": (
-            f"{platform.machine()}, {platform.system()} {platform.release()}, "
-            f"{os.cpu_count()} CPUs"
-        ),
+        "machine": machine,
     }
     print(json.dumps(report))
 
