@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-PACKAGES = ["vyre_async", "vyre_async.ir", "vyre_reference"]
+PACKAGES = ["vyre_async", "vyre_async.ir", "vyre_async.policies", "vyre_reference", "vyre_cupy"]
 
 
 def _submodules(module: types.ModuleType) -> set[str]:

@@ -14,14 +14,16 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import anyio
 import numpy as np
 from opentelemetry.trace import Span
 
 from vyre_async import telemetry
+from vyre_async.annotations import current_dispatch_attributes
 from vyre_async.cache.disk import DiskPipelineCache
 from vyre_async.cache.identity import PipelineIdentity, pipeline_identity, policy_digest
 from vyre_async.cache.memory import CacheStats, MemoryPipelineCache
@@ -37,7 +39,11 @@ from vyre_async.ir.walk import iter_exprs
 from vyre_async.pending import PendingDispatch
 from vyre_async.pipeline import CompiledPipeline, InputLike, Launch
 from vyre_async.plan import check_input_count, normalize_input, plan_dispatch
+from vyre_async.prefetch import Prefetcher
 from vyre_async.resident import ResidentBuffer
+
+if TYPE_CHECKING:
+    from vyre_async.calibration import Calibration
 
 __all__ = ["CORE_OPS", "VyreBackend", "ops_used"]
 
@@ -80,6 +86,9 @@ class VyreBackend(abc.ABC):
         pipeline_cache_capacity: Entries of the in-memory pipeline LRU.
         disk_cache: Where compiled pipeline bytes persist across processes; only
             used by backends whose `serialize_pipeline` returns bytes.
+        prefetch: Record every dispatch's shape and compile the predicted next
+            pipeline in the background (`vyre_async.prefetch`); ``backend.prefetcher``
+            is None when False.
     """
 
     id: ClassVar[str]
@@ -90,6 +99,7 @@ class VyreBackend(abc.ABC):
         *,
         pipeline_cache_capacity: int = 256,
         disk_cache: DiskPipelineCache | None = None,
+        prefetch: bool = True,
     ) -> None:
         backend_id = getattr(type(self), "id", None)
         if not isinstance(backend_id, str) or not backend_id:
@@ -101,6 +111,12 @@ class VyreBackend(abc.ABC):
         self._identities: OrderedDict[tuple[Program, bytes], PipelineIdentity] = OrderedDict()
         self._identity_lock = threading.Lock()
         self._device_key: str | None = None
+        # Compiles in progress by identity digest: a second caller (a dispatch racing
+        # the prefetcher, or two tasks) waits for the first instead of compiling again.
+        self._compiling: dict[bytes, Future[CompiledPipeline]] = {}
+        self._compiling_lock = threading.Lock()
+        #: Shape-prediction prefetcher (None when built with ``prefetch=False``).
+        self.prefetcher: Prefetcher | None = Prefetcher(self) if prefetch else None
 
     # Description ----------------------------------------------------------------
     def supported_ops(self) -> frozenset[str]:
@@ -126,6 +142,18 @@ class VyreBackend(abc.ABC):
     def compile_options(self, config: DispatchConfig) -> Mapping[str, object]:
         """Return options that change generated code for ``config``. Default: none."""
         return {}
+
+    def calibrate(self) -> Calibration | None:
+        """Measure the costs the launch policies need on this device, now.
+
+        A backend returns a `vyre_async.calibration.Calibration` (per-launch
+        overhead, record/replay and persistent setup costs where it has those
+        paths, transfer bandwidth, compile cost). Callers use
+        `vyre_async.calibration.calibration_for`, which measures once per device
+        and caches the result on disk by device fingerprint. Default: None
+        (nothing measured; policies that need costs choose plain launches).
+        """
+        return None
 
     # Lifecycle ------------------------------------------------------------------
     async def prepare(self) -> None:
@@ -306,9 +334,35 @@ class VyreBackend(abc.ABC):
         cached = self.pipelines.get(identity)
         if cached is not None:
             return cached, True
-        pipeline = self._load_or_build(program, config, identity)
-        self.pipelines.put(identity, pipeline)
-        return pipeline, False
+        return self._compile_once(program, config, identity), False
+
+    def _compile_once(
+        self, program: Program, config: DispatchConfig, identity: PipelineIdentity
+    ) -> CompiledPipeline:
+        """Load or build ``identity`` and cache it; concurrent callers share one compile."""
+        digest = identity.digest
+        with self._compiling_lock:
+            ready = self.pipelines.peek(identity)
+            if ready is not None:  # finished while this caller was looking
+                return ready
+            running = self._compiling.get(digest)
+            if running is None:
+                mine: Future[CompiledPipeline] = Future()
+                self._compiling[digest] = mine
+        if running is not None:
+            return running.result()  # the first caller's pipeline, or its error
+        try:
+            pipeline = self._load_or_build(program, config, identity)
+            self.pipelines.put(identity, pipeline)
+        except BaseException as exc:
+            mine.set_exception(exc)
+            raise
+        else:
+            mine.set_result(pipeline)
+            return pipeline
+        finally:
+            with self._compiling_lock:
+                del self._compiling[digest]
 
     def _load_or_build(
         self, program: Program, config: DispatchConfig, identity: PipelineIdentity
@@ -457,6 +511,9 @@ class VyreBackend(abc.ABC):
             )
         pending, completer = PendingDispatch.create(timeout=cfg.timeout, label=cfg.label)
         pending.context["cache_hit"] = cache_hit
+        extra = current_dispatch_attributes()  # arm scheduler / batch verdicts
+        if extra is not None:
+            pending.context["attributes"] = dict(extra)
         if compile_phase is not None:
             completer.record_phase("vyre.compile", *compile_phase)
         launch = Launch(
@@ -469,7 +526,16 @@ class VyreBackend(abc.ABC):
             compile_s=compile_s,
         )
         telemetry.attach(span, launch, cache_hit=cache_hit)
-        return self.enqueue(launch)
+        prefetcher = self.prefetcher
+        if prefetcher is None:
+            return self.enqueue(launch)
+        # Shape prediction: score and record before the enqueue (the span may end
+        # inside it), start a predicted compile after it (while the device runs).
+        job = prefetcher.observe(pipeline, plan.geometry, cache_hit, pending)
+        result = self.enqueue(launch)
+        if job is not None:
+            prefetcher.schedule(job)
+        return result
 
     def _prepare_input(self, decl: Any, value: object) -> np.ndarray | ResidentBuffer:
         if isinstance(value, ResidentBuffer):

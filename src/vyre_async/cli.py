@@ -14,6 +14,7 @@ import numpy as np
 
 from vyre_async._version import __version__
 from vyre_async.cache.disk import DiskPipelineCache
+from vyre_async.calibration import CalibrationStore, calibration_for, format_calibration
 from vyre_async.errors import BackendError
 from vyre_async.registry import registered_backends
 
@@ -21,6 +22,11 @@ __all__ = ["main"]
 
 
 def _info(args: argparse.Namespace) -> int:
+    if args.calibrate:
+        from vyre_async.registry import acquire_backend
+
+        calibration_for(acquire_backend(args.calibrate), measure=True, refresh=True)
+    calibrations = CalibrationStore().entries()
     backends = [
         {
             "id": r.id,
@@ -35,6 +41,7 @@ def _info(args: argparse.Namespace) -> int:
         "python": platform.python_version(),
         "numpy": np.__version__,
         "backends": backends,
+        "calibrations": [record.to_json() for record in calibrations],
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -47,6 +54,10 @@ def _info(args: argparse.Namespace) -> int:
         for b in backends:
             flags = [name for name in ("dispatches", "is_reference") if b[name]]
             print(f"  {b['id']:<12} precedence={b['precedence']:<4} {' '.join(flags)}")
+    if not calibrations:
+        print("calibration: none cached (vyre-async info --calibrate <backend> measures one)")
+    for record in calibrations:
+        print(format_calibration(record))
     return 0
 
 
@@ -114,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     info = commands.add_parser("info", help="show the version and the registered backends")
     info.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    info.add_argument(
+        "--calibrate",
+        metavar="BACKEND",
+        default=None,
+        help="measure BACKEND's launch/transfer/compile costs now and cache them",
+    )
     info.set_defaults(run=_info)
     cache = commands.add_parser("cache", help="inspect or clear the on-disk pipeline cache")
     cache.add_argument("action", choices=("info", "clear"))

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from vyre_async.annotations import dispatch_attributes
 from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.config import DispatchConfig
+from vyre_async.execution import choose_execution_mode
 from vyre_async.ir.program import Program
 from vyre_async.pending import DispatchCompleter, PendingDispatch
 from vyre_async.plan import BindingPlan
@@ -79,8 +81,23 @@ class CompiledPipeline:
     def dispatch_batch(
         self, batch: Sequence[Sequence[InputLike]], config: DispatchConfig | None = None
     ) -> list[PendingDispatch]:
-        """Launch the pipeline once per input set; return the pending results in order."""
-        return [self.dispatch(inputs, config) for inputs in batch]
+        """Launch the pipeline once per input set; return the pending results in order.
+
+        The primary execution mode for the batch (plain launches, graph replay or
+        a persistent kernel) is chosen by `vyre_async.execution.choose_execution_mode`
+        from the backend's capabilities and cached calibration, with
+        ``B = R = len(batch)``; the verdict and its reason are recorded on every
+        dispatch span (``vyre.policy.execution_mode``, ``...reason``).
+        """
+        items = list(batch)
+        decision = choose_execution_mode(
+            self.backend,
+            batch_size=len(items),
+            repeats=len(items),
+            config=config or self.config,
+        )
+        with dispatch_attributes(decision.span_attributes()):
+            return [self.dispatch(inputs, config) for inputs in items]
 
     def __repr__(self) -> str:
         return (

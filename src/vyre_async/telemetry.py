@@ -56,8 +56,8 @@ _COUNTERS = {
     "vyre.dispatch.count": ("{dispatch}", "Dispatches by outcome (vyre.status)"),
     "vyre.pipeline.cache.hits": ("{lookup}", "Pipeline cache hits"),
     "vyre.pipeline.cache.misses": ("{lookup}", "Pipeline cache misses"),
-    "vyre.prefetch.hits": ("{prediction}", "Dispatches whose pipeline a prediction compiled"),
-    "vyre.prefetch.misses": ("{prediction}", "Dispatches no prediction prepared"),
+    "vyre.prefetch.hits": ("{prediction}", "Predicted dispatches whose pipeline was ready"),
+    "vyre.prefetch.misses": ("{prediction}", "Predictions that missed or were not ready"),
     "vyre.bytes.in": ("By", "Input bytes of successful dispatches"),
     "vyre.bytes.out": ("By", "Output bytes of successful dispatches"),
 }

@@ -9,6 +9,7 @@ responsive). Resident buffers are host arrays owned by the backend.
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,13 +20,14 @@ import numpy as np
 
 from vyre_async import __version__
 from vyre_async.backend import VyreBackend
+from vyre_async.calibration import Calibration
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import BackendError, DispatchFailed, DispatchTimeout, InvalidProgram
-from vyre_async.ir.expr import Const
+from vyre_async.ir.expr import Const, u32
 from vyre_async.ir.limits import MAX_WORKGROUP_BYTES, MAX_WORKGROUP_LANES
 from vyre_async.ir.program import Program
-from vyre_async.ir.stmt import Block, If, Loop, Stmt
+from vyre_async.ir.stmt import Block, If, Loop, Stmt, Store
 from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.pending import PendingDispatch
 from vyre_async.pipeline import Launch
@@ -83,6 +85,59 @@ class ReferenceBackend(VyreBackend):
     def device_fingerprint(self) -> str:
         """The numpy version: it decides the exact results of transcendental ops."""
         return f"numpy-{np.__version__}"
+
+    def calibrate(self) -> Calibration:
+        """Measure the engine's per-dispatch overhead, compile cost and host copy bandwidth.
+
+        Takes well under a second. The engine has no graph replay and no
+        persistent kernels, so those costs are not measured (None). Use
+        `vyre_async.calibration.calibration_for(backend, measure=True)` to
+        measure once and cache the record on disk.
+        """
+        from vyre_async.programs import elementwise_xor
+
+        probe = ReferenceBackend(max_workers=1, inline_ns=HANDOFF_NS, prefetch=False)
+        trivial = Program(
+            [BufferDecl("out", 0, Access.WRITE, DType.U32, 1)],
+            1,
+            [Store("out", 0, u32(0))],
+            op_id="calibrate.launch",
+        )
+        probe.dispatch(trivial, []).result()  # compile once; every later run is inline
+        launches = []
+        for _ in range(64):
+            start = time.perf_counter_ns()
+            probe.dispatch(trivial, []).result()
+            launches.append(time.perf_counter_ns() - start)
+        xor = elementwise_xor(1024)
+        compiles = []
+        for i in range(3):
+            fresh = Program(xor.buffers, xor.workgroup_size, xor.body, op_id=f"calibrate.{i}")
+            start = time.perf_counter_ns()
+            compile_program(fresh)
+            compiles.append(time.perf_counter_ns() - start)
+        data = np.arange(1 << 20, dtype=np.uint32)  # 4 MiB
+        ups: list[float] = []
+        downs: list[float] = []
+        for _ in range(3):
+            began = time.perf_counter()
+            handle = probe.upload(data)
+            ups.append(time.perf_counter() - began)
+            began = time.perf_counter()
+            probe.download(handle)
+            downs.append(time.perf_counter() - began)
+            probe.free(handle)
+        return Calibration(
+            backend_id=self.id,
+            backend_version=self.version,
+            device_fingerprint=self.device_fingerprint(),
+            launch_ns=int(statistics.median(launches)),
+            compile_ns=int(statistics.median(compiles)),
+            h2d_bytes_per_s=data.nbytes / max(min(ups), 1e-9),
+            d2h_bytes_per_s=data.nbytes / max(min(downs), 1e-9),
+            timing="host",
+            measured_at=time.time(),
+        )
 
     # Pipelines --------------------------------------------------------------------
     def build_pipeline(self, program: Program, config: DispatchConfig) -> Any:

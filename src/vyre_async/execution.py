@@ -1,0 +1,145 @@
+"""The primary execution mode of repeated work, from capabilities, config and calibration.
+
+`choose_execution_mode` applies the pure launch policies
+(`vyre_async.policies.launch`) to one backend: a path the backend does not
+have natively (capability False), a config that disables it, or a missing
+calibration keeps it off, with a reason; otherwise the calibrated costs
+decide. The decision's `span_attributes` are recorded on every dispatch of the
+batch or graph submission it governs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from vyre_async.calibration import Calibration, calibration_for
+from vyre_async.config import DispatchConfig
+from vyre_async.policies._checks import non_negative_int
+from vyre_async.policies.launch import (
+    CommandReuseVerdict,
+    ExecutionModeVerdict,
+    PersistentVerdict,
+    decide_command_reuse,
+    decide_persistent_kernel,
+    select_primary_execution_mode,
+)
+
+if TYPE_CHECKING:
+    from vyre_async.backend import VyreBackend
+
+__all__ = ["UNSUPPORTED", "ExecutionDecision", "choose_execution_mode"]
+
+#: Reason used when the backend has no native path for a mode.
+UNSUPPORTED = "unsupported_by_backend"
+_DEFAULT = DispatchConfig()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutionDecision:
+    """The execution mode chosen for repeated work, with both underlying verdicts.
+
+    Attributes:
+        mode: The primary mode (``plain``, ``persistent`` or ``command_reuse``).
+        persistent: The persistent-kernel verdict.
+        reuse: The command-reuse (graph replay) verdict.
+        batch_size: Launches in the batch (B).
+        repeats: Times the same shape repeats (R).
+        calibrated: Whether calibrated costs were available.
+    """
+
+    mode: ExecutionModeVerdict
+    persistent: PersistentVerdict
+    reuse: CommandReuseVerdict
+    batch_size: int
+    repeats: int
+    calibrated: bool
+
+    def span_attributes(self) -> dict[str, str | int | bool]:
+        """Return the ``vyre.policy.*`` attributes recorded on every governed dispatch."""
+        attributes: dict[str, str | int | bool] = {
+            "vyre.policy.execution_mode": self.mode.kind,
+            "vyre.policy.execution_mode.savings_ns": self.mode.savings_ns,
+            "vyre.policy.persistent": self.persistent.kind,
+            "vyre.policy.command_reuse": self.reuse.kind,
+        }
+        for key, reason in (
+            ("vyre.policy.execution_mode.reason", self.mode.reason),
+            ("vyre.policy.persistent.reason", self.persistent.reason),
+            ("vyre.policy.command_reuse.reason", self.reuse.reason),
+        ):
+            if reason is not None:
+                attributes[key] = reason
+        return attributes
+
+
+def choose_execution_mode(
+    backend: VyreBackend,
+    *,
+    batch_size: int,
+    repeats: int,
+    config: DispatchConfig | None = None,
+    calibration: Calibration | None = None,
+) -> ExecutionDecision:
+    """Decide how ``backend`` should run repeated work: plain, persistent or replayed.
+
+    Persistent kernels need ``capabilities().persistent_threads`` and
+    ``config.persistent_thread != "disable"`` (``"force"`` chooses them whatever
+    the costs); command reuse needs ``capabilities().graph_replay``. Either also
+    needs the calibrated costs (``launch_ns`` plus ``persistent_setup_ns`` or
+    ``record_ns``/``replay_ns``). Without a path the verdict is plain with reason
+    ``"unsupported_by_backend"`` (or ``"disabled"`` / ``"uncalibrated"``).
+
+    Args:
+        backend: The backend that runs the work.
+        batch_size: Launches in the batch (B).
+        repeats: Times the same shape repeats (R).
+        config: The dispatch config (``persistent_thread`` is honoured).
+        calibration: Costs to use; by default the backend's cached calibration
+            (`calibration_for`, never measured here).
+
+    Returns:
+        The decision.
+
+    Raises:
+        TypeError: ``batch_size`` or ``repeats`` is not an integer.
+        ValueError: ``batch_size`` or ``repeats`` is negative.
+    """
+    b = non_negative_int("batch_size", batch_size)
+    r = non_negative_int("repeats", repeats)
+    cfg = config or _DEFAULT
+    caps = backend.capabilities()
+    can_persist = caps.persistent_threads and cfg.persistent_thread != "disable"
+    cal = calibration
+    if cal is None and (can_persist or caps.graph_replay):
+        cal = calibration_for(backend)
+    if not can_persist:
+        reason = "disabled" if caps.persistent_threads else UNSUPPORTED
+        persistent = PersistentVerdict(kind="standard", reason=reason)
+    elif cal is None or cal.persistent_setup_ns is None:
+        persistent = PersistentVerdict(kind="standard", reason="uncalibrated")
+    else:
+        persistent = decide_persistent_kernel(b, cal.launch_ns, cal.persistent_setup_ns)
+    if not caps.graph_replay:
+        reuse = CommandReuseVerdict(kind="plain", reason=UNSUPPORTED)
+    elif cal is None or cal.record_ns is None or cal.replay_ns is None:
+        reuse = CommandReuseVerdict(kind="plain", reason="uncalibrated")
+    else:
+        reuse = decide_command_reuse(r, cal.launch_ns, cal.record_ns, cal.replay_ns)
+    if can_persist and cfg.persistent_thread == "force":
+        mode = ExecutionModeVerdict(
+            kind="persistent", reason="forced", savings_ns=persistent.savings_ns
+        )
+    else:
+        mode = select_primary_execution_mode(persistent, reuse)
+        if mode.kind == "plain" and persistent.reason == reuse.reason:
+            # Both off for the same cause (typically: the backend has neither path).
+            mode = ExecutionModeVerdict(kind="plain", reason=persistent.reason)
+    return ExecutionDecision(
+        mode=mode,
+        persistent=persistent,
+        reuse=reuse,
+        batch_size=b,
+        repeats=r,
+        calibrated=cal is not None,
+    )

@@ -1,0 +1,359 @@
+"""Shape-prediction prefetch on the reference backend, with a slow compiler injected."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.policies.kernels import binop
+from vyre_async import DispatchConfig, KernelCompileFailed
+from vyre_async.ir import Program
+from vyre_async.pending import PendingDispatch
+from vyre_async.pipeline import Launch
+from vyre_async.prefetch import PrefetchJob
+from vyre_reference import ReferenceBackend
+
+N = 64
+A, B, C, D = (binop(name, N) for name in ("xor", "or", "and", "add"))
+INPUTS = [np.arange(N, dtype=np.uint32), np.full(N, 5, np.uint32)]
+
+
+class SlowBackend(ReferenceBackend):
+    """The reference backend with a slow compiler and a device that takes ``device_s``.
+
+    Every dispatch runs on the worker pool (no inline runs) after sleeping
+    ``device_s`` on the worker, like a GPU busy with the kernel; every compile
+    sleeps ``compile_s`` first and records the thread it ran on.
+    """
+
+    def __init__(self, *, compile_s: float = 0.05, device_s: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(inline_ns=0, **kwargs)
+        self.compile_s = compile_s
+        self.device_s = device_s
+        self.builds: list[tuple[str, str]] = []
+        self.fail_on: set[str] = set()
+
+    def build_pipeline(self, program: Program, config: DispatchConfig) -> Any:
+        self.builds.append((program.op_id, threading.current_thread().name))
+        time.sleep(self.compile_s)
+        if program.op_id in self.fail_on:
+            raise KernelCompileFailed(f"{program.op_id} rejected", fix="test double")
+        return super().build_pipeline(program, config)
+
+    def enqueue(self, launch: Launch) -> PendingDispatch:
+        if not self.device_s:
+            return super().enqueue(launch)
+        # The "device" is busy for device_s before the engine runs the launch.
+        threading.Timer(self.device_s, super().enqueue, (launch,)).start()
+        return launch.pending
+
+
+def _attrs(pending: PendingDispatch) -> dict[str, Any]:
+    return dict(pending.context.get("attributes", {}))
+
+
+@pytest.mark.anyio
+async def test_cyclic_workload_prefetches_every_pipeline_after_warm_up() -> None:
+    """Acceptance: cycle A,B,C; hit rate >= 90 % after warm-up, no post-warm-up compile wait.
+
+    Timing logic. The memory cache holds 2 pipelines, so in a cycle of 3 every
+    pipeline has been evicted by the time it comes round again: without
+    prefetching, *every* dispatch would wait for a 50 ms compile. Warm-up is the
+    first 4 dispatches (A, B, C compile cold; then A again compiles because it
+    was evicted, and only then does the history A,B,C,A show the cycle). From
+    then on, right after each dispatch is enqueued the prefetcher predicts the
+    next program (B after A,B,C,A; C after ...,A,B; ...), sees it is not cached
+    and compiles it on its worker thread. The simulated device takes 150 ms per
+    dispatch and the test awaits each result before dispatching the next, so the
+    50 ms background compile has finished (100 ms of slack) when the next
+    dispatch looks its pipeline up: a cache hit, ``compile_s == 0``.
+    """
+    backend = SlowBackend(compile_s=0.05, device_s=0.15, pipeline_cache_capacity=2)
+    prefetcher = backend.prefetcher
+    assert prefetcher is not None
+    loop_thread = threading.current_thread().name
+    cycle = [A, B, C]
+    warm_up, measured = 4, 12
+    pendings: list[PendingDispatch] = []
+    for k in range(warm_up + measured):
+        pending = backend.dispatch(cycle[k % 3], INPUTS)
+        outputs = await pending
+        assert outputs[0].shape == (N,)
+        pendings.append(pending)
+    after = pendings[warm_up:]
+    for pending in after:
+        assert pending.context["cache_hit"] is True
+        assert pending.timing is not None and pending.timing.compile_s == 0.0
+        assert _attrs(pending)["vyre.prefetch.hit"] is True
+    stats = prefetcher.stats()
+    assert stats.hit_rate is not None and stats.hit_rate >= 0.9
+    assert stats.hits == stats.predictions == measured
+    # The pipelines were ready *because of* the predictions: the prefetcher built them.
+    assert stats.prefetched_used == measured
+    # One background build per measured dispatch (plus, maybe, the one predicted
+    # after the last dispatch, still running).
+    background = [thread for _, thread in backend.builds[warm_up:]]
+    assert len(background) in (measured, measured + 1)
+    assert all(t.startswith("vyre-prefetch") and t != loop_thread for t in background)
+    assert _attrs(after[-1])["vyre.prefetch.hit_rate"] == pytest.approx(stats.hit_rate)
+    await backend.shutdown()
+
+
+@pytest.mark.anyio
+async def test_without_prefetch_every_cycled_dispatch_waits_for_a_compile() -> None:
+    """The control experiment: same cycle and cache, ``prefetch=False``."""
+    backend = SlowBackend(compile_s=0.01, pipeline_cache_capacity=2, prefetch=False)
+    assert backend.prefetcher is None
+    pendings = []
+    for k in range(9):
+        pending = backend.dispatch([A, B, C][k % 3], INPUTS)
+        await pending
+        pendings.append(pending)
+    assert all(p.context["cache_hit"] is False for p in pendings)
+    assert len(backend.builds) == 9
+    await backend.shutdown()
+
+
+# Histories: repeat, cycle, partial cycle, no pattern -------------------------------------
+
+
+def _fp_program(backend: ReferenceBackend, program: Program) -> bytes:
+    return backend.pipeline_identity(program).digest
+
+
+def test_repeat_history_hits_without_compiling() -> None:
+    backend = ReferenceBackend()
+    pendings = [backend.dispatch(A, INPUTS) for _ in range(10)]
+    for p in pendings:
+        p.result()
+    # Nothing is predicted from fewer than two entries: the first two are not scored.
+    assert all("vyre.prefetch.hit" not in _attrs(p) for p in pendings[:2])
+    assert all(_attrs(p)["vyre.prefetch.hit"] is True for p in pendings[2:])
+    prefetcher = backend.prefetcher
+    assert prefetcher is not None
+    stats = prefetcher.stats()
+    assert (stats.dispatches, stats.predictions, stats.hits, stats.compiles) == (10, 8, 8, 0)
+    assert stats.hit_rate == 1.0
+    predicted = prefetcher.predicted
+    assert predicted is not None and predicted[0] == _fp_program(backend, A)
+
+
+def test_cycle_history_predicts_the_next_program() -> None:
+    backend = ReferenceBackend()
+    prefetcher = backend.prefetcher
+    assert prefetcher is not None
+    for program in (A, B, C, A, B, C, A):
+        backend.dispatch_sync(program, INPUTS)
+    predicted = prefetcher.predicted
+    assert predicted is not None and predicted[0] == _fp_program(backend, B)
+    stats = prefetcher.stats()
+    # A,B,C,A predicts B, and every prediction from there on is right.
+    assert (stats.predictions, stats.hits) == (3, 3)
+    assert stats.compiles == 0  # everything was still cached
+
+
+def test_partial_cycle_history_predicts_the_missing_program() -> None:
+    backend = ReferenceBackend()
+    for program in (A, B, C, A, B):
+        backend.dispatch_sync(program, INPUTS)
+    assert backend.prefetcher is not None
+    predicted = backend.prefetcher.predicted
+    assert predicted is not None and predicted[0] == _fp_program(backend, C)
+
+
+def test_no_pattern_history_predicts_nothing_and_scores_nothing() -> None:
+    backend = ReferenceBackend()
+    pendings = [backend.dispatch(p, INPUTS) for p in (A, B, C, D)]
+    for p in pendings:
+        p.result()
+    assert backend.prefetcher is not None
+    assert backend.prefetcher.predicted is None
+    stats = backend.prefetcher.stats()
+    assert (stats.predictions, stats.hit_rate) == (0, None)
+    assert all("vyre.prefetch.hit" not in _attrs(p) for p in pendings)
+
+
+def test_a_wrong_prediction_is_a_miss() -> None:
+    backend = ReferenceBackend()
+    for program in (A, B, A, B):
+        backend.dispatch_sync(program, INPUTS)
+    pending = backend.dispatch(C, INPUTS)  # A was predicted
+    pending.result()
+    assert _attrs(pending)["vyre.prefetch.hit"] is False
+    assert backend.prefetcher is not None
+    stats = backend.prefetcher.stats()
+    assert (stats.predictions, stats.hits) == (2, 1)  # B after A,B,A was right
+
+
+def test_launch_geometry_is_part_of_the_shape() -> None:
+    backend = ReferenceBackend()
+    wide = DispatchConfig(grid_override=(2, 1, 1))
+    pendings = [
+        backend.dispatch(A, INPUTS),
+        backend.dispatch(A, INPUTS, wide),
+        backend.dispatch(A, INPUTS),
+        backend.dispatch(A, INPUTS, wide),
+    ]
+    for p in pendings:
+        p.result()
+    assert backend.prefetcher is not None
+    predicted = backend.prefetcher.predicted
+    assert predicted is not None and predicted[1] == (1, 1, 1)  # alternation: default grid next
+
+
+def test_metric_is_recorded_per_scored_prediction(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, str, bool]] = []
+    monkeypatch.setattr(
+        "vyre_async.telemetry.record_prefetch",
+        lambda backend_id, program, hit: calls.append((backend_id, program.op_id, hit)),
+    )
+    backend = ReferenceBackend()
+    for program in (A, A, A, B):
+        backend.dispatch_sync(program, INPUTS)
+    assert calls == [("reference", "test.xor", True), ("reference", "test.or", False)]
+
+
+def test_prefetch_can_be_turned_off() -> None:
+    backend = ReferenceBackend(prefetch=False)
+    pending = backend.dispatch(A, INPUTS)
+    pending.result()
+    assert backend.prefetcher is None
+    assert "vyre.prefetch.hit" not in _attrs(pending)
+
+
+def test_pipeline_dispatch_is_recorded_too() -> None:
+    backend = ReferenceBackend()
+    pipeline = backend.compile(A)
+    for _ in range(4):
+        pipeline.dispatch(INPUTS).result()
+    assert backend.prefetcher is not None
+    assert backend.prefetcher.stats().hits == 2
+
+
+# One compile per identity ----------------------------------------------------------------
+
+
+def test_concurrent_compiles_of_one_identity_share_one_build() -> None:
+    backend = SlowBackend(compile_s=0.1)
+    results: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(backend.compile(A))) for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(backend.builds) == 1
+    assert len({id(r) for r in results}) == 1
+
+
+def test_concurrent_compile_errors_reach_every_waiter() -> None:
+    backend = SlowBackend(compile_s=0.05)
+    backend.fail_on.add(A.op_id)
+    errors: list[BaseException] = []
+
+    def compile_a() -> None:
+        try:
+            backend.compile(A)
+        except KernelCompileFailed as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=compile_a) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 3
+    assert len(backend.builds) == 1
+    backend.fail_on.clear()
+    assert backend.compile(A).program == A  # not cached as failed: a later compile retries
+
+
+@pytest.mark.anyio
+async def test_a_dispatch_racing_the_prefetcher_waits_for_its_compile() -> None:
+    """The prefetcher is compiling B when B is dispatched: B is built once."""
+    backend = SlowBackend(compile_s=0.2, pipeline_cache_capacity=2)
+    for program in (A, B, C):
+        await backend.dispatch(program, INPUTS)
+    await backend.dispatch(A, INPUTS)  # compiles A; predicts B (evicted) -> background compile
+    assert backend.prefetcher is not None
+    started = time.perf_counter()
+    pending = backend.dispatch(B, INPUTS)  # arrives while the 200 ms background build runs
+    waited = time.perf_counter() - started
+    await pending
+    assert [op for op, _ in backend.builds].count(B.op_id) == 2  # cold + one prefetch, not 3
+    assert pending.context["cache_hit"] is False
+    assert waited < 0.2 + 0.15  # it waited for the running build, not for a new one
+    await backend.shutdown()
+
+
+# Background worker -------------------------------------------------------------------------
+
+
+def test_background_failures_are_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    backend = SlowBackend(compile_s=0.0, pipeline_cache_capacity=2)
+    for program in (A, B, C):
+        backend.dispatch_sync(program, INPUTS)
+    backend.fail_on.add(B.op_id)
+    with caplog.at_level(logging.WARNING, logger="vyre_async.prefetch"):
+        backend.dispatch_sync(A, INPUTS)  # predicts B; its background build fails
+        assert backend.prefetcher is not None
+        assert backend.prefetcher.drain(5)
+    assert backend.prefetcher.stats().failures == 1
+    assert any("background compile" in r.getMessage() for r in caplog.records)
+    backend.fail_on.clear()
+    assert backend.dispatch_sync(B, INPUTS)[0].shape == (N,)  # compiles it itself
+
+
+def test_queue_is_bounded_and_deduplicated() -> None:
+    backend = SlowBackend(compile_s=0.2)
+    prefetcher = backend.prefetcher
+    assert prefetcher is not None
+    prefetcher.max_queue = 2
+    jobs = [
+        PrefetchJob(program=p, config=DispatchConfig(), identity=backend.pipeline_identity(p))
+        for p in (A, B, C)
+    ]
+    prefetcher.schedule(jobs[0])
+    prefetcher.schedule(jobs[0])  # in flight already: ignored
+    prefetcher.schedule(jobs[1])
+    prefetcher.schedule(jobs[2])  # queue full: dropped
+    assert prefetcher.drain(5)
+    stats = prefetcher.stats()
+    assert (stats.compiles, stats.dropped) == (2, 1)
+    assert sorted(op for op, _ in backend.builds) == sorted([A.op_id, B.op_id])
+
+
+def test_worker_thread_exits_when_idle_and_on_close() -> None:
+    backend = SlowBackend(compile_s=0.0)
+    prefetcher = backend.prefetcher
+    assert prefetcher is not None
+    prefetcher.idle_s = 0.05
+    job = PrefetchJob(program=A, config=DispatchConfig(), identity=backend.pipeline_identity(A))
+    prefetcher.schedule(job)
+    assert prefetcher.drain(5)
+    deadline = time.monotonic() + 5
+    while prefetcher._worker is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert prefetcher._worker is None
+    prefetcher.close()
+    prefetcher.schedule(job)  # closed: nothing starts
+    assert prefetcher._worker is None
+    assert "hit rate" in repr(prefetcher)
+
+
+@pytest.mark.anyio
+async def test_hit_rate_is_a_span_attribute_on_every_scored_dispatch() -> None:
+    backend = ReferenceBackend()
+    pendings = []
+    for program in (A, B) * 3:
+        pending = backend.dispatch(program, INPUTS)
+        await pending
+        pendings.append(pending)
+    rates = [_attrs(p).get("vyre.prefetch.hit_rate") for p in pendings]
+    assert rates == [None, None, None, 1.0, 1.0, 1.0]  # A,B,A predicts B: the first score
