@@ -127,10 +127,16 @@ class LaneSet:
         key = ("range", kind, axis)
         hit = self._cache.get(key)
         if hit is None:
-            values = self.coord(kind, axis)
-            hit = (int(values.min()), int(values.max())) if values.size else (0, 0)
+            hit = self._slice_range(kind, axis)
+            if hit is None:
+                values = self.coord(kind, axis)
+                hit = (int(values.min()), int(values.max())) if values.size else (0, 0)
             self._cache[key] = hit
         return hit
+
+    def _slice_range(self, kind: str, axis: int) -> tuple[int, int] | None:
+        """Return a coordinate's range without materialising it, when the ids form a slice."""
+        return None
 
     # -- affine values --------------------------------------------------------------
     def bounds(self, value: Affine) -> tuple[int, int]:
@@ -241,6 +247,21 @@ class GridLanes(LaneSet):
         ng = grid[0] * grid[1] * grid[2]
         nl = workgroup[0] * workgroup[1] * workgroup[2]
         return GridLanes(grid, workgroup, slice(0, ng), slice(0, nl))
+
+    def _slice_range(self, kind: str, axis: int) -> tuple[int, int] | None:
+        selector = self.rows if kind == "w" else self.cols
+        ext = self.grid if kind == "w" else self.workgroup
+        if not isinstance(selector, slice) or selector.step not in (None, 1):
+            return None
+        start, stop = selector.start or 0, selector.stop
+        if stop is None or stop <= start:
+            return None
+        total = math.prod(ext)
+        if ext[axis] == total:  # the coordinate is the linear id itself
+            return (start, stop - 1)
+        if start == 0 and stop == total:  # every id: the full extent of the axis
+            return (0, ext[axis] - 1)
+        return None
 
     def wg_ids(self) -> IntArray:
         hit = self._cache.get("W")
