@@ -10,8 +10,10 @@ start the work and settle the `PendingDispatch` when it ends.
 from __future__ import annotations
 
 import abc
+import functools
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -24,12 +26,12 @@ from opentelemetry.trace import Span
 
 from vyre_async import telemetry
 from vyre_async.annotations import current_dispatch_attributes
-from vyre_async.cache.disk import DiskPipelineCache
+from vyre_async.cache.disk import DiskPipelineCache, PipelineCacheWarning
 from vyre_async.cache.identity import PipelineIdentity, pipeline_identity, policy_digest
 from vyre_async.cache.memory import CacheStats, MemoryPipelineCache
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
-from vyre_async.errors import InvalidProgram, UnsupportedFeature
+from vyre_async.errors import BackendError, InvalidProgram, KernelCompileFailed, UnsupportedFeature
 from vyre_async.ir.expr import Atomic, Bin, Un
 from vyre_async.ir.ops import AtomicOp, BinOp, UnOp
 from vyre_async.ir.program import Program
@@ -55,6 +57,16 @@ CORE_OPS: frozenset[str] = frozenset(
 )
 
 _DEFAULT_CONFIG = DispatchConfig()
+
+
+@functools.lru_cache(maxsize=64)
+def _policy_of(ulp_budget: int | None, workgroup: tuple[int, int, int] | None) -> bytes:
+    return policy_digest(DispatchConfig(ulp_budget=ulp_budget, workgroup_override=workgroup))
+
+
+def _policy(config: DispatchConfig) -> bytes:
+    """Return the config's policy digest (memoised: it is needed on every dispatch)."""
+    return _policy_of(config.ulp_budget, config.workgroup_override)
 
 
 def ops_used(program: Program) -> frozenset[str]:
@@ -169,7 +181,9 @@ class VyreBackend(abc.ABC):
         return None
 
     async def aclose(self) -> None:
-        """Shut the backend down (alias of `shutdown`)."""
+        """Shut the backend down: stop the prefetcher, then `shutdown`."""
+        if self.prefetcher is not None:
+            self.prefetcher.close()
         await self.shutdown()
 
     async def __aenter__(self) -> VyreBackend:
@@ -182,7 +196,7 @@ class VyreBackend(abc.ABC):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.shutdown()
+        await self.aclose()
 
     def device_lost(self) -> bool:
         """Return True once the device is unusable. Default: False."""
@@ -270,7 +284,7 @@ class VyreBackend(abc.ABC):
     ) -> PipelineIdentity:
         """Return the cache identity of ``program`` compiled under ``config`` on this backend."""
         cfg = config or _DEFAULT_CONFIG
-        memo_key = (program, policy_digest(cfg) if config is not None else b"")
+        memo_key = (program, _policy(cfg) if config is not None else b"")
         with self._identity_lock:
             identity = self._identities.get(memo_key)
             if identity is not None:
@@ -381,9 +395,26 @@ class VyreBackend(abc.ABC):
         if self.disk_cache is not None:
             payload = self.disk_cache.get(identity.hex)
             if payload is not None:
-                return make(self.load_pipeline(payload, program, config), 0.0, "disk")
+                try:
+                    return make(self.load_pipeline(payload, program, config), 0.0, "disk")
+                except Exception as exc:  # a bad entry is a miss, then overwritten
+                    warnings.warn(
+                        f"pipeline cache entry {identity.hex} could not be loaded by backend "
+                        f"{self.id!r} ({type(exc).__name__}: {exc}); recompiling",
+                        PipelineCacheWarning,
+                        stacklevel=2,
+                    )
         start = time.perf_counter()
-        native = self.build_pipeline(program, config)
+        try:
+            native = self.build_pipeline(program, config)
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise KernelCompileFailed(
+                f"backend {self.id!r} failed to compile {program.op_id or 'a program'}: "
+                f"{type(exc).__name__}: {exc}",
+                fix="report this with the program's wire bytes (program.to_wire())",
+            ) from exc
         compile_s = time.perf_counter() - start
         if self.disk_cache is not None:
             payload = self.serialize_pipeline(native)
@@ -429,6 +460,7 @@ class VyreBackend(abc.ABC):
                 backend lacks.
         """
         cfg = config or _DEFAULT_CONFIG
+        called = time.monotonic()  # the timeout counts from here, compilation included
         span = telemetry.start_dispatch(self.id, program)
         try:
             started, started_ns = time.perf_counter(), time.time_ns()
@@ -444,6 +476,7 @@ class VyreBackend(abc.ABC):
                 span=span,
                 compile_phase=compiled,
                 program=program,
+                called=called,
             )
         except BaseException as exc:
             telemetry.fail_before_launch(span, exc, self.id, program)
@@ -469,6 +502,7 @@ class VyreBackend(abc.ABC):
         span: Span | None = None,
         compile_phase: tuple[int, int] | None = None,
         program: Program | None = None,
+        called: float | None = None,
     ) -> PendingDispatch:
         """Plan and enqueue one dispatch of ``program`` on a compiled ``pipeline``.
 
@@ -476,16 +510,24 @@ class VyreBackend(abc.ABC):
         (they share a kernel digest); the launch is planned with ``program``.
         """
         if span is None:  # pipeline.dispatch(): the span starts here
-            span = telemetry.start_dispatch(self.id, pipeline.program)
+            span = telemetry.start_dispatch(self.id, program or pipeline.program)
             try:
                 return self._dispatch_pipeline(
-                    pipeline, inputs, config, cache_hit=cache_hit, compile_s=compile_s, span=span
+                    pipeline,
+                    inputs,
+                    config,
+                    cache_hit=cache_hit,
+                    compile_s=compile_s,
+                    span=span,
+                    compile_phase=compile_phase,
+                    program=program,
+                    called=called if called is not None else time.monotonic(),
                 )
             except BaseException as exc:
-                telemetry.fail_before_launch(span, exc, self.id, pipeline.program)
+                telemetry.fail_before_launch(span, exc, self.id, program or pipeline.program)
                 raise
         cfg = config or pipeline.config
-        if cfg is not pipeline.config and policy_digest(cfg) != policy_digest(pipeline.config):
+        if cfg is not pipeline.config and _policy(cfg) != _policy(pipeline.config):
             raise InvalidProgram(
                 "this pipeline was compiled for another ulp_budget/workgroup_override",
                 fix="compile a pipeline for this config: backend.compile(program, config)",
@@ -509,7 +551,9 @@ class VyreBackend(abc.ABC):
                 f"{cfg.max_output_bytes}",
                 fix="raise DispatchConfig.max_output_bytes or dispatch less data",
             )
-        pending, completer = PendingDispatch.create(timeout=cfg.timeout, label=cfg.label)
+        pending, completer = PendingDispatch.create(
+            timeout=cfg.timeout, label=cfg.label, created=called
+        )
         pending.context["cache_hit"] = cache_hit
         extra = current_dispatch_attributes()  # arm scheduler / batch verdicts
         if extra is not None:

@@ -97,13 +97,20 @@ class PendingDispatch:
         "context",
     )
 
-    def __init__(self, *, _token: object = None, timeout: float | None, label: str | None) -> None:
+    def __init__(
+        self,
+        *,
+        _token: object = None,
+        timeout: float | None,
+        label: str | None,
+        created: float | None = None,
+    ) -> None:
         if _token is not _CREATE:
             raise TypeError(
                 "PendingDispatch objects come from backend.dispatch(); "
                 "backends create them with PendingDispatch.create()"
             )
-        self._created = time.monotonic()
+        self._created = time.monotonic() if created is None else created
         self._timeout = timeout
         self._deadline = None if timeout is None else self._created + timeout
         self._label = label
@@ -123,15 +130,21 @@ class PendingDispatch:
 
     @classmethod
     def create(
-        cls, *, timeout: float | None = None, label: str | None = None
+        cls,
+        *,
+        timeout: float | None = None,
+        label: str | None = None,
+        created: float | None = None,
     ) -> tuple[PendingDispatch, DispatchCompleter]:
         """Return a new pending dispatch and the completer that settles it (for backends).
 
         Args:
-            timeout: Seconds from now after which the result is a `DispatchTimeout`.
+            timeout: Seconds after ``created`` after which the result is a `DispatchTimeout`.
             label: Shown in errors.
+            created: ``time.monotonic()`` when ``dispatch()`` was called (default: now),
+                so the timeout counts validation and compilation too.
         """
-        pending = cls(_token=_CREATE, timeout=timeout, label=label)
+        pending = cls(_token=_CREATE, timeout=timeout, label=label, created=created)
         return pending, DispatchCompleter(pending)
 
     # Caller side ----------------------------------------------------------------
@@ -211,7 +224,9 @@ class PendingDispatch:
                     with anyio.move_on_after(self._remaining()):
                         await event.wait()
                 except BaseException:
-                    if not self._settled.is_set():  # the awaiting task was cancelled
+                    with self._lock:
+                        still_running = self._state is _PENDING
+                    if still_running:  # the awaiting task was cancelled mid-flight
                         hook = self.context.get("await_cancelled")
                         if hook is not None:
                             hook(self)
@@ -320,7 +335,11 @@ class DispatchCompleter:
 
     @property
     def stop_requested(self) -> threading.Event:
-        """Set once the result is no longer wanted (its deadline passed); check at safe points."""
+        """True once the result is no longer wanted (its deadline passed).
+
+        Poll ``is_set()`` at safe points; the deadline does not wake a thread
+        blocked in ``wait()`` (an explicit stop does).
+        """
         return self.pending._stop
 
     def mark_started(self) -> None:
@@ -348,6 +367,9 @@ class DispatchCompleter:
     ) -> bool:
         """Settle with ``outputs``; return False if the dispatch had already settled (timed out)."""
         p = self.pending
+        if p._past_deadline():  # too late: the result is a DispatchTimeout, discard this
+            p._expire()
+            return False
         now = time.monotonic()
         queue = None if p._started is None else p._started - p._created
         timing = DispatchTiming(
@@ -360,6 +382,9 @@ class DispatchCompleter:
 
         Returns False if the dispatch had already settled.
         """
+        if self.pending._past_deadline():
+            self.pending._expire()
+            return False
         if not isinstance(error, BackendError):
             wrapped = DispatchFailed(
                 f"dispatch {self.pending._describe()} failed: {type(error).__name__}: {error}",

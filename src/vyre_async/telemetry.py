@@ -193,10 +193,9 @@ def attach(span: Span, launch: Launch, *, cache_hit: bool) -> None:
 
 
 def _await_cancelled(pending: PendingDispatch) -> None:
-    span: Span | None = pending.context.get("span")
-    if span is None or pending.context.get("span_ended"):
+    span: Span | None = pending.context.pop("span", None)  # atomic claim: end it once
+    if span is None:
         return
-    pending.context["span_ended"] = True
     if span.is_recording():
         span.set_attribute("vyre.await.cancelled", True)
         span.set_status(
@@ -217,10 +216,10 @@ def finish_dispatch(pending: PendingDispatch) -> None:
     )
     cache = "vyre.pipeline.cache.hits" if context["cache_hit"] else "vyre.pipeline.cache.misses"
     counts = [(cache, labels, 1)]
-    if not context.get("span_ended"):
-        context["span_ended"] = True
+    span: Span | None = context.pop("span", None)  # atomic claim: end it once
+    if span is not None:
         counts.append(("vyre.dispatch.count", (*labels, ("vyre.status", status)), 1))
-        _end_span(context["span"], pending, error)
+        _end_span(span, pending, error)
     if error is None:
         bytes_in, bytes_out = context["bytes"]
         counts += [("vyre.bytes.in", labels, bytes_in), ("vyre.bytes.out", labels, bytes_out)]

@@ -258,3 +258,48 @@ def test_config_validation() -> None:
     assert not cfg.same_launch_shape(dataclasses.replace(cfg, fixpoint_iterations=2))
     assert DispatchConfig().same_launch_shape(DispatchConfig(fixpoint_iterations=1))
     assert DispatchConfig(fixpoint_iterations=3).iterations == 3
+
+
+# Regressions found in review ------------------------------------------------------
+
+
+class _SlowCompile(BytesBackend):
+    def build_pipeline(self, program: Program, config: DispatchConfig) -> object:
+        import time
+
+        time.sleep(0.3)
+        return super().build_pipeline(program, config)
+
+
+def test_timeout_counts_compilation_from_dispatch() -> None:
+    from vyre_async import DispatchTimeout
+
+    backend = _SlowCompile(prefetch=False)
+    pending = backend.dispatch(elementwise_xor(4), _xor_inputs(4), DispatchConfig(timeout=0.1))
+    with pytest.raises(DispatchTimeout):
+        pending.result()
+
+
+def test_foreign_compile_errors_become_kernel_compile_failed() -> None:
+    from vyre_async import KernelCompileFailed
+
+    class Broken(BytesBackend):
+        def build_pipeline(self, program: Program, config: DispatchConfig) -> object:
+            raise OSError("compiler binary vanished")
+
+    with pytest.raises(KernelCompileFailed, match="compiler binary vanished") as info:
+        Broken(prefetch=False).dispatch(elementwise_xor(4), _xor_inputs(4))
+    assert isinstance(info.value.__cause__, OSError)
+
+
+def test_an_unloadable_disk_entry_is_a_miss_then_rebuilt(tmp_path: Path) -> None:
+    class Picky(BytesBackend):
+        def load_pipeline(self, payload: bytes, program: Program, config: DispatchConfig) -> object:
+            raise ValueError("entry from an incompatible toolkit")
+
+    disk = DiskPipelineCache(tmp_path)
+    BytesBackend(disk_cache=disk, prefetch=False).compile(histogram())
+    picky = Picky(disk_cache=disk, prefetch=False)
+    with pytest.warns(PipelineCacheWarning, match="incompatible toolkit"):
+        assert picky.compile(histogram()).source == "compiled"
+    assert picky.builds == 1

@@ -173,3 +173,18 @@ def test_a_failing_callback_does_not_break_the_dispatch(monkeypatch: pytest.Monk
 def test_users_cannot_construct_one() -> None:
     with pytest.raises(TypeError, match="backend"):
         PendingDispatch(timeout=None, label=None)
+
+
+def test_a_result_arriving_after_the_deadline_is_discarded() -> None:
+    pending, completer = PendingDispatch.create(timeout=0.02)
+    time.sleep(0.05)
+    assert not completer.resolve(OUT)  # nobody looked in time, still too late
+    with pytest.raises(DispatchTimeout):
+        pending.result()
+
+
+def test_the_deadline_can_start_before_creation() -> None:
+    pending, _ = PendingDispatch.create(timeout=0.05, created=time.monotonic() - 1.0)
+    assert pending.done()
+    with pytest.raises(DispatchTimeout):
+        pending.result()

@@ -163,7 +163,12 @@ class ReferenceBackend(VyreBackend):
         if launch.plan.geometry.lanes == 0 or self._estimate_ns(launch) < self.inline_ns:
             self._run(launch, None)
             return launch.pending
-        future = self._executor().submit(self._run, launch, time.time_ns())
+        try:
+            future = self._executor().submit(self._run, launch, time.time_ns())
+        except RuntimeError as exc:  # the pool shut down between the check and the submit
+            raise InvalidProgram(
+                "the reference backend was shut down", fix="acquire or create a new backend"
+            ) from exc
         with self._pool_lock:
             self._in_flight.add(future)
         future.add_done_callback(self._forget)
@@ -171,6 +176,8 @@ class ReferenceBackend(VyreBackend):
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._pool_lock:
+            if self._closed:
+                raise RuntimeError("the reference backend was shut down")
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
                     max_workers=self.max_workers, thread_name_prefix="vyre-reference"
@@ -292,8 +299,10 @@ class ReferenceBackend(VyreBackend):
 
     async def shutdown(self) -> None:
         """Finish queued work and stop the worker threads; the backend refuses new work."""
-        self._closed = True
+        if self.prefetcher is not None:
+            self.prefetcher.close()
         with self._pool_lock:
+            self._closed = True
             pool, self._pool = self._pool, None
         if pool is not None:
             await anyio.to_thread.run_sync(pool.shutdown, True)
@@ -326,6 +335,7 @@ def _timeout(launch: Launch) -> DispatchTimeout:
         f"dispatch {launch.config.label or launch.plan.program.op_id or ''} was stopped: "
         f"past its timeout of {launch.config.timeout} s",
         fix="raise DispatchConfig.timeout or split the work into smaller dispatches",
+        timeout=launch.config.timeout,
     )
 
 
