@@ -1,0 +1,153 @@
+"""Shadow conformance: assert_conformance and the sampling ShadowBackend."""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+import numpy as np
+import pytest
+
+from vyre_async import (
+    ConformanceCase,
+    DispatchConfig,
+    Divergence,
+    InvalidProgram,
+    Launch,
+    PendingDispatch,
+    ShadowBackend,
+    assert_conformance,
+)
+from vyre_async.ir import Access, BufferDecl, DType, Let, Load, Program, Store, Un, Var, gid
+from vyre_async.programs import elementwise_xor, saxpy
+from vyre_async.shadow import compare_outputs
+from vyre_reference import ReferenceBackend
+
+U = np.uint32
+
+
+class _OffByOne(ReferenceBackend):
+    """The reference, except that element 3 of every output is flipped in its lowest bit."""
+
+    id = "off-by-one"
+
+    def enqueue(self, launch: Launch) -> PendingDispatch:
+        real = ReferenceBackend.dispatch(
+            self._inner, launch.plan.program, launch.inputs, launch.config
+        )
+        outputs = [o.copy() for o in real.result()]
+        for o in outputs:
+            if o.size > 3:
+                o.view(np.uint32)[3] ^= 1
+        launch.completer.resolve(outputs)
+        return launch.pending
+
+    def __init__(self) -> None:
+        super().__init__(prefetch=False)
+        self._inner = ReferenceBackend(prefetch=False)
+
+
+def _xor_case(label: str = "xor") -> ConformanceCase:
+    return ConformanceCase(
+        label=label, program=elementwise_xor(16), inputs=[np.arange(16, dtype=U), np.ones(16, U)]
+    )
+
+
+def test_identical_backends_conform() -> None:
+    reference = ReferenceBackend(prefetch=False)
+    assert_conformance(ReferenceBackend(prefetch=False), reference, [_xor_case(), _xor_case("b")])
+
+
+def test_first_difference_raises_a_divergence_with_context() -> None:
+    case = _xor_case()
+    with pytest.raises(Divergence) as info:
+        assert_conformance(_OffByOne(), ReferenceBackend(prefetch=False), [case])
+    d = info.value
+    assert (d.label, d.output_index, d.element) == ("xor", 0, 3)
+    assert d.fingerprint == case.program.fingerprint().hex()
+    assert int(d.backend_output[3]) ^ int(d.reference_output[3]) == 1
+    assert d.inputs is case.inputs
+    clone = pickle.loads(pickle.dumps(d))
+    assert (clone.label, clone.element, str(clone)) == (d.label, d.element, str(d))
+
+
+def test_an_empty_case_list_is_an_error() -> None:
+    reference = ReferenceBackend(prefetch=False)
+    with pytest.raises(InvalidProgram, match="Fix:"):
+        assert_conformance(reference, reference, [])
+
+
+def _exp_program() -> Program:
+    i = Var("i")
+    return Program(
+        [
+            BufferDecl("x", 0, Access.READ, DType.F32),
+            BufferDecl("y", 1, Access.WRITE, DType.F32, 4),
+        ],
+        4,
+        [Let("i", gid()), Store("y", i, Un("exp", Load("x", i)))],
+    )
+
+
+def test_transcendental_outputs_are_compared_within_the_ulp_budget() -> None:
+    program = _exp_program()
+    want = [np.array([1.0, 2.0, np.nan, 4.0], np.float32)]
+    near = [want[0].copy()]
+    near[0].view(np.uint32)[0] += 2  # 2 ULP off
+    assert compare_outputs("exp", program, [], near, want) is None  # default budget 2
+    assert compare_outputs("exp", program, [], near, want, ulp_budget=1) is not None
+    nan_moved = [np.array([1.0, 2.0, 3.0, 4.0], np.float32)]
+    assert compare_outputs("exp", program, [], nan_moved, want) is not None
+    exact = saxpy(4)  # no transcendental op: bit-exact
+    one_ulp = [want[0].copy()]
+    one_ulp[0].view(np.uint32)[1] += 1
+    assert compare_outputs("saxpy", exact, [], one_ulp, want) is not None
+
+
+def test_size_and_count_mismatches_diverge() -> None:
+    program = elementwise_xor(4)
+    want = [np.zeros(4, U)]
+    assert "elements" in str(compare_outputs("x", program, [], [np.zeros(3, U)], want))
+    assert "count differs" in str(compare_outputs("x", program, [], [], want))
+
+
+def test_shadow_serves_the_primary_and_records_divergences() -> None:
+    seen: list[Divergence] = []
+    shadow = ShadowBackend(
+        _OffByOne(), ReferenceBackend(prefetch=False), sample_rate=1.0, on_divergence=seen.append
+    )
+    case = _xor_case()
+    outputs = shadow.dispatch_sync(case.program, case.inputs, DispatchConfig(label="req"))
+    expected = np.arange(16, dtype=U) ^ 1
+    expected[3] ^= 1
+    assert outputs[0].tolist() == expected.tolist()  # the primary's answer, never failed
+    deadline = time.monotonic() + 5
+    while shadow.stats.compared == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert (shadow.stats.dispatches, shadow.stats.sampled, shadow.stats.compared) == (1, 1, 1)
+    assert shadow.stats.divergences == 1 and len(seen) == 1
+    assert seen[0].label == "req" and shadow.stats.recent[0] is seen[0]
+
+
+def test_shadow_at_rate_zero_passes_straight_through() -> None:
+    shadow = ShadowBackend(_OffByOne(), ReferenceBackend(prefetch=False), sample_rate=0.0)
+    case = _xor_case()
+    shadow.dispatch_sync(case.program, case.inputs)
+    assert (shadow.stats.dispatches, shadow.stats.sampled, shadow.stats.compared) == (1, 0, 0)
+    with pytest.raises(ValueError, match="sample_rate"):
+        ShadowBackend(_OffByOne(), ReferenceBackend(prefetch=False), sample_rate=1.5)
+
+
+def test_a_failing_reference_never_fails_the_request() -> None:
+    class Broken(ReferenceBackend):
+        id = "broken-ref"
+
+        def enqueue(self, launch: Launch) -> PendingDispatch:
+            raise RuntimeError("reference down")
+
+    shadow = ShadowBackend(
+        ReferenceBackend(prefetch=False), Broken(prefetch=False), sample_rate=1.0
+    )
+    case = _xor_case()
+    assert shadow.dispatch_sync(case.program, case.inputs)[0].size == 16
+    assert shadow.stats.reference_errors == 1
