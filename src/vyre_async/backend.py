@@ -10,7 +10,6 @@ start the work and settle the `PendingDispatch` when it ends.
 from __future__ import annotations
 
 import abc
-import functools
 import threading
 import time
 import warnings
@@ -57,16 +56,6 @@ CORE_OPS: frozenset[str] = frozenset(
 )
 
 _DEFAULT_CONFIG = DispatchConfig()
-
-
-@functools.lru_cache(maxsize=64)
-def _policy_of(ulp_budget: int | None, workgroup: tuple[int, int, int] | None) -> bytes:
-    return policy_digest(DispatchConfig(ulp_budget=ulp_budget, workgroup_override=workgroup))
-
-
-def _policy(config: DispatchConfig) -> bytes:
-    """Return the config's policy digest (memoised: it is needed on every dispatch)."""
-    return _policy_of(config.ulp_budget, config.workgroup_override)
 
 
 def ops_used(program: Program) -> frozenset[str]:
@@ -284,7 +273,7 @@ class VyreBackend(abc.ABC):
     ) -> PipelineIdentity:
         """Return the cache identity of ``program`` compiled under ``config`` on this backend."""
         cfg = config or _DEFAULT_CONFIG
-        memo_key = (program, _policy(cfg) if config is not None else b"")
+        memo_key = (program, policy_digest(cfg))
         with self._identity_lock:
             identity = self._identities.get(memo_key)
             if identity is not None:
@@ -527,7 +516,7 @@ class VyreBackend(abc.ABC):
                 telemetry.fail_before_launch(span, exc, self.id, program or pipeline.program)
                 raise
         cfg = config or pipeline.config
-        if cfg is not pipeline.config and _policy(cfg) != _policy(pipeline.config):
+        if cfg is not pipeline.config and policy_digest(cfg) != policy_digest(pipeline.config):
             raise InvalidProgram(
                 "this pipeline was compiled for another ulp_budget/workgroup_override",
                 fix="compile a pipeline for this config: backend.compile(program, config)",

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from vyre_async.backend import VyreBackend
+from vyre_async.backend import VyreBackend, ops_used
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import InvalidProgram
@@ -97,8 +97,6 @@ def _rebuild_divergence(state: dict[str, Any], message: str) -> Divergence:
 
 
 def _uses_transcendentals(program: Program) -> bool:
-    from vyre_async.backend import ops_used
-
     return bool(ops_used(program) & {f"un.{UnOp(op).value}" for op in TRANSCENDENTAL})
 
 

@@ -8,6 +8,7 @@ which part changed.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -58,12 +59,14 @@ def policy_digest(config: DispatchConfig | None) -> bytes:
     presence flag so ``None`` and an explicit value differ.
     """
     cfg = config or DispatchConfig()
-    ulp = b"\0" if cfg.ulp_budget is None else b"\1" + struct.pack("<B", cfg.ulp_budget)
-    wg = (
-        b"\0"
-        if cfg.workgroup_override is None
-        else b"\1" + struct.pack("<3I", *cfg.workgroup_override)
-    )
+    return _policy_digest(cfg.ulp_budget, cfg.workgroup_override)
+
+
+@functools.lru_cache(maxsize=256)
+def _policy_digest(ulp_budget: int | None, workgroup: tuple[int, int, int] | None) -> bytes:
+    # Memoised: every dispatch needs it, and only these two fields matter.
+    ulp = b"\0" if ulp_budget is None else b"\1" + struct.pack("<B", ulp_budget)
+    wg = b"\0" if workgroup is None else b"\1" + struct.pack("<3I", *workgroup)
     return blake3.blake3(_frame(b"vyre-policy-v1", ulp, wg)).digest()
 
 
