@@ -147,6 +147,7 @@ async def test_cancelling_waiters_leaves_everything_else_intact(backend: VyreBac
     await backend.flush()
     await anyio.to_thread.run_sync(gc.collect)  # anyio keeps one idle worker thread cached
     threads_before = threading.active_count()
+    pendings_before = _live_pendings()
     cancelled: set[int] = set()
     survivors_ok = 0
     scopes: list[anyio.CancelScope] = []
@@ -186,10 +187,17 @@ async def test_cancelling_waiters_leaves_everything_else_intact(backend: VyreBac
     assert in_flight <= cancelled
     assert survivors_ok == 100
     await backend.flush()
+    victims.clear()
+    in_flight.clear()
     gc.collect()
     assert threading.active_count() <= threads_before
+    assert _live_pendings() <= pendings_before  # no dispatch state kept alive
     outputs = await backend.dispatch(xor, [np.full(256, 3, np.uint32), np.ones(256, np.uint32)])
     assert outputs[0].tolist() == [2] * 256
+
+
+def _live_pendings() -> int:
+    return sum(isinstance(o, PendingDispatch) for o in gc.get_objects())
 
 
 def _rss_bytes() -> int:
