@@ -187,7 +187,6 @@ def attach(span: Span, launch: Launch, *, cache_hit: bool) -> None:
     context["labels"] = labels
     context["label_attrs"] = dict(labels)
     context["bytes"] = (plan.bytes_in, plan.bytes_out)
-    context["cache_hit"] = cache_hit
     context["await_cancelled"] = _await_cancelled
     pending.add_done_callback(finish_dispatch)
 
