@@ -1,13 +1,17 @@
 """Telemetry overhead per dispatch on a 64-lane program; prints one JSON object.
 
-Modes, each measured in its own process (a tracer provider is global), rounds
-interleaved so machine noise hits every mode alike:
+Three SDK set-ups, each in its own process (a tracer provider is global):
 
-- ``disabled``: vyre telemetry switched off (``VYRE_TELEMETRY=off``) — the baseline;
-- ``no_sdk``: telemetry on, no OpenTelemetry SDK configured (the library default);
+- ``no_sdk``: no OpenTelemetry SDK configured (the library default);
 - ``sdk_noop``: SDK tracer and meter providers, a span processor that drops spans;
 - ``sdk_batch``: SDK with a ``BatchSpanProcessor`` feeding an exporter that
   discards (the export work without network noise).
+
+Inside each process, rounds alternate vyre telemetry off (`set_enabled(False)`,
+the same as ``VYRE_TELEMETRY=off``: the baseline) and on, so machine noise hits
+both alike; the added latency is the median over rounds of on/off - 1. The SDK
+processes also time what the SDK itself charges for one bare span
+(``tracer.start_span("x").end()``), the floor under any traced dispatch.
 
 Target (issue 5): under 10 % added latency for ``no_sdk`` and ``sdk_noop``.
 """
@@ -18,15 +22,14 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 
 WORKER = r"""
-import json, os, statistics, sys, time
+import json, statistics, sys, time, timeit
 import numpy as np
-mode, repeats = sys.argv[1], int(sys.argv[2])
-if mode in ("sdk_noop", "sdk_batch"):
+mode, rounds, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if mode != "no_sdk":
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
@@ -41,64 +44,90 @@ if mode in ("sdk_noop", "sdk_batch"):
     provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
     metrics.set_meter_provider(MeterProvider())
-from vyre_async import acquire_backend
+from vyre_async import acquire_backend, telemetry
 from vyre_async.programs import elementwise_xor
 
 backend = acquire_backend("reference")
 program = elementwise_xor(64)
 inputs = [np.arange(64, dtype=np.uint32), np.ones(64, np.uint32)]
-for _ in range(500):
-    backend.dispatch(program, inputs).result()
-samples = []
-for _ in range(repeats):
-    start = time.perf_counter()
-    backend.dispatch(program, inputs).result()
-    samples.append(time.perf_counter() - start)
-print(json.dumps({"median_us": statistics.median(samples) * 1e6}))
+
+def median_us():
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        backend.dispatch(program, inputs).result()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e6
+
+for enabled in (False, True):
+    telemetry.set_enabled(enabled)
+    for _ in range(500):
+        backend.dispatch(program, inputs).result()
+off, on = [], []
+for _ in range(rounds):
+    telemetry.set_enabled(False)
+    off.append(median_us())
+    telemetry.set_enabled(True)
+    on.append(median_us())
+report = {
+    "off_us": statistics.median(off),
+    "on_us": statistics.median(on),
+    "added_pct": 100 * statistics.median([b / a - 1 for a, b in zip(off, on)]),
+}
+if mode != "no_sdk":
+    tracer = trace.get_tracer("benchmark")
+    bare = timeit.repeat(lambda: tracer.start_span("x").end(), number=5000, repeat=5)
+    report["bare_span_us"] = min(bare) / 5000 * 1e6
+print(json.dumps(report))
 """
 
-MODES = ("disabled", "no_sdk", "sdk_noop", "sdk_batch")
+MODES = ("no_sdk", "sdk_noop", "sdk_batch")
 
 
-def measure(mode: str, repeats: int) -> float:
-    env = dict(os.environ)
-    env["VYRE_TELEMETRY"] = "off" if mode == "disabled" else "on"
+def measure(mode: str, rounds: int, repeats: int) -> dict[str, float]:
     out = subprocess.run(
-        [sys.executable, "-c", WORKER, mode, str(repeats)],
-        env=env,
+        [sys.executable, "-c", WORKER, mode, str(rounds), str(repeats)],
+        env={**os.environ, "VYRE_TELEMETRY": "on"},
         capture_output=True,
         text=True,
         check=True,
     )
-    return float(json.loads(out.stdout)["median_us"])
+    result: dict[str, float] = json.loads(out.stdout)
+    return result
+
+
+def _floor(result: dict[str, float]) -> dict[str, float]:
+    if "bare_span_us" not in result:
+        return {}
+    return {"bare_sdk_span_us": round(result["bare_span_us"], 2)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=10, help="off/on round pairs per mode")
+    parser.add_argument("--repeats", type=int, default=1000, help="dispatches per round")
     args = parser.parse_args()
-    results: dict[str, list[float]] = {mode: [] for mode in MODES}
-    for _ in range(args.rounds):
-        for mode in MODES:
-            results[mode].append(measure(mode, args.repeats))
-    base = statistics.median(results["disabled"])
+    results = {mode: measure(mode, args.rounds, args.repeats) for mode in MODES}
     system = f"{platform.system()} {platform.release()}"
-    machine = f"{platform.machine()}, {system}, {os.cpu_count()} CPUs"
     report = {
         "benchmark": "telemetry_overhead",
         "program": "xor, 64 lanes, reference backend, dispatch().result()",
-        "median_us": {m: round(statistics.median(v), 2) for m, v in results.items()},
-        "added_pct_vs_disabled": {
-            m: round(100 * (statistics.median(v) - base) / base, 1)
-            for m, v in results.items()
-            if m != "disabled"
+        "baseline": "the same process with vyre telemetry off, rounds interleaved",
+        "modes": {
+            mode: {
+                "off_us": round(r["off_us"], 2),
+                "on_us": round(r["on_us"], 2),
+                "added_us": round(r["on_us"] - r["off_us"], 2),
+                "added_pct": round(r["added_pct"], 1),
+                **_floor(r),
+            }
+            for mode, r in results.items()
         },
+        "target_pct": {"no_sdk": 10, "sdk_noop": 10},
         "rounds": args.rounds,
         "repeats_per_round": args.repeats,
-        "target_pct": {"no_sdk": 10, "sdk_noop": 10},
         "python": platform.python_version(),
-        "machine": machine,
+        "machine": f"{platform.machine()}, {system}, {os.cpu_count()} CPUs",
     }
     print(json.dumps(report))
 

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import anyio
 import numpy as np
-from opentelemetry.trace import Span
 
 from vyre_async import telemetry
 from vyre_async.annotations import current_dispatch_attributes
@@ -56,6 +55,13 @@ CORE_OPS: frozenset[str] = frozenset(
 )
 
 _DEFAULT_CONFIG = DispatchConfig()
+
+
+class _Unstarted:
+    """Marks a `_dispatch_pipeline` call whose dispatch trace has not started yet."""
+
+
+_UNSTARTED = _Unstarted()
 
 
 def ops_used(program: Program) -> frozenset[str]:
@@ -450,7 +456,7 @@ class VyreBackend(abc.ABC):
         """
         cfg = config or _DEFAULT_CONFIG
         called = time.monotonic()  # the timeout counts from here, compilation included
-        span = telemetry.start_dispatch(self.id, program)
+        trace = telemetry.start_dispatch(self.id, program)
         try:
             started, started_ns = time.perf_counter(), time.time_ns()
             pipeline, hit = self._pipeline_for(program, cfg)
@@ -462,13 +468,13 @@ class VyreBackend(abc.ABC):
                 cfg,
                 cache_hit=hit,
                 compile_s=compile_s,
-                span=span,
+                trace=trace,
                 compile_phase=compiled,
                 program=program,
                 called=called,
             )
         except BaseException as exc:
-            telemetry.fail_before_launch(span, exc, self.id, program)
+            telemetry.fail_before_launch(trace, exc, self.id, program)
             raise
 
     def dispatch_sync(
@@ -488,7 +494,7 @@ class VyreBackend(abc.ABC):
         *,
         cache_hit: bool,
         compile_s: float = 0.0,
-        span: Span | None = None,
+        trace: telemetry.DispatchTrace | _Unstarted | None = _UNSTARTED,
         compile_phase: tuple[int, int] | None = None,
         program: Program | None = None,
         called: float | None = None,
@@ -498,8 +504,8 @@ class VyreBackend(abc.ABC):
         ``program`` may differ from ``pipeline.program`` in buffer counts only
         (they share a kernel digest); the launch is planned with ``program``.
         """
-        if span is None:  # pipeline.dispatch(): the span starts here
-            span = telemetry.start_dispatch(self.id, program or pipeline.program)
+        if isinstance(trace, _Unstarted):  # pipeline.dispatch(): the span starts here
+            trace = telemetry.start_dispatch(self.id, program or pipeline.program)
             try:
                 return self._dispatch_pipeline(
                     pipeline,
@@ -507,13 +513,13 @@ class VyreBackend(abc.ABC):
                     config,
                     cache_hit=cache_hit,
                     compile_s=compile_s,
-                    span=span,
+                    trace=trace,
                     compile_phase=compile_phase,
                     program=program,
                     called=called if called is not None else time.monotonic(),
                 )
             except BaseException as exc:
-                telemetry.fail_before_launch(span, exc, self.id, program or pipeline.program)
+                telemetry.fail_before_launch(trace, exc, self.id, program or pipeline.program)
                 raise
         cfg = config or pipeline.config
         if cfg is not pipeline.config and policy_digest(cfg) != policy_digest(pipeline.config):
@@ -558,7 +564,7 @@ class VyreBackend(abc.ABC):
             completer=completer,
             compile_s=compile_s,
         )
-        telemetry.attach(span, launch, cache_hit=cache_hit)
+        telemetry.attach(trace, launch, cache_hit=cache_hit)
         prefetcher = self.prefetcher
         if prefetcher is None:
             return self.enqueue(launch)

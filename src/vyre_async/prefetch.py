@@ -196,7 +196,7 @@ class Prefetcher:
                 nxt = self._predicted = self._history.push(fp, payload)
                 if nxt is not None and nxt != fp and nxt[0] not in self._inflight:
                     job = self._job_for(nxt)
-            if predicted is not None and telemetry.is_enabled():
+            if predicted is not None and telemetry.is_recording():
                 attributes = pending.context.get("attributes")
                 if attributes is None:
                     pending.context["attributes"] = {

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import opentelemetry.metrics._internal as _metrics_api
+import opentelemetry.trace as _trace_api
 from opentelemetry import metrics, trace
+from opentelemetry.context import Context, get_current
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, Span, Status, StatusCode
+from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from vyre_async._version import __version__
@@ -34,8 +38,11 @@ if TYPE_CHECKING:
     from vyre_async.pipeline import Launch
 
 __all__ = [
+    "DispatchTrace",
     "PHASES",
+    "SECONDS_BUCKETS",
     "is_enabled",
+    "is_recording",
     "set_enabled",
     "SPAN_NAME",
     "finish_dispatch",
@@ -102,16 +109,25 @@ for _name, (_unit, _description) in _COUNTERS.items():
     _meter.create_observable_counter(
         _name, callbacks=[_tallies.observe(_name)], unit=_unit, description=_description
     )
+#: Histogram bucket bounds in seconds, 10 µs to 10 s (the SDK default suits milliseconds).
+SECONDS_BUCKETS = (
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
+    2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
 _latency = _meter.create_histogram(
-    "vyre.dispatch.duration", unit="s", description="dispatch() to result ready, host clock"
+    "vyre.dispatch.duration",
+    unit="s",
+    description="dispatch() to result ready, host clock",
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
 )
 _device = _meter.create_histogram(
-    "vyre.dispatch.device_time", unit="s", description="Execution time measured by the backend"
+    "vyre.dispatch.device_time",
+    unit="s",
+    description="Execution time measured by the backend",
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
 )
 
 
-#: Returned by `start_dispatch` while telemetry is off; nothing is recorded for it.
-_DISABLED: Span = NonRecordingSpan(INVALID_SPAN_CONTEXT)
 _enabled = os.environ.get("VYRE_TELEMETRY", "on").strip().lower() not in ("0", "off", "false", "no")
 
 
@@ -135,55 +151,151 @@ def _labels(backend_id: str, program: Program) -> tuple[tuple[str, str], ...]:
     return (("vyre.backend.id", backend_id), ("vyre.program.op_id", program.op_id or "unnamed"))
 
 
-def start_dispatch(backend_id: str, program: Program) -> Span:
-    """Start the ``vyre.dispatch`` span in the caller's current context."""
+# The API's stand-ins until an application installs an SDK (set once, never unset).
+_INERT_TRACER_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+_INERT_METER_PROVIDERS: tuple[type[metrics.MeterProvider], ...] = (
+    metrics.NoOpMeterProvider,
+    type(_metrics_api._PROXY_METER_PROVIDER),
+)
+_tracing = False
+_metering = False
+_UNKNOWN = object()
+
+
+def _installed(module: Any, name: str, public: Callable[[], Any], inert: tuple[type, ...]) -> bool:
+    # The API's global, read directly: the public getter also consults os.environ
+    # on every call (~1 µs). Providers named by OTEL_PYTHON_*_PROVIDER were loaded
+    # into it when this module called get_tracer/get_meter at import.
+    provider = getattr(module, name, _UNKNOWN)
+    if provider is _UNKNOWN:  # the API's internals moved: ask the public way
+        provider = public()
+    return provider is not None and not isinstance(provider, inert)
+
+
+def is_recording() -> bool:
+    """Return True when dispatches are traced or metered: enabled and an SDK installed."""
+    return _enabled and any(_sdk_installed())
+
+
+def _sdk_installed() -> tuple[bool, bool]:
+    """Return whether an SDK tracer provider / meter provider is installed.
+
+    Until one is, the API drops every span and measurement, so a dispatch skips
+    all telemetry work (what keeps the no-SDK cost near zero). An SDK provider
+    cannot be uninstalled, so a True answer is kept.
+    """
+    global _tracing, _metering
+    if not _tracing:
+        _tracing = _installed(
+            _trace_api, "_TRACER_PROVIDER", trace.get_tracer_provider, _INERT_TRACER_PROVIDERS
+        )
+    if not _metering:
+        _metering = _installed(
+            _metrics_api, "_METER_PROVIDER", metrics.get_meter_provider, _INERT_METER_PROVIDERS
+        )
+    return _tracing, _metering
+
+
+class DispatchTrace:
+    """Where and when a dispatch started: the caller's context and the start time.
+
+    `start_dispatch` returns one instead of opening the SDK span at once. The
+    span is created when its attributes are all known (at `attach`, or in
+    `fail_before_launch`), in this captured context and with this start time,
+    so the trace is the same as if it had been opened at ``dispatch()`` — but
+    the SDK cleans and stores the attributes in one pass instead of three.
+    ``traced`` is False when only metrics are recorded (no SDK tracer provider).
+    """
+
+    __slots__ = ("parent", "start_ns", "traced")
+
+    def __init__(self, traced: bool) -> None:
+        self.traced = traced
+        self.parent: Context | None = get_current() if traced else None
+        self.start_ns = time.time_ns()
+
+
+def start_dispatch(backend_id: str, program: Program) -> DispatchTrace | None:
+    """Note the start of a dispatch in the caller's current context.
+
+    Returns None when nothing would be recorded: telemetry switched off, or no
+    OpenTelemetry SDK installed for traces or metrics.
+    """
+    del backend_id, program  # named for the call sites; the span gets them at attach
     if not _enabled:
-        return _DISABLED
-    span = _tracer.start_span(SPAN_NAME, record_exception=False, set_status_on_exception=False)
-    if span.is_recording():
-        attributes: dict[str, AttributeValue] = {"vyre.backend.id": backend_id}
-        if isinstance(program, Program):  # anything else fails validation right after
-            attributes["vyre.program.op_id"] = program.op_id
-            attributes["vyre.program.fingerprint"] = program.fingerprint().hex()
-        span.set_attributes(attributes)
-    return span
+        return None
+    tracing, metering = _sdk_installed()
+    if not (tracing or metering):
+        return None
+    return DispatchTrace(tracing)
 
 
-def fail_before_launch(span: Span, error: BaseException, backend_id: str, program: Any) -> None:
-    """End ``span`` for an error raised by ``dispatch()`` itself, before any launch."""
-    if span is _DISABLED:
+def _program_attributes(backend_id: str, program: Any) -> dict[str, AttributeValue]:
+    attributes: dict[str, AttributeValue] = {"vyre.backend.id": backend_id}
+    if isinstance(program, Program):  # anything else failed validation
+        attributes["vyre.program.op_id"] = program.op_id
+        fingerprint = program._memo.get("telemetry.fingerprint")
+        if fingerprint is None:
+            fingerprint = program._memo["telemetry.fingerprint"] = program.fingerprint().hex()
+        attributes["vyre.program.fingerprint"] = fingerprint
+    return attributes
+
+
+def _open(started: DispatchTrace, attributes: dict[str, AttributeValue]) -> Span:
+    return _tracer.start_span(
+        SPAN_NAME,
+        context=started.parent,
+        attributes=attributes,
+        start_time=started.start_ns,
+        record_exception=False,
+        set_status_on_exception=False,
+    )
+
+
+def fail_before_launch(
+    started: DispatchTrace | None, error: BaseException, backend_id: str, program: Any
+) -> None:
+    """Record a dispatch that ``dispatch()`` itself rejected, before any launch."""
+    if started is None:
         return
-    if span.is_recording():
-        span.record_exception(error)
-        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-        span.set_attribute("vyre.error.code", int(getattr(error, "code", 0)))
-    span.end()
+    if started.traced:
+        attributes = _program_attributes(backend_id, program)
+        attributes["vyre.error.code"] = int(getattr(error, "code", 0))
+        span = _open(started, attributes)
+        if span.is_recording():
+            span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        span.end()
     op_id = getattr(program, "op_id", "") or "unnamed"
     labels = (("vyre.backend.id", backend_id), ("vyre.program.op_id", op_id))
     _tallies.add("vyre.dispatch.count", (*labels, ("vyre.status", "rejected")))
 
 
-def attach(span: Span, launch: Launch, *, cache_hit: bool) -> None:
-    """Record the launch's attributes on ``span`` and end it when the dispatch settles."""
-    if span is _DISABLED:
+def attach(started: DispatchTrace | None, launch: Launch, *, cache_hit: bool) -> None:
+    """Open the dispatch span with the launch's attributes; end it when the dispatch settles."""
+    if started is None:
         return
     pending = launch.pending
     plan = launch.plan
     program = plan.program
-    labels = _labels(launch.pipeline.backend.id, program)
-    if span.is_recording():
-        attributes: dict[str, AttributeValue] = {
-            "vyre.launch.grid": list(plan.geometry.grid),
-            "vyre.launch.workgroup": list(plan.geometry.workgroup),
-            "vyre.bytes.in": plan.bytes_in,
-            "vyre.bytes.out": plan.bytes_out,
-            "vyre.pipeline.cache_hit": cache_hit,
-        }
+    backend_id = launch.pipeline.backend.id
+    context = pending.context
+    extra = context.get("attributes")  # arm-scheduler / batch verdicts, known by now
+    if started.traced:
+        attributes = _program_attributes(backend_id, program)
+        attributes["vyre.launch.grid"] = plan.geometry.grid
+        attributes["vyre.launch.workgroup"] = plan.geometry.workgroup
+        attributes["vyre.bytes.in"] = plan.bytes_in
+        attributes["vyre.bytes.out"] = plan.bytes_out
+        attributes["vyre.pipeline.cache_hit"] = cache_hit
         if launch.config.label:
             attributes["vyre.label"] = launch.config.label
-        span.set_attributes(attributes)
-    context = pending.context
-    context["span"] = span
+        if extra:
+            attributes.update(extra)
+            context["attributes_sent"] = dict(extra)
+        context["span"] = _open(started, attributes)
+    context["open"] = True  # claimed once, by the first of finish / await-cancelled
+    labels = _labels(backend_id, program)
     context["labels"] = labels
     context["label_attrs"] = dict(labels)
     context["bytes"] = (plan.bytes_in, plan.bytes_out)
@@ -192,15 +304,18 @@ def attach(span: Span, launch: Launch, *, cache_hit: bool) -> None:
 
 
 def _await_cancelled(pending: PendingDispatch) -> None:
-    span: Span | None = pending.context.pop("span", None)  # atomic claim: end it once
-    if span is None:
+    if pending.context.pop("open", None) is None:  # atomic claim: finish ran first
         return
-    if span.is_recording():
-        span.set_attribute("vyre.await.cancelled", True)
-        span.set_status(
-            Status(StatusCode.ERROR, "await cancelled; the dispatch keeps running on the backend")
-        )
-    span.end()
+    span: Span | None = pending.context.pop("span", None)
+    if span is not None:
+        if span.is_recording():
+            span.set_attribute("vyre.await.cancelled", True)
+            span.set_status(
+                Status(
+                    StatusCode.ERROR, "await cancelled; the dispatch keeps running on the backend"
+                )
+            )
+        span.end()
     _tallies.add("vyre.dispatch.count", (*pending.context["labels"], ("vyre.status", "cancelled")))
 
 
@@ -215,10 +330,11 @@ def finish_dispatch(pending: PendingDispatch) -> None:
     )
     cache = "vyre.pipeline.cache.hits" if context["cache_hit"] else "vyre.pipeline.cache.misses"
     counts = [(cache, labels, 1)]
-    span: Span | None = context.pop("span", None)  # atomic claim: end it once
-    if span is not None:
+    if context.pop("open", None) is not None:  # atomic claim: not counted as cancelled
         counts.append(("vyre.dispatch.count", (*labels, ("vyre.status", status)), 1))
-        _end_span(span, pending, error)
+        span: Span | None = context.pop("span", None)
+        if span is not None:
+            _end_span(span, pending, error)
     if error is None:
         bytes_in, bytes_out = context["bytes"]
         counts += [("vyre.bytes.in", labels, bytes_in), ("vyre.bytes.out", labels, bytes_out)]
@@ -231,21 +347,28 @@ def finish_dispatch(pending: PendingDispatch) -> None:
 
 def _end_span(span: Span, pending: PendingDispatch, error: BaseException | None) -> None:
     if span.is_recording():
-        parent = trace.set_span_in_context(span)
-        for name, start_ns, end_ns in pending.context.get("phases", ()):
-            child = _tracer.start_span(name, context=parent, start_time=start_ns)
-            child.end(end_time=max(start_ns, end_ns))
+        phases = pending.context.get("phases")
+        if phases:
+            parent = trace.set_span_in_context(span)
+            for name, start_ns, end_ns in phases:
+                child = _tracer.start_span(name, context=parent, start_time=start_ns)
+                child.end(end_time=max(start_ns, end_ns))
         timing = pending.timing
-        final: dict[str, AttributeValue] = dict(pending.context.get("attributes", {}))
+        final: dict[str, AttributeValue] = {}
+        later = pending.context.get("attributes")
+        if later:  # set since attach (prefetch outcome, backend annotations)
+            sent = pending.context.get("attributes_sent", {})
+            final = {k: v for k, v in later.items() if k not in sent or sent[k] != v}
         if timing is not None and timing.device_s is not None:
             final["vyre.device.time_s"] = timing.device_s
         if timing is not None and timing.queue_s is not None:
             final["vyre.queue.time_s"] = timing.queue_s
-        span.set_attributes(final)
         if error is not None:
+            final["vyre.error.code"] = int(getattr(error, "code", 0))
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-            span.set_attribute("vyre.error.code", int(getattr(error, "code", 0)))
+        if final:
+            span.set_attributes(final)
     span.end()
 
 

@@ -7,13 +7,10 @@ import importlib
 import inspect
 
 import anyio
-import numpy as np
 import pytest
 
 import vyre_async.policies as policies
 from vyre_async.annotations import current_dispatch_attributes, dispatch_attributes
-from vyre_async.programs import elementwise_xor
-from vyre_reference import ReferenceBackend
 
 SPEC_NAMES = {
     "ArmSummary",
@@ -79,17 +76,6 @@ def test_attributes_nest_and_reset() -> None:
 def test_attribute_keys_and_values_are_checked(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="Fix:"), dispatch_attributes(bad):  # type: ignore[arg-type]
         pass
-
-
-def test_dispatches_inside_the_block_carry_the_attributes() -> None:
-    backend = ReferenceBackend()  # 64-lane xor runs inline: its span ends inside dispatch()
-    inputs = [np.zeros(64, np.uint32)] * 2
-    with dispatch_attributes({"vyre.policy.demo": "yes"}):
-        inside = backend.dispatch(elementwise_xor(64), inputs)
-    outside = backend.dispatch(elementwise_xor(64), inputs)
-    assert inside.done()
-    assert inside.context["attributes"]["vyre.policy.demo"] == "yes"
-    assert "vyre.policy.demo" not in outside.context.get("attributes", {})
 
 
 @pytest.mark.anyio

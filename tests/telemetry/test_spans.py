@@ -9,15 +9,17 @@ import anyio.lowlevel
 import numpy as np
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
 from tests.driver.fakes import DelayBackend
 from vyre_async import DispatchConfig, DispatchTimeout, InvalidProgram
+from vyre_async.annotations import dispatch_attributes
 from vyre_async.programs import elementwise_xor
-from vyre_async.telemetry import prometheus_text
+from vyre_async.telemetry import SECONDS_BUCKETS, prometheus_text
+from vyre_reference import ReferenceBackend
 
 pytestmark = pytest.mark.anyio
 tracer = trace.get_tracer("tests")
@@ -160,6 +162,14 @@ async def test_metrics_and_prometheus_text(
             for m in sm.metrics:
                 for point in m.data.data_points:
                     assert "vyre.program.fingerprint" not in point.attributes
+                if m.name == "vyre.dispatch.duration":  # seconds buckets, not the ms default
+                    for point in m.data.data_points:
+                        assert isinstance(point, HistogramDataPoint)
+                        assert tuple(point.explicit_bounds) == SECONDS_BUCKETS
+                        uppers = (*point.explicit_bounds, float("inf"))
+                        used = [u for u, c in zip(uppers, point.bucket_counts, strict=True) if c]
+                        # dispatches of >= 0.5 ms spread over the seconds buckets
+                        assert used and all(5e-4 <= u <= 1.0 for u in used), used
     text = prometheus_text(data)
     assert "# TYPE vyre_dispatch_count_total counter" in text
     assert (
@@ -189,3 +199,17 @@ async def test_telemetry_can_be_switched_off(
     await backend.dispatch(XOR, INPUTS)
     assert len(_dispatch_spans(spans)) == 1
     assert before is not None
+
+
+def test_dispatch_attributes_block_lands_on_the_spans_inside_it(
+    spans: InMemorySpanExporter,
+) -> None:
+    backend = ReferenceBackend()  # 64-lane xor runs inline: its span ends inside dispatch()
+    with dispatch_attributes({"vyre.policy.demo": "yes"}):
+        inside = backend.dispatch(XOR, INPUTS)
+    outside = backend.dispatch(XOR, INPUTS)
+    assert inside.done() and outside.done()
+    first, second = _dispatch_spans(spans)
+    assert first.attributes is not None and second.attributes is not None
+    assert first.attributes["vyre.policy.demo"] == "yes"
+    assert "vyre.policy.demo" not in second.attributes

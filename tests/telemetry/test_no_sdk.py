@@ -1,0 +1,134 @@
+"""With no OpenTelemetry SDK installed, a dispatch does no telemetry work at all.
+
+The API drops spans and measurements until an application installs an SDK, so
+the driver skips building them (the no-SDK overhead target rests on this). Once
+an SDK is installed — tracing, metrics or both — dispatches record from then on.
+Each scenario runs in a subprocess: SDK providers are global and set once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+PRELUDE = textwrap.dedent(
+    """
+    import numpy as np
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from vyre_async import telemetry
+    from vyre_async.programs import elementwise_xor
+    from vyre_reference import ReferenceBackend
+
+    backend = ReferenceBackend()
+    XOR = elementwise_xor(64)
+    INPUTS = [np.zeros(64, np.uint32), np.ones(64, np.uint32)]
+
+    def dispatch():
+        pending = backend.dispatch(XOR, INPUTS)
+        assert pending.result()[0].tolist() == [1] * 64
+        return pending
+
+    def dispatch_counts(reader):
+        data = reader.get_metrics_data()
+        total = 0
+        for rm in data.resource_metrics if data else ():
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name == "vyre.dispatch.count":
+                        total += sum(p.value for p in metric.data.data_points)
+        return total
+    """
+)
+
+
+def _run(body: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
+        env={**os.environ, "VYRE_TELEMETRY": "on"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+
+
+def test_no_sdk_means_no_telemetry_work_then_an_sdk_turns_spans_on() -> None:
+    _run(
+        """
+        assert telemetry.is_enabled() and not telemetry.is_recording()
+        assert telemetry.start_dispatch("reference", XOR) is None
+        before = dispatch()
+        assert "labels" not in before.context and "span" not in before.context
+
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        assert telemetry.is_recording()
+        dispatch()
+        names = [s.name for s in exporter.get_finished_spans()]
+        assert names.count("vyre.dispatch") == 1, names
+        telemetry.set_enabled(False)
+        assert not telemetry.is_recording()
+        dispatch()
+        assert [s.name for s in exporter.get_finished_spans()].count("vyre.dispatch") == 1
+        """
+    )
+
+
+def test_metrics_only_sdk_counts_dispatches_without_spans() -> None:
+    _run(
+        """
+        reader = InMemoryMetricReader()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        assert telemetry.is_recording()
+        started = telemetry.start_dispatch("reference", XOR)
+        assert started is not None and not started.traced
+        pending = dispatch()
+        dispatch()
+        assert "span" not in pending.context
+        assert dispatch_counts(reader) == 2
+        """
+    )
+
+
+def test_a_provider_named_in_the_environment_counts_as_installed() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from vyre_async import telemetry; assert telemetry.is_recording()",
+        ],
+        env={
+            **os.environ,
+            "VYRE_TELEMETRY": "on",
+            "OTEL_PYTHON_TRACER_PROVIDER": "sdk_tracer_provider",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+
+
+def test_detection_falls_back_to_the_public_getter() -> None:
+    from types import SimpleNamespace
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from vyre_async import telemetry
+
+    inert = telemetry._INERT_TRACER_PROVIDERS
+    no_global = SimpleNamespace()  # as if the API renamed its private global
+    assert not telemetry._installed(no_global, "_TRACER_PROVIDER", trace.NoOpTracerProvider, inert)
+    assert telemetry._installed(no_global, "_TRACER_PROVIDER", TracerProvider, inert)
+    unset = SimpleNamespace(_TRACER_PROVIDER=None)
+    assert not telemetry._installed(unset, "_TRACER_PROVIDER", TracerProvider, inert)
