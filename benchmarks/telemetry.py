@@ -5,7 +5,9 @@ Three SDK set-ups, each in its own process (a tracer provider is global):
 - ``no_sdk``: no OpenTelemetry SDK configured (the library default);
 - ``sdk_noop``: SDK tracer and meter providers, a span processor that drops spans;
 - ``sdk_batch``: SDK with a ``BatchSpanProcessor`` feeding an exporter that
-  discards (the export work without network noise).
+  discards (the export work without network noise);
+- ``sdk_sampled``: as ``sdk_batch`` with a 1 % ``ParentBased(TraceIdRatioBased)``
+  sampler, the set-up docs/tracing.md recommends for production.
 
 Inside each process, rounds alternate vyre telemetry off (`set_enabled(False)`,
 the same as ``VYRE_TELEMETRY=off``: the baseline) and on, so machine noise hits
@@ -39,7 +41,10 @@ if mode != "no_sdk":
         def export(self, spans):
             return SpanExportResult.SUCCESS
 
-    provider = TracerProvider()
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    sampled = mode == "sdk_sampled"
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01)) if sampled else None)
     processor = SpanProcessor() if mode == "sdk_noop" else BatchSpanProcessor(Drop())
     provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
@@ -81,7 +86,7 @@ if mode != "no_sdk":
 print(json.dumps(report))
 """
 
-MODES = ("no_sdk", "sdk_noop", "sdk_batch")
+MODES = ("no_sdk", "sdk_noop", "sdk_batch", "sdk_sampled")
 
 
 def measure(mode: str, rounds: int, repeats: int) -> dict[str, float]:
