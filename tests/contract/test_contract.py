@@ -27,7 +27,7 @@ from vyre_async import (
     UnsupportedFeature,
     VyreBackend,
 )
-from vyre_async.ir import Assign, Let, Load, Loop, Store, Var, u32
+from vyre_async.ir import Assign, Let, Load, Loop, Store, Var, gid, u32
 from vyre_async.programs import elementwise_xor, standard_workloads
 from vyre_async.shadow import compare_outputs
 
@@ -123,6 +123,80 @@ async def test_many_dispatches_in_flight_complete_correctly(backend: VyreBackend
     for w, expected, pending in jobs:
         outputs = await pending
         assert compare_outputs(w.name, w.program, [], outputs, expected) is None
+
+
+def _rw_program(name: str, lanes: int, value: object, *, spin_input: bool = False) -> Program:
+    """``x[gid] = value(x[gid])`` on a READ_WRITE buffer, after an optional run-time spin."""
+    buffers = [BufferDecl("x", 0, Access.READ_WRITE, DType.U32, lanes)]
+    body: list[object] = []
+    if spin_input:
+        buffers.append(BufferDecl("n", 1, Access.UNIFORM, DType.U32, 1))
+        body += [
+            Let("acc", u32(0)),
+            Loop("i", u32(0), Load("n", u32(0)), [Assign("acc", Var("acc") + Var("i"))]),
+        ]
+    body.append(Store("x", gid(), value))
+    return Program(buffers, lanes, body, op_id=f"test.{name}")
+
+
+def _copy_program(lanes: int) -> Program:
+    return Program(
+        [
+            BufferDecl("x", 0, Access.READ, DType.U32, lanes),
+            BufferDecl("out", 1, Access.WRITE, DType.U32, lanes),
+        ],
+        lanes,
+        [Store("out", gid(), Load("x", gid()))],
+        op_id="test.copy",
+    )
+
+
+def resident_order_programs(lanes: int = 64) -> tuple[Program, Program, Program]:
+    """The ordering test's kernels: slow ``x += 1``, ``x *= 3``, and ``out = x``."""
+    return (
+        _rw_program("slow_add", lanes, Load("x", gid()) + u32(1), spin_input=True),
+        _rw_program("triple", lanes, Load("x", gid()) * u32(3)),
+        _copy_program(lanes),
+    )
+
+
+async def test_dispatches_sharing_a_resident_buffer_take_effect_in_submission_order(
+    backend: VyreBackend,
+) -> None:
+    lanes = 64
+    x0 = np.arange(lanes, dtype=np.uint32)
+    try:
+        x = backend.upload(x0)
+    except UnsupportedFeature:
+        pytest.skip(f"backend {backend.id!r} has no resident buffers")
+    slow_add, triple, copy = resident_order_programs(lanes)
+    spins = np.array([3000], np.uint32)
+    for program in (slow_add, triple, copy):
+        backend.compile(program)  # compile first: only the ordering is under test
+    x_check = backend.upload(x0)
+    await backend.dispatch(slow_add, [x_check, spins])
+    assert backend.download(x_check).tolist() == (x0 + 1).tolist()
+    backend.free(x_check)
+
+    # No await in between: the backend alone orders them.
+    a = backend.dispatch(slow_add, [x, spins])  # writes x (slowly)
+    if backend.id == "reference":
+        assert not a.done()  # the ordering below is really exercised
+    b = backend.dispatch(copy, [x])  # read after write: sees x0 + 1
+    c = backend.dispatch(triple, [x])  # write after read and after write
+    d = backend.dispatch(copy, [x])  # sees (x0 + 1) * 3
+    e = backend.dispatch(slow_add, [x, spins])  # write after read: d must not see it
+    # download waits for the writes submitted before it
+    assert backend.download(x).tolist() == ((x0 + 1) * 3 + 1).tolist()
+    outputs = [await p for p in (a, b, c, d, e)]
+    assert outputs[1][0].tolist() == (x0 + 1).tolist()
+    assert outputs[3][0].tolist() == ((x0 + 1) * 3).tolist()
+    # freeing a buffer that queued work still uses does not break that work
+    f = backend.dispatch(slow_add, [x, spins])
+    g = backend.dispatch(copy, [x])
+    backend.free(x)
+    await f
+    assert (await g)[0].tolist() == ((x0 + 1) * 3 + 2).tolist()
 
 
 async def test_timeout_raises_promptly_and_the_backend_recovers(backend: VyreBackend) -> None:

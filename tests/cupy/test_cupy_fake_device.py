@@ -58,6 +58,9 @@ test_timeout_raises_promptly_and_the_backend_recovers = (
 # fake one, or a GPU) does not, so some victims finish before they are cancelled. The
 # variant below checks the same guarantees without that timing assumption.
 test_load_10000_dispatches_from_200_tasks = contract.test_load_10000_dispatches_from_200_tasks
+test_dispatches_sharing_a_resident_buffer_take_effect_in_submission_order = (
+    contract.test_dispatches_sharing_a_resident_buffer_take_effect_in_submission_order
+)
 
 # The GPU tests whose programs are known in advance, on the fake device (checks their logic;
 # the random-program and fresh-process tests need a real GPU).

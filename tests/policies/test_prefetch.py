@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.policies.kernels import binop
-from vyre_async import DispatchConfig, KernelCompileFailed
+from vyre_async import DispatchConfig, KernelCompileFailed, telemetry
 from vyre_async.ir import Program
 from vyre_async.pending import PendingDispatch
 from vyre_async.pipeline import Launch
@@ -51,6 +51,16 @@ class SlowBackend(ReferenceBackend):
         # The "device" is busy for device_s before the engine runs the launch.
         threading.Timer(self.device_s, super().enqueue, (launch,)).start()
         return launch.pending
+
+
+@pytest.fixture(autouse=True)
+def _recording(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Record prediction outcomes as if an OpenTelemetry SDK listened.
+
+    Without one the prefetcher skips the span attributes these tests read from
+    each dispatch's context (tests/telemetry/test_no_sdk.py covers that side).
+    """
+    monkeypatch.setattr(telemetry, "is_recording", lambda: True)
 
 
 def _attrs(pending: PendingDispatch) -> dict[str, Any]:

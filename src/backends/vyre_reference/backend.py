@@ -41,6 +41,8 @@ __all__ = ["ReferenceBackend"]
 
 #: Estimated cost (ns) of handing a dispatch to a worker thread and waking the loop.
 HANDOFF_NS = 60_000
+#: How often a worker waiting on an earlier dispatch checks for a stop request.
+_ORDER_POLL_S = 0.005
 #: Rough cost model of the engine: per statement executed, and per lane-statement.
 _STMT_NS = 4_000
 _LANE_STMT_NS = 2
@@ -69,6 +71,8 @@ class ReferenceBackend(VyreBackend):
         self._pool_lock = threading.Lock()
         self._in_flight: set[Future[None]] = set()
         self._resident: dict[int, ResidentBuffer] = {}
+        self._orders: dict[int, _BufferOrder] = {}  # resident buffer id -> its last users
+        self._order_lock = threading.Lock()
         self._closed = False
 
     # Description ----------------------------------------------------------------
@@ -155,24 +159,74 @@ class ReferenceBackend(VyreBackend):
         return float(launch.config.iterations * steps * (_STMT_NS + lanes * _LANE_STMT_NS))
 
     def enqueue(self, launch: Launch) -> PendingDispatch:
-        """Run the launch inline when tiny, else on the worker pool."""
+        """Run the launch inline when tiny and unblocked, else on the worker pool.
+
+        Dispatches that share a resident buffer take effect in submission order:
+        one that writes it waits for earlier readers and writers, one that reads
+        it waits for earlier writers (in the worker, never in the event loop).
+        """
         if self._closed:
             raise InvalidProgram(
                 "the reference backend was shut down", fix="acquire or create a new backend"
             )
-        if launch.plan.geometry.lanes == 0 or self._estimate_ns(launch) < self.inline_ns:
-            self._run(launch, None)
+        natives = [
+            item.native(self.id) if isinstance(item, ResidentBuffer) else item
+            for item in launch.inputs
+        ]
+        # Registering and queueing happen under one lock, so the pool (FIFO) never
+        # holds a dispatch ahead of an earlier one it waits for.
+        with self._order_lock:
+            waits, done = self._order(launch)
+            inline = not waits and (
+                launch.plan.geometry.lanes == 0 or self._estimate_ns(launch) < self.inline_ns
+            )
+            if not inline:
+                try:
+                    future = self._executor().submit(
+                        self._run, launch, time.time_ns(), natives, waits, done
+                    )
+                except BaseException as exc:
+                    if done is not None:
+                        done.set()  # never leave later dispatches waiting on one that never ran
+                    if isinstance(exc, RuntimeError):  # the pool shut down meanwhile
+                        raise InvalidProgram(
+                            "the reference backend was shut down",
+                            fix="acquire or create a new backend",
+                        ) from exc
+                    raise
+        if inline:
+            self._run(launch, None, natives, (), done)
             return launch.pending
-        try:
-            future = self._executor().submit(self._run, launch, time.time_ns())
-        except RuntimeError as exc:  # the pool shut down between the check and the submit
-            raise InvalidProgram(
-                "the reference backend was shut down", fix="acquire or create a new backend"
-            ) from exc
         with self._pool_lock:
             self._in_flight.add(future)
         future.add_done_callback(self._forget)
         return launch.pending
+
+    def _order(self, launch: Launch) -> tuple[tuple[threading.Event, ...], threading.Event | None]:
+        """Register ``launch`` on its resident buffers; return what it waits for, and its done.
+
+        Called with ``_order_lock`` held.
+        """
+        written = {d.name for d in launch.plan.inputs if d.access is Access.READ_WRITE}
+        uses: dict[int, bool] = {}
+        for decl, item in zip(launch.plan.inputs, launch.inputs, strict=True):
+            if isinstance(item, ResidentBuffer):
+                uses[item.id] = uses.get(item.id, False) or decl.name in written
+        if not uses:
+            return (), None
+        done = threading.Event()
+        waits: list[threading.Event] = []
+        for buffer_id, writes in uses.items():
+            order = self._orders.setdefault(buffer_id, _BufferOrder())
+            if order.last_write is not None and not order.last_write.is_set():
+                waits.append(order.last_write)
+            if writes:
+                waits += [e for e in order.readers if not e.is_set()]
+                order.last_write, order.readers = done, []
+            else:
+                order.readers = [e for e in order.readers if not e.is_set()]
+                order.readers.append(done)
+        return tuple(waits), done
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._pool_lock:
@@ -188,9 +242,33 @@ class ReferenceBackend(VyreBackend):
         with self._pool_lock:
             self._in_flight.discard(future)
 
-    def _run(self, launch: Launch, queued_ns: int | None) -> None:
+    def _run(
+        self,
+        launch: Launch,
+        queued_ns: int | None,
+        natives: list[np.ndarray],
+        waits: tuple[threading.Event, ...],
+        done: threading.Event | None,
+    ) -> None:
         """Execute one launch (inline, or on a worker when ``queued_ns`` is given)."""
+        try:
+            self._execute(launch, queued_ns, natives, waits)
+        finally:
+            if done is not None:
+                done.set()
+
+    def _execute(
+        self,
+        launch: Launch,
+        queued_ns: int | None,
+        natives: list[np.ndarray],
+        waits: tuple[threading.Event, ...],
+    ) -> None:
         completer = launch.completer
+        for event in waits:  # earlier dispatches on the same resident buffers
+            while not event.wait(_ORDER_POLL_S):
+                if completer.stop_requested.is_set():
+                    break
         if completer.stop_requested.is_set():
             completer.fail(_timeout(launch))  # dropped if already settled: nothing runs
             return
@@ -200,7 +278,10 @@ class ReferenceBackend(VyreBackend):
             completer.record_phase("vyre.wait", queued_ns, started_ns)
         start = time.perf_counter()
         try:
-            arrays = [self._host_array(item) for item in launch.inputs]
+            arrays = [
+                np.array(native, copy=True) if isinstance(item, ResidentBuffer) else native
+                for item, native in zip(launch.inputs, natives, strict=True)
+            ]
             outputs = run_plan(
                 launch.plan,
                 arrays,
@@ -208,7 +289,7 @@ class ReferenceBackend(VyreBackend):
                 fixpoint_iterations=launch.config.iterations,
                 cancel=completer.stop_requested,
             )
-            self._write_back(launch, outputs)
+            self._write_back(launch, natives, outputs)
         except Cancelled:
             completer.fail(_timeout(launch))
             return
@@ -228,18 +309,17 @@ class ReferenceBackend(VyreBackend):
         completer.record_phase("vyre.launch", started_ns, time.time_ns())
         completer.resolve(outputs, device_s=device_s, compile_s=launch.compile_s)
 
-    def _host_array(self, item: np.ndarray | ResidentBuffer) -> np.ndarray:
-        if isinstance(item, ResidentBuffer):
-            return np.array(item.native(self.id), copy=True)
-        return item
-
-    def _write_back(self, launch: Launch, outputs: list[np.ndarray]) -> None:
+    def _write_back(
+        self, launch: Launch, natives: list[np.ndarray], outputs: list[np.ndarray]
+    ) -> None:
         """Update resident READ_WRITE inputs in place with their final contents."""
-        by_name = dict(zip((d.name for d in launch.plan.inputs), launch.inputs, strict=True))
+        names = [d.name for d in launch.plan.inputs]
+        by_name = dict(zip(names, zip(launch.inputs, natives, strict=True), strict=True))
         for decl, output in zip(launch.plan.outputs, outputs, strict=True):
-            item = by_name.get(decl.name)
+            item, native = by_name.get(decl.name, (None, None))
             if decl.access is Access.READ_WRITE and isinstance(item, ResidentBuffer):
-                item.native(self.id)[...] = output
+                assert native is not None
+                native[...] = output
 
     # Resident buffers -------------------------------------------------------------
     def upload(self, data: np.ndarray | bytes, *, label: str | None = None) -> ResidentBuffer:
@@ -261,14 +341,25 @@ class ReferenceBackend(VyreBackend):
         return self._keep(kind, array, label)
 
     def download(self, buffer: ResidentBuffer) -> np.ndarray:
-        """Return a copy of a resident buffer's contents."""
-        return np.array(buffer.native(self.id), copy=True)
+        """Return a copy of a resident buffer's contents (after earlier dispatches wrote it)."""
+        native = buffer.native(self.id)
+        with self._order_lock:
+            order = self._orders.get(buffer.id)
+            last_write = None if order is None else order.last_write
+        if last_write is not None:
+            last_write.wait()
+        return np.array(native, copy=True)
 
     def free(self, buffer: ResidentBuffer) -> None:
-        """Release a resident buffer (freeing twice is an error)."""
+        """Release a resident buffer (freeing twice is an error).
+
+        Dispatches already queued with it keep its memory and run as submitted.
+        """
         buffer.native(self.id)
         buffer._release()
         self._resident.pop(buffer.id, None)
+        with self._order_lock:
+            self._orders.pop(buffer.id, None)
 
     def _keep(self, dtype: DType, array: np.ndarray, label: str | None) -> ResidentBuffer:
         buffer = ResidentBuffer(
@@ -306,6 +397,16 @@ class ReferenceBackend(VyreBackend):
             pool, self._pool = self._pool, None
         if pool is not None:
             await anyio.to_thread.run_sync(pool.shutdown, True)
+
+
+class _BufferOrder:
+    """The last dispatch writing a resident buffer and the readers since (done events)."""
+
+    __slots__ = ("last_write", "readers")
+
+    def __init__(self) -> None:
+        self.last_write: threading.Event | None = None
+        self.readers: list[threading.Event] = []
 
 
 def _static_steps(statements: tuple[Stmt, ...]) -> float:
