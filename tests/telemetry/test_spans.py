@@ -168,8 +168,9 @@ async def test_metrics_and_prometheus_text(
                         assert tuple(point.explicit_bounds) == SECONDS_BUCKETS
                         uppers = (*point.explicit_bounds, float("inf"))
                         used = [u for u, c in zip(uppers, point.bucket_counts, strict=True) if c]
-                        # dispatches of >= 0.5 ms spread over the seconds buckets
-                        assert used and all(5e-4 <= u <= 1.0 for u in used), used
+                        # ~0.5 ms dispatches land in a sub-millisecond-scale bucket
+                        # (other tests' slow and timed-out dispatches fill later ones)
+                        assert used and 5e-4 <= used[0] <= 2.5e-3, used
     text = prometheus_text(data)
     assert "# TYPE vyre_dispatch_count_total counter" in text
     assert (
