@@ -8,10 +8,15 @@ are bound to resources), then ``result = await graph.run(backend, outputs=[...])
    buffers do both, atomic targets count as both);
 2. the arms are layered by arm independence (`vyre_async.policies.plan_arms`):
    every layer holds mutually independent arms, every conflict crosses layers;
-3. each layer's arms are dispatched together — all in flight at once (separate
-   streams on GPU backends, worker threads on the reference backend) — and the
-   layer is awaited; each arm's outputs then become the contents of the
-   resources they are bound to, and the next layer starts;
+3. with every resource resident (the default where the backend has resident
+   buffers), every arm is submitted at once and the backend orders the arms on
+   their shared buffers (stream events on CUDA, worker waits on the reference
+   backend): layers are joined on the device, never by a host sync. WRITE
+   buffers get fresh zero-filled resident buffers and run as READ_WRITE (the
+   same kernel), so outputs stay resident. Otherwise each layer's arms are
+   dispatched together, the layer is awaited, each arm's outputs become the
+   contents of the resources they are bound to, and the next layer starts
+   (``GraphReport.joins_on`` says which, ``host_join_reason`` why);
 4. the requested resources come back with a `GraphReport`: layers, which arms
    ran concurrently, the reason every serialised arm waited, streams, timing
    and the execution-mode verdict of the submission.
@@ -184,7 +189,17 @@ class GraphReport:
             backend, this run included (the repeat count of the execution mode).
         execution: The execution-mode decision for the submission.
         wall_s: The whole run, host clock.
-        layer_wall_s: Each layer, from its first dispatch to its last completion.
+        layer_wall_s: With host joins, each layer from its first dispatch to its
+            last completion; with device joins, from the previous layer's last
+            completion (or the run's start) to this layer's last completion.
+        joins_on: ``"device"`` when every arm was submitted at once and the
+            backend ordered the arms on their shared resident buffers (events on
+            CUDA, waits inside worker threads on the reference backend), or
+            ``"host"`` when each layer was awaited before the next was dispatched.
+        host_join_reason: Why the joins were on the host (None with device joins):
+            ``"host_residency"`` (resources were host arrays) or
+            ``"bool_resource_written"`` (an arm writes a BOOL resource, which
+            stays a host array).
     """
 
     label: str | None
@@ -197,13 +212,16 @@ class GraphReport:
     execution: ExecutionDecision
     wall_s: float
     layer_wall_s: tuple[float, ...]
+    joins_on: Literal["device", "host"] = "host"
+    host_join_reason: str | None = None
 
     def describe(self) -> str:
         """Return a human-readable, multi-line account of the run."""
         lines = [
             f"graph {self.label or '(unlabelled)'} on {self.backend_id}: {len(self.arms)} arms, "
-            f"{len(self.layers)} layers, {self.joins} joins, resources {self.residency}, "
-            f"{self.wall_s * 1e3:.2f} ms",
+            f"{len(self.layers)} layers, {self.joins} joins on the {self.joins_on}"
+            + (f" ({self.host_join_reason})" if self.host_join_reason else "")
+            + f", resources {self.residency}, {self.wall_s * 1e3:.2f} ms",
             f"execution mode: {self.execution.mode.kind}"
             + (f" ({self.execution.mode.reason})" if self.execution.mode.reason else ""),
         ]
@@ -578,6 +596,9 @@ class ArmGraph:
             with trace.use_span(span, end_on_exit=True):
                 layer_wall = await runner.execute()
                 span.set_attribute("vyre.graph.residency", runner.residency)
+                span.set_attribute("vyre.graph.joins_on", runner.joins_on)
+                if runner.host_join_reason:
+                    span.set_attribute("vyre.graph.host_join_reason", runner.host_join_reason)
         wall = time.perf_counter() - started
         try:
             out = {name: runner.take(name) for name in wanted}
@@ -594,8 +615,40 @@ class ArmGraph:
             execution=decision,
             wall_s=wall,
             layer_wall_s=tuple(layer_wall),
+            joins_on=runner.joins_on,
+            host_join_reason=runner.host_join_reason,
         )
         return GraphResult(outputs=out, report=report)
+
+
+def _resident_variant(program: Program) -> Program:
+    """``program`` with WRITE buffers made READ_WRITE, to run on fresh zeroed resident buffers.
+
+    WRITE buffers start zero-filled and READ_WRITE ones from their input, so on a
+    zeroed buffer the two are the same kernel; the outputs (WRITE and READ_WRITE,
+    in declaration order) and the inferred grid are unchanged.
+    """
+    variant = program._memo.get("graph.resident_variant")
+    if variant is None:
+        if any(d.access is Access.WRITE for d in program.buffers):
+            buffers = [
+                BufferDecl(d.name, d.binding, Access.READ_WRITE, d.dtype, d.count)
+                if d.access is Access.WRITE
+                else d
+                for d in program.buffers
+            ]
+            variant = Program(buffers, program.workgroup_size, program.body, op_id=program.op_id)
+        else:
+            variant = program
+        program._memo["graph.resident_variant"] = variant
+    assert isinstance(variant, Program)
+    return variant
+
+
+def _settled_at(pending: PendingDispatch) -> float:
+    """When a dispatch's result was ready (``time.monotonic()`` clock)."""
+    timing = pending.timing
+    return pending._created + (0.0 if timing is None or timing.wall_s is None else timing.wall_s)
 
 
 def _persistent_mode(arms: Sequence[Arm]) -> Literal["auto", "force", "disable"]:
@@ -633,30 +686,97 @@ class _Run:
         self.owned: list[ResidentBuffer] = []
         self.arm_runs: list[ArmRun] = []
         self.in_flight: list[PendingDispatch] = []
+        self.host_join_reason: str | None = None
 
     @property
     def residency(self) -> Literal["resident", "host"]:
         return "resident" if self.resident else "host"
 
+    @property
+    def joins_on(self) -> Literal["device", "host"]:
+        return "host" if self.host_join_reason else "device"
+
     async def execute(self) -> list[float]:
         """Run every layer; return each layer's wall time."""
-        walls: list[float] = []
-        runs: dict[int, ArmRun] = {}
+        self.host_join_reason = self._host_join_reason()
         try:
-            for number, layer in enumerate(self.plan.layers):
-                started = time.perf_counter()
-                pendings = [self._launch(self.arms[i], number, layer) for i in layer]
-                results = await self._await_layer(layer, pendings)
-                walls.append(time.perf_counter() - started)
-                for i, pending, outputs in zip(layer, pendings, results, strict=True):
-                    self._store(self.arms[i], outputs)
-                    runs[i] = self._arm_run(self.arms[i], number, layer, pending)
+            if self.host_join_reason is None:
+                return await self._execute_device_joins()
+            return await self._execute_host_joins()
         except BaseException:
             await self._settle_in_flight()
             self.release()
             raise
+
+    def _host_join_reason(self) -> str | None:
+        """Decide the joins: on the device when every resource an arm uses can be resident."""
+        if not self.resident:
+            return "host_residency"
+        for arm in self.arms:
+            for decl in arm.program.buffers:
+                if decl.access.is_output and decl.dtype is DType.BOOL:
+                    return "bool_resource_written"
+        used = sorted({res for arm in self.arms for _, res in arm.bindings})
+        for resource in used:  # upload now; a backend without resident buffers says so here
+            self._input(resource)
+        return None if self.residency == "resident" else "host_residency"
+
+    async def _execute_device_joins(self) -> list[float]:
+        """Submit every arm at once; the backend orders them on their resident buffers."""
+        started = time.monotonic()
+        launched = [
+            (i, number, layer, self._launch_resident(self.arms[i], number, layer))
+            for number, layer in enumerate(self.plan.layers)
+            for i in layer
+        ]
+        pendings = [pending for _, _, _, pending in launched]
+        await self._await_layer(tuple(i for i, _, _, _ in launched), pendings)
+        runs = {
+            i: self._arm_run(self.arms[i], number, layer, pending)
+            for i, number, layer, pending in launched
+        }
+        self.arm_runs = [runs[i] for i in range(len(self.arms))]
+        settled = {i: _settled_at(pending) for i, _, _, pending in launched}
+        walls: list[float] = []
+        previous = started
+        for layer in self.plan.layers:
+            end = max([previous, *(settled[i] for i in layer)])
+            walls.append(end - previous)
+            previous = end
+        return walls
+
+    async def _execute_host_joins(self) -> list[float]:
+        """Dispatch a layer, await it, store its outputs, then start the next."""
+        walls: list[float] = []
+        runs: dict[int, ArmRun] = {}
+        for number, layer in enumerate(self.plan.layers):
+            started = time.perf_counter()
+            pendings = [self._launch(self.arms[i], number, layer) for i in layer]
+            results = await self._await_layer(layer, pendings)
+            walls.append(time.perf_counter() - started)
+            for i, pending, outputs in zip(layer, pendings, results, strict=True):
+                self._store(self.arms[i], outputs)
+                runs[i] = self._arm_run(self.arms[i], number, layer, pending)
         self.arm_runs = [runs[i] for i in range(len(self.arms))]
         return walls
+
+    def _launch_resident(self, arm: Arm, number: int, layer: tuple[int, ...]) -> PendingDispatch:
+        """Dispatch ``arm`` with every buffer resident: WRITE buffers get fresh zeroed ones."""
+        program = _resident_variant(arm.program)
+        inputs: list[np.ndarray | ResidentBuffer] = []
+        for decl in program.inputs:
+            resource = arm.resource_of(decl.name)
+            if arm.program.buffer(decl.name).access is Access.WRITE:
+                res = self.resources[resource]
+                handle = self.backend.alloc(
+                    res.dtype, res.count, label=f"{self.graph_label or 'graph'}:{resource}"
+                )
+                self.owned.append(handle)  # the replaced buffer is freed at the end
+                self.state[resource] = handle
+                inputs.append(handle)
+            else:
+                inputs.append(self._input(resource))
+        return self._dispatch(arm, number, layer, program, inputs)
 
     def _input(self, resource: str) -> np.ndarray | ResidentBuffer:
         value = self.state[resource]
@@ -679,6 +799,16 @@ class _Run:
 
     def _launch(self, arm: Arm, number: int, layer: tuple[int, ...]) -> PendingDispatch:
         inputs = [self._input(arm.resource_of(decl.name)) for decl in arm.program.inputs]
+        return self._dispatch(arm, number, layer, arm.program, inputs)
+
+    def _dispatch(
+        self,
+        arm: Arm,
+        number: int,
+        layer: tuple[int, ...],
+        program: Program,
+        inputs: list[np.ndarray | ResidentBuffer],
+    ) -> PendingDispatch:
         attributes: dict[str, AttributeValue] = {
             "vyre.arm.index": arm.index,
             "vyre.arm.label": arm.label,
@@ -693,7 +823,7 @@ class _Run:
             attributes["vyre.policy.arm.reason"] = waits.reason
             attributes["vyre.policy.arm.after"] = waits.earlier
         with dispatch_attributes(attributes):
-            pending = self.backend.dispatch(arm.program, inputs, arm.config)
+            pending = self.backend.dispatch(program, inputs, arm.config)
         self.in_flight.append(pending)
         return pending
 

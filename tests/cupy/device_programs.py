@@ -17,7 +17,7 @@ from vyre_async.ir import (
     u32,
 )
 
-__all__ = ["accumulate", "extra_programs", "gate"]
+__all__ = ["accumulate", "extra_programs", "gate", "graph_programs"]
 
 
 def accumulate() -> Program:
@@ -62,6 +62,14 @@ def gate() -> Program:
     )
 
 
+def graph_programs() -> list[Program]:
+    """The arm-graph test's kernels, as the graph dispatches them (resident variants)."""
+    from tests.policies.kernels import binop
+    from vyre_async.graph import _resident_variant
+
+    return [_resident_variant(binop("xor", 64)), _resident_variant(binop("add", 64))]
+
+
 def extra_programs() -> list[Program]:
     """Return every extra program (one kernel each in the fake device's library)."""
-    return [accumulate(), gate()]
+    return [accumulate(), gate(), *graph_programs()]

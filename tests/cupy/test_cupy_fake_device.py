@@ -347,3 +347,31 @@ def test_factory_uses_the_default_disk_cache(
     assert create_backend(disk_cache=None).disk_cache is None
     with pytest.raises(ValueError):
         create_backend(disk_cache="elsewhere")
+
+
+async def test_arm_graph_joins_layers_on_the_device(backend: CupyBackend) -> None:
+    """Every arm submitted at once; stream events order them on their resident buffers."""
+    from tests.policies.kernels import binop
+    from vyre_async.graph import ArmGraph
+    from vyre_reference import ReferenceBackend
+
+    rng = np.random.default_rng(11)
+    graph = ArmGraph(label="fake-device")
+    for name in ("x", "y", "z"):
+        graph.resource(name, "u32", 64, initial=rng.integers(0, 2**32, 64, dtype=np.uint32))
+    for name in ("p", "q", "r"):
+        graph.resource(name, "u32", 64)
+    xor, add = binop("xor", 64), binop("add", 64)
+    graph.arm(xor, {"a": "x", "b": "y", "out": "p"})
+    graph.arm(add, {"a": "y", "b": "z", "out": "q"})
+    graph.arm(xor, {"a": "p", "b": "q", "out": "r"})
+    graph.arm(add, {"a": "r", "b": "p", "out": "x"})  # rewrites x, read by the first arm
+    on_device = await graph.run(backend)
+    reference = ReferenceBackend()
+    expected = await graph.run(reference)
+    await reference.shutdown()
+    assert on_device.report.joins_on == "device"
+    assert on_device.report.layers == ((0, 1), (2,), (3,))
+    assert all(isinstance(a.stream, int) for a in on_device.report.arms)  # pool stream index
+    for name in ("p", "q", "r", "x"):
+        assert on_device.outputs[name].tolist() == expected.outputs[name].tolist(), name

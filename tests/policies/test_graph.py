@@ -308,6 +308,105 @@ async def test_independent_arms_overlap_on_worker_threads() -> None:
     await backend.shutdown()
 
 
+class SpyBackend(ReferenceBackend):
+    """Notes, at each dispatch, which earlier dispatches had already finished."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.launched: list[PendingDispatch] = []
+        self.done_before: list[list[bool]] = []
+
+    def enqueue(self, launch: Launch) -> PendingDispatch:
+        self.done_before.append([p.done() for p in self.launched])
+        self.launched.append(launch.pending)
+        return super().enqueue(launch)
+
+
+def _spin_add(n: int) -> Program:
+    """``out[i] = a[i] + 1`` after a run-time spin of ``spins[0]`` steps (a slow arm)."""
+    from vyre_async.ir import Assign, Loop, Store, Var, gid
+
+    return Program(
+        [
+            BufferDecl("a", 0, Access.READ, DType.U32, n),
+            BufferDecl("spins", 1, Access.UNIFORM, DType.U32, 1),
+            BufferDecl("out", 2, Access.WRITE, DType.U32, n),
+        ],
+        n,
+        [
+            Let("acc", c32(0)),
+            Loop("k", c32(0), Load("spins", 0), [Assign("acc", Var("acc") + Var("k"))]),
+            Store("out", gid(), Load("a", gid()) + c32(1)),
+        ],
+        op_id="test.spin_add",
+    )
+
+
+@pytest.mark.anyio
+async def test_device_joins_submit_every_arm_before_the_first_finishes() -> None:
+    """Resident resources: no host join between layers; the backend orders the arms."""
+    backend = SpyBackend(inline_ns=0, max_workers=2)
+    graph = ArmGraph(label="device")
+    x, y = rand_u32(), rand_u32()
+    graph.resource("x", "u32", N, initial=x)
+    graph.resource("y", "u32", N, initial=y)
+    graph.resource("spins", "u32", 1, initial=np.array([3000], np.uint32))
+    for name in ("slow", "w", "z"):
+        graph.resource(name, "u32", N)
+    xor = binop("xor", N)
+    graph.arm(_spin_add(N), {"a": "x", "spins": "spins", "out": "slow"}, label="slow")
+    graph.arm(xor, {"a": "x", "b": "y", "out": "w"}, label="w")
+    graph.arm(xor, {"a": "slow", "b": "y", "out": "z"}, label="z")  # after slow
+    graph.arm(xor, {"a": "z", "b": "w", "out": "x"}, label="x")  # after z, w; x read before
+    await graph.run(backend)  # compiles every arm: compiling would otherwise take longest
+    backend.launched.clear()
+    backend.done_before.clear()
+    result = await graph.run(backend)
+    report = result.report
+    assert report.layers == ((0, 1), (2,), (3,))
+    assert report.joins_on == "device" and report.host_join_reason is None
+    # the last layer was dispatched while the first layer's slow arm still ran
+    assert backend.done_before[3][0] is False
+    slow = x + np.uint32(1)
+    assert result.outputs["slow"].tolist() == slow.tolist()
+    assert result.outputs["w"].tolist() == (x ^ y).tolist()
+    assert result.outputs["z"].tolist() == (slow ^ y).tolist()
+    assert result.outputs["x"].tolist() == ((slow ^ y) ^ (x ^ y)).tolist()
+    # layer walls run from one layer's last completion to the next's
+    assert len(report.layer_wall_s) == 3
+    assert sum(report.layer_wall_s) <= report.wall_s * 1.01
+    assert "3 layers, 2 joins on the device" in report.describe()
+    await backend.shutdown()
+
+
+@pytest.mark.anyio
+async def test_host_joins_and_their_reasons(backend: RecordingBackend) -> None:
+    graph, _ = xor_graph()
+    hosted = await graph.run(backend, residency="host")
+    assert (hosted.report.joins_on, hosted.report.host_join_reason) == ("host", "host_residency")
+    assert "joins on the host (host_residency)" in hosted.report.describe()
+    no_resident = HostOnlyBackend(inline_ns=0)
+    fallback = await graph.run(no_resident)
+    assert fallback.report.host_join_reason == "host_residency"
+    await no_resident.shutdown()
+    flags = ArmGraph()
+    flags.resource("a", "bool", 4)
+    flags.resource("b", "bool", 4)
+    flags.arm(
+        Program(
+            [
+                BufferDecl("a", 0, Access.READ, DType.BOOL, 4),
+                BufferDecl("b", 1, Access.WRITE, DType.BOOL, 4),
+            ],
+            4,
+            [],
+        ),
+        {"a": "a", "b": "b"},
+    )
+    written = await flags.run(backend)
+    assert written.report.host_join_reason == "bool_resource_written"
+
+
 @pytest.mark.anyio
 async def test_values_replace_initial_contents_and_outputs_are_copies(
     backend: RecordingBackend,
