@@ -98,10 +98,13 @@ def toolchain() -> Toolchain:
 
 def fake_device_programs() -> list[Program]:
     """Programs the fake-device tests dispatch: the corpus, the contract's, and their own."""
+    from benchmarks.cuda_policies import benchmark_programs
+
     from tests.contract.test_contract import resident_order_programs, spin
     from tests.cupy.device_programs import extra_programs
 
     programs = [c.program for c in cases() if c.error is None]
     programs += [spin(), elementwise_xor(64), *resident_order_programs()]
+    programs += benchmark_programs()
     programs += [o.program for o in op_cases() + unit_cases()]
     return programs + extra_programs()

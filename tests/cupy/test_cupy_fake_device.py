@@ -375,3 +375,22 @@ async def test_arm_graph_joins_layers_on_the_device(backend: CupyBackend) -> Non
     assert all(isinstance(a.stream, int) for a in on_device.report.arms)  # pool stream index
     for name in ("p", "q", "r", "x"):
         assert on_device.outputs[name].tolist() == expected.outputs[name].tolist(), name
+
+
+def test_policy_benchmark_runs_on_the_fake_device(fake: FakeDevice) -> None:
+    """benchmarks/cuda_policies.py end to end on the fake device: the plumbing, not figures.
+
+    (Its bare-CuPy graph-capture peer needs a real GPU.)
+    """
+    from benchmarks import cuda_policies as bench
+
+    arms = bench.arm_concurrency(1)
+    assert arms["streams_1"]["streams_used"] == [0]
+    assert len(arms["streams_4"]["streams_used"]) >= 1
+    assert arms["concurrency_factor"] > 0 and isinstance(arms["met"], bool)
+    overlap = bench.copy_overlap(2, 1024)
+    assert overlap["bytes_per_upload"] == 4096
+    assert overlap["pipelined_ms"] > 0 and isinstance(overlap["met"], bool)
+    prefetch = bench.prefetch_latency(1, 0.02)
+    assert prefetch["prefetch_off"]["compile_waits"] == prefetch["prefetch_off"]["dispatches"] == 3
+    assert prefetch["prefetch_on"]["dispatches"] == 3
