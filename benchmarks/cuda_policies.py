@@ -28,10 +28,12 @@ with status 2 and a message when no CUDA device is usable.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -60,7 +62,11 @@ PREFETCH_TAGS = (10, 11, 12)
 
 
 def spin_arm(tag: int = 0) -> Program:
-    """``out[gid] = tag + sum(range(spins[0]))``: one workgroup, as long as you like."""
+    """``acc = acc * 3 + i`` for ``i < spins[0]``, stored: one workgroup, as long as you like.
+
+    A multiplicative recurrence: unlike ``acc += i`` the compiler cannot replace
+    the loop by a closed form, so the device time grows with ``spins``.
+    """
     return Program(
         [
             BufferDecl("spins", 0, Access.UNIFORM, DType.U32, 1),
@@ -69,7 +75,12 @@ def spin_arm(tag: int = 0) -> Program:
         ARM_LANES,
         [
             Let("acc", u32(tag)),
-            Loop("i", u32(0), Load("spins", u32(0)), [Assign("acc", Var("acc") + Var("i"))]),
+            Loop(
+                "i",
+                u32(0),
+                Load("spins", u32(0)),
+                [Assign("acc", Var("acc") * u32(3) + Var("i"))],
+            ),
             Store("out", gid(), Var("acc")),
         ],
         op_id=f"bench.spin{tag}",
@@ -121,14 +132,22 @@ def _device_time(backend: Any, program: Program, inputs: list[Any], **cfg: Any) 
 
 
 def _tune(measure: Any, target_s: float, start: int, limit: int = 1 << 30) -> int:
-    """Scale a spin count until ``measure(spins)`` is about ``target_s``."""
+    """Scale a spin count until ``measure(spins)`` is within 25 % of ``target_s``.
+
+    Raises:
+        RuntimeError: it did not converge (the kernel's time does not follow the
+            spin count): every figure built on it would be wrong.
+    """
     spins = start
-    for _ in range(6):
+    for _ in range(8):
         took = max(measure(spins), 1e-7)
         if 0.8 * target_s <= took <= 1.25 * target_s:
-            break
+            return spins
         spins = int(min(limit, max(1, spins * target_s / took)))
-    return spins
+    raise RuntimeError(
+        f"could not tune a kernel to {target_s * 1e3:.3f} ms: {spins} spins took "
+        f"{took * 1e3:.3f} ms"
+    )
 
 
 def arm_concurrency(repeats: int) -> dict[str, Any]:
@@ -179,8 +198,11 @@ def arm_concurrency(repeats: int) -> dict[str, Any]:
 
 def copy_overlap(iterations: int, elements: int) -> dict[str, Any]:
     """Pipelined upload + kernel loop versus copies alone and kernels alone."""
+    import cupy
+
     from vyre_cupy import create_backend
 
+    runtime = cupy.cuda.runtime
     backend = create_backend(disk_cache=None)
     n = max(256, elements // 256 * 256)
     data = [np.full(n, i, np.uint32) for i in range(iterations)]
@@ -191,7 +213,7 @@ def copy_overlap(iterations: int, elements: int) -> dict[str, Any]:
     def copies() -> float:
         start = time.perf_counter()
         handles = [backend.upload(x) for x in data]
-        anyio.run(backend.flush)  # every copy finished
+        runtime.deviceSynchronize()  # every copy finished (precise, no polling)
         took = time.perf_counter() - start
         for h in handles:
             backend.free(h)
@@ -355,8 +377,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer samples")
     parser.add_argument("--output", help="also write the JSON report to this file")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-    from cuda import _probe, device_report
+    spec = importlib.util.spec_from_file_location(
+        "vyre_benchmark_cuda", Path(__file__).resolve().parent / "cuda.py"
+    )
+    assert spec is not None and spec.loader is not None
+    shared = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shared)  # its _probe and device_report
+    _probe, device_report = shared._probe, shared.device_report
 
     reason = _probe()
     if reason is not None:

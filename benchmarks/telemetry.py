@@ -11,7 +11,11 @@ Three SDK set-ups, each in its own process (a tracer provider is global):
 
 Inside each process, rounds alternate vyre telemetry off (`set_enabled(False)`,
 the same as ``VYRE_TELEMETRY=off``: the baseline) and on, so machine noise hits
-both alike; the added latency is the median over rounds of on/off - 1. The SDK
+both alike (the order alternates between rounds, so what one mode leaves behind
+— garbage, a batch export — lands on both). The added latency is the median
+over rounds of on/off - 1, of the per-dispatch medians (``added_pct``) and of
+the per-dispatch means (``added_mean_pct``, which also catches periodic costs
+such as batch exports and garbage collection). The SDK
 processes also time what the SDK itself charges for one bare span
 (``tracer.start_span("x").end()``), the floor under any traced dispatch.
 
@@ -56,28 +60,30 @@ backend = acquire_backend("reference")
 program = elementwise_xor(64)
 inputs = [np.arange(64, dtype=np.uint32), np.ones(64, np.uint32)]
 
-def median_us():
+def measure():
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
         backend.dispatch(program, inputs).result()
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e6
+    return statistics.median(samples) * 1e6, statistics.fmean(samples) * 1e6
 
 for enabled in (False, True):
     telemetry.set_enabled(enabled)
     for _ in range(500):
         backend.dispatch(program, inputs).result()
 off, on = [], []
-for _ in range(rounds):
-    telemetry.set_enabled(False)
-    off.append(median_us())
-    telemetry.set_enabled(True)
-    on.append(median_us())
+for r in range(rounds):
+    for enabled in ((False, True) if r % 2 == 0 else (True, False)):  # alternate the order
+        telemetry.set_enabled(enabled)
+        (on if enabled else off).append(measure())
 report = {
-    "off_us": statistics.median(off),
-    "on_us": statistics.median(on),
-    "added_pct": 100 * statistics.median([b / a - 1 for a, b in zip(off, on)]),
+    "off_us": statistics.median(m for m, _ in off),
+    "on_us": statistics.median(m for m, _ in on),
+    "added_us": statistics.median(b[0] - a[0] for a, b in zip(off, on)),
+    "added_pct": 100 * statistics.median(b[0] / a[0] - 1 for a, b in zip(off, on)),
+    "added_mean_us": statistics.median(b[1] - a[1] for a, b in zip(off, on)),
+    "added_mean_pct": 100 * statistics.median(b[1] / a[1] - 1 for a, b in zip(off, on)),
 }
 if mode != "no_sdk":
     tracer = trace.get_tracer("benchmark")
@@ -122,8 +128,10 @@ def main() -> None:
             mode: {
                 "off_us": round(r["off_us"], 2),
                 "on_us": round(r["on_us"], 2),
-                "added_us": round(r["on_us"] - r["off_us"], 2),
+                "added_us": round(r["added_us"], 2),
                 "added_pct": round(r["added_pct"], 1),
+                "added_mean_us": round(r["added_mean_us"], 2),
+                "added_mean_pct": round(r["added_mean_pct"], 1),
                 **_floor(r),
             }
             for mode, r in results.items()

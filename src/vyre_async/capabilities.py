@@ -46,6 +46,10 @@ class BackendCapabilities:
     max_workgroup_memory_bytes: int = 0
     subgroup_size: int | None = None
     device_name: str = ""
+    #: Dispatches sharing a resident buffer take effect in submission order without
+    #: the caller awaiting in between (docs/backend-authors.md). Arm graphs join
+    #: layers on the device only on backends that say so.
+    ordered_resident_buffers: bool = False
 
     def __post_init__(self) -> None:
         for name in FEATURES:

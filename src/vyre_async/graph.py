@@ -197,7 +197,9 @@ class GraphReport:
             CUDA, waits inside worker threads on the reference backend), or
             ``"host"`` when each layer was awaited before the next was dispatched.
         host_join_reason: Why the joins were on the host (None with device joins):
-            ``"host_residency"`` (resources were host arrays) or
+            ``"host_residency"`` (resources were host arrays),
+            ``"unordered_resident_buffers"`` (the backend does not promise
+            `BackendCapabilities.ordered_resident_buffers`) or
             ``"bool_resource_written"`` (an arm writes a BOOL resource, which
             stays a host array).
     """
@@ -524,8 +526,11 @@ class ArmGraph:
                 wrong size or dtype; or an arm's dispatch was rejected.
             UnsupportedFeature: ``residency="resident"`` on a backend without
                 resident buffers, or an arm needs a feature the backend lacks.
-            BackendError: an arm failed (the error names the arm in a note); the
-                other arms of its layer are awaited before it is raised.
+            BackendError: an arm failed (the error names the arm in a note). With
+                host joins the other arms of its layer are awaited before it is
+                raised and later layers never start; with device joins every arm
+                was already submitted, and all of them are awaited first (the
+                first failure in submission order is raised).
         """
         if residency not in ("auto", "resident", "host"):
             raise InvalidProgram(
@@ -712,12 +717,16 @@ class _Run:
         """Decide the joins: on the device when every resource an arm uses can be resident."""
         if not self.resident:
             return "host_residency"
+        if not self.backend.capabilities().ordered_resident_buffers:
+            return "unordered_resident_buffers"
         for arm in self.arms:
             for decl in arm.program.buffers:
                 if decl.access.is_output and decl.dtype is DType.BOOL:
                     return "bool_resource_written"
-        used = sorted({res for arm in self.arms for _, res in arm.bindings})
-        for resource in used:  # upload now; a backend without resident buffers says so here
+        read = sorted(  # WRITE-only resources get fresh zeroed buffers instead
+            {arm.resource_of(decl.name) for arm in self.arms for decl in arm.program.inputs}
+        )
+        for resource in read:  # upload now; a backend without resident buffers says so here
             self._input(resource)
         return None if self.residency == "resident" else "host_residency"
 

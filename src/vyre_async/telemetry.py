@@ -153,9 +153,9 @@ def _labels(backend_id: str, program: Program) -> tuple[tuple[str, str], ...]:
 
 # The API's stand-ins until an application installs an SDK (set once, never unset).
 _INERT_TRACER_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
-_INERT_METER_PROVIDERS: tuple[type[metrics.MeterProvider], ...] = (
+_INERT_METER_PROVIDERS: tuple[type, ...] = (
     metrics.NoOpMeterProvider,
-    type(_metrics_api._PROXY_METER_PROVIDER),
+    type(getattr(_metrics_api, "_PROXY_METER_PROVIDER", metrics.NoOpMeterProvider())),
 )
 _tracing = False
 _metering = False
@@ -207,12 +207,14 @@ class DispatchTrace:
     ``traced`` is False when only metrics are recorded (no SDK tracer provider).
     """
 
-    __slots__ = ("parent", "start_ns", "traced")
+    __slots__ = ("context", "parent", "start_ns", "traced")
 
     def __init__(self, traced: bool) -> None:
         self.traced = traced
         self.parent: Context | None = get_current() if traced else None
         self.start_ns = time.time_ns()
+        #: The pending dispatch's context once `attach` ran (holds its span and claim).
+        self.context: dict[str, Any] | None = None
 
 
 def start_dispatch(backend_id: str, program: Program) -> DispatchTrace | None:
@@ -258,10 +260,14 @@ def fail_before_launch(
     """Record a dispatch that ``dispatch()`` itself rejected, before any launch."""
     if started is None:
         return
+    attached = started.context
+    if attached is not None and attached.pop("open", None) is None:
+        return  # the dispatch already settled and was counted (its span ended)
     if started.traced:
-        attributes = _program_attributes(backend_id, program)
-        attributes["vyre.error.code"] = int(getattr(error, "code", 0))
-        span = _open(started, attributes)
+        span = None if attached is None else attached.pop("span", None)
+        if span is None:  # raised before attach: open the span now
+            span = _open(started, _program_attributes(backend_id, program))
+        span.set_attribute("vyre.error.code", int(getattr(error, "code", 0)))
         if span.is_recording():
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
@@ -294,7 +300,8 @@ def attach(started: DispatchTrace | None, launch: Launch, *, cache_hit: bool) ->
             attributes.update(extra)
             context["attributes_sent"] = dict(extra)
         context["span"] = _open(started, attributes)
-    context["open"] = True  # claimed once, by the first of finish / await-cancelled
+    context["open"] = True  # claimed once: by finish, await-cancelled or fail_before_launch
+    started.context = context
     labels = _labels(backend_id, program)
     context["labels"] = labels
     context["label_attrs"] = dict(labels)

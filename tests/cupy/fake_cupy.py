@@ -112,6 +112,7 @@ class FakeDevice:
         }
         runtime.memcpyAsync = self._memcpy
         runtime.memsetAsync = self._memset
+        runtime.deviceSynchronize = self._synchronize
 
         function: Any = types.ModuleType("cupy.cuda.function")
         function.Module = lambda: FakeModule(device)
@@ -195,6 +196,13 @@ class FakeDevice:
                 raise OutOfMemoryError(f"out of memory allocating {nbytes} bytes")
             self.allocated += nbytes
         return DeviceMemory(self, nbytes)
+
+    def _synchronize(self) -> None:
+        """``cudaDeviceSynchronize``: wait until every stream ran what it was given."""
+        for stream in list(self.streams.values()):
+            marker = FakeEvent(self)
+            marker.record(stream)
+            marker.synchronize()
 
     def _stream(self, ptr: int) -> FakeStream:
         return self.streams[ptr]

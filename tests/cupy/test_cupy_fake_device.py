@@ -61,6 +61,9 @@ test_load_10000_dispatches_from_200_tasks = contract.test_load_10000_dispatches_
 test_dispatches_sharing_a_resident_buffer_take_effect_in_submission_order = (
     contract.test_dispatches_sharing_a_resident_buffer_take_effect_in_submission_order
 )
+test_a_timed_out_dispatch_keeps_the_order_of_those_behind_it = (
+    contract.test_a_timed_out_dispatch_keeps_the_order_of_those_behind_it
+)
 
 # The GPU tests whose programs are known in advance, on the fake device (checks their logic;
 # the random-program and fresh-process tests need a real GPU).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from vyre_async import (
     UnsupportedFeature,
     VyreBackend,
 )
+from vyre_async.capabilities import BackendCapabilities
 from vyre_async.graph import ArmGraph, GraphResult, Residency, summarize_arm
 from vyre_async.ir import Access, Atomic, BufferDecl, DType, Let, Load, Program
 from vyre_async.ir import u32 as c32
@@ -389,6 +391,18 @@ async def test_host_joins_and_their_reasons(backend: RecordingBackend) -> None:
     fallback = await graph.run(no_resident)
     assert fallback.report.host_join_reason == "host_residency"
     await no_resident.shutdown()
+
+    class Unordered(RecordingBackend):  # resident buffers, no ordering promise
+        def capabilities(self) -> BackendCapabilities:
+            return dataclasses.replace(super().capabilities(), ordered_resident_buffers=False)
+
+    unordered = Unordered(inline_ns=0)
+    awaited = await graph.run(unordered)
+    assert (awaited.report.residency, awaited.report.host_join_reason) == (
+        "resident",
+        "unordered_resident_buffers",
+    )
+    await unordered.shutdown()
     flags = ArmGraph()
     flags.resource("a", "bool", 4)
     flags.resource("b", "bool", 4)

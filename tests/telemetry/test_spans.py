@@ -214,3 +214,19 @@ def test_dispatch_attributes_block_lands_on_the_spans_inside_it(
     assert first.attributes is not None and second.attributes is not None
     assert first.attributes["vyre.policy.demo"] == "yes"
     assert "vyre.policy.demo" not in second.attributes
+
+
+async def test_an_error_after_the_span_opened_ends_that_one_span(
+    spans: InMemorySpanExporter,
+) -> None:
+    """enqueue refusing the launch (a shut-down backend) ends the span attach opened."""
+    backend = ReferenceBackend()
+    await backend.shutdown()
+    with pytest.raises(InvalidProgram, match="shut down"):
+        backend.dispatch(XOR, INPUTS)
+    (span,) = _dispatch_spans(spans)
+    assert span.end_time is not None and span.status.status_code is StatusCode.ERROR
+    assert span.attributes is not None
+    assert tuple(span.attributes["vyre.launch.grid"]) == (1, 1, 1)  # type: ignore[arg-type]
+    assert span.attributes["vyre.error.code"] == int(InvalidProgram.code)
+    assert [e.name for e in span.events] == ["exception"]

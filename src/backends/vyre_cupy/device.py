@@ -89,6 +89,7 @@ def capabilities_of(info: DeviceInfo) -> BackendCapabilities:
         max_workgroup_memory_bytes=shared,
         subgroup_size=info.attribute("WarpSize", 32),
         device_name=info.name,
+        ordered_resident_buffers=True,  # stream waits on each buffer's last events
     )
 
 

@@ -84,6 +84,7 @@ class ReferenceBackend(VyreBackend):
             max_storage_buffer_bytes=(1 << 32) - 4,
             max_workgroup_memory_bytes=MAX_WORKGROUP_BYTES,
             device_name="numpy reference (CPU)",
+            ordered_resident_buffers=True,  # workers wait for each buffer's earlier users
         )
 
     def device_fingerprint(self) -> str:
@@ -255,6 +256,11 @@ class ReferenceBackend(VyreBackend):
             self._execute(launch, queued_ns, natives, waits)
         finally:
             if done is not None:
+                # A dispatch that stopped early (timeout) still ends after the ones it
+                # waited for: later users of its buffers rely on its done event alone.
+                # They are ahead of it in the FIFO pool, so this always returns.
+                for event in waits:
+                    event.wait()
                 done.set()
 
     def _execute(
