@@ -8,6 +8,7 @@ without ever failing or delaying a request.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
@@ -245,8 +246,8 @@ class ShadowBackend(VyreBackend):
         self.version = primary.version
 
     def capabilities(self) -> BackendCapabilities:
-        """Return the primary's capabilities."""
-        return self.primary.capabilities()
+        """Return the primary's capabilities (without resident-buffer ordering: it has none)."""
+        return dataclasses.replace(self.primary.capabilities(), ordered_resident_buffers=False)
 
     def supported_ops(self) -> frozenset[str]:
         """Return the primary's operations."""

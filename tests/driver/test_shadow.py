@@ -151,3 +151,13 @@ def test_a_failing_reference_never_fails_the_request() -> None:
     case = _xor_case()
     assert shadow.dispatch_sync(case.program, case.inputs)[0].size == 16
     assert shadow.stats.reference_errors == 1
+
+
+def test_shadow_backend_does_not_promise_resident_ordering() -> None:
+    """It has no resident buffers, so arm graphs must not join on the device through it."""
+    primary = ReferenceBackend(prefetch=False)
+    assert primary.capabilities().ordered_resident_buffers
+    shadow = ShadowBackend(primary, ReferenceBackend(prefetch=False), sample_rate=0.0)
+    caps = shadow.capabilities()
+    assert not caps.ordered_resident_buffers
+    assert caps.max_workgroup_lanes == primary.capabilities().max_workgroup_lanes
