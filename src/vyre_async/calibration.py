@@ -29,6 +29,10 @@ from typing import TYPE_CHECKING, Any
 import blake3
 
 from vyre_async.cache.disk import default_cache_root
+from vyre_async.ir.expr import u32
+from vyre_async.ir.program import Program
+from vyre_async.ir.stmt import Store
+from vyre_async.ir.types import Access, BufferDecl, DType
 
 if TYPE_CHECKING:
     from vyre_async.backend import VyreBackend
@@ -41,6 +45,7 @@ __all__ = [
     "calibration_key",
     "default_calibration_root",
     "format_calibration",
+    "launch_probe_program",
 ]
 
 CALIBRATION_FORMAT_VERSION = 1
@@ -340,4 +345,17 @@ def format_calibration(record: Calibration) -> str:
             f"  upload / download: {rate(record.h2d_bytes_per_s)} / {rate(record.d2h_bytes_per_s)}",
             f"  compile:          {ns(record.compile_ns)}",
         ]
+    )
+
+
+def launch_probe_program() -> Program:
+    """The smallest real kernel (one lane stores one word): what ``launch_ns`` times.
+
+    Backends' ``calibrate()`` dispatch it to measure per-launch host overhead.
+    """
+    return Program(
+        [BufferDecl("out", 0, Access.WRITE, DType.U32, 1)],
+        1,
+        [Store("out", 0, u32(0))],
+        op_id="calibrate.launch",
     )

@@ -397,3 +397,27 @@ def test_policy_benchmark_runs_on_the_fake_device(fake: FakeDevice) -> None:
     prefetch = bench.prefetch_latency(1, 0.02)
     assert prefetch["prefetch_off"]["compile_waits"] == prefetch["prefetch_off"]["dispatches"] == 3
     assert prefetch["prefetch_on"]["dispatches"] == 3
+
+
+def test_calibrate_measures_launch_compile_and_copies(fake: FakeDevice, tmp_path: Path) -> None:
+    from vyre_async.calibration import CalibrationStore, calibration_for
+    from vyre_async.execution import choose_execution_mode
+
+    def completion_threads() -> int:
+        return sum(t.name == "vyre-cupy-completion" for t in threading.enumerate())
+
+    backend = create_backend(disk_cache=None)
+    threads = completion_threads()
+    store = CalibrationStore(tmp_path)
+    record = calibration_for(backend, measure=True, store=store)
+    assert record is not None and record.backend_id == "cupy"
+    assert record.device_fingerprint == backend.device_fingerprint()
+    assert record.launch_ns > 0 and (record.compile_ns or 0) > 0
+    assert (record.h2d_bytes_per_s or 0) > 0 and (record.d2h_bytes_per_s or 0) > 0
+    # no graph replay or persistent kernels yet: those costs are not invented
+    assert (record.record_ns, record.replay_ns, record.persistent_setup_ns) == (None, None, None)
+    assert store.load("cupy", backend.version, backend.device_fingerprint()) == record
+    assert completion_threads() == threads  # the probe backend's thread is gone
+    decision = choose_execution_mode(backend, batch_size=100, repeats=100, calibration=record)
+    assert decision.mode.kind == "plain" and decision.calibrated
+    anyio.run(backend.shutdown)

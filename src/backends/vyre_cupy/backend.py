@@ -16,6 +16,7 @@ backends are listed; a machine without CuPy, driver or device gets an
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 import warnings
@@ -30,6 +31,7 @@ import numpy as np
 from vyre_async import __version__
 from vyre_async.backend import VyreBackend
 from vyre_async.cache.disk import DiskPipelineCache
+from vyre_async.calibration import Calibration
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import (
@@ -174,6 +176,72 @@ class CupyBackend(VyreBackend):
             f"nvrtc {major}.{minor}; {' '.join(NVRTC_OPTIONS)} -arch={self._target}; "
             f"vyre_cupy codegen {CODEGEN_VERSION}"
         )
+
+    def calibrate(self) -> Calibration:
+        """Measure launch overhead, NVRTC compile cost and pinned copy bandwidth (host clocks).
+
+        Runs on a private probe backend on the same device (its own streams and
+        completion thread, no prefetching), in about a second. The backend has no
+        CUDA-graph replay and no persistent kernels yet, so ``record_ns``,
+        ``replay_ns`` and ``persistent_setup_ns`` stay None and the launch
+        policies choose plain launches. Use
+        `vyre_async.calibration.calibration_for(backend, measure=True)` (or
+        ``vyre-async info --calibrate cupy``) to measure once and cache the record.
+        """
+        from vyre_async.calibration import launch_probe_program
+        from vyre_async.programs import elementwise_xor
+
+        probe = CupyBackend(device=self.info.ordinal, streams=2, prefetch=False)
+        try:
+            trivial = launch_probe_program()
+            probe.dispatch(trivial, []).result()  # compile and load once
+            launches = []
+            for _ in range(64):
+                start = time.perf_counter_ns()
+                pending = probe.dispatch(trivial, [])
+                launches.append(time.perf_counter_ns() - start)
+                pending.result()
+            xor = elementwise_xor(1024)
+            compiles = []
+            for _ in range(3):
+                start = time.perf_counter_ns()
+                probe.build_pipeline(xor, DispatchConfig())
+                compiles.append(time.perf_counter_ns() - start)
+            data = np.arange(1 << 22, dtype=np.uint32)  # 16 MiB
+            probe.free(probe.upload(data))  # warm the pinned pool
+            probe._bridge.wait_idle(timeout=60)
+            ups: list[float] = []
+            downs: list[float] = []
+            for _ in range(3):
+                began = time.perf_counter()
+                handle = probe.upload(data)
+                probe._bridge.wait_idle(timeout=60)
+                ups.append(time.perf_counter() - began)
+                began = time.perf_counter()
+                probe.download(handle)
+                downs.append(time.perf_counter() - began)
+                probe.free(handle)
+        finally:
+            probe._close_now()
+        return Calibration(
+            backend_id=self.id,
+            backend_version=self.version,
+            device_fingerprint=self.device_fingerprint(),
+            launch_ns=int(statistics.median(launches)),
+            compile_ns=int(statistics.median(compiles)),
+            h2d_bytes_per_s=data.nbytes / max(min(ups), 1e-9),
+            d2h_bytes_per_s=data.nbytes / max(min(downs), 1e-9),
+            timing="host",
+            measured_at=time.time(),
+        )
+
+    def _close_now(self) -> None:
+        """Finish submitted work and release streams and threads, from plain code."""
+        self._closed = True
+        self._bridge.wait_idle(timeout=60)
+        self._bridge.close()
+        self._streams.close()
+        self._events.clear()
 
     def device_lost(self) -> bool:
         """True once a sticky CUDA error poisoned the context (every dispatch then fails)."""

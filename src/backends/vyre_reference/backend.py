@@ -20,14 +20,14 @@ import numpy as np
 
 from vyre_async import __version__
 from vyre_async.backend import VyreBackend
-from vyre_async.calibration import Calibration
+from vyre_async.calibration import Calibration, launch_probe_program
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import BackendError, DispatchFailed, DispatchTimeout, InvalidProgram
-from vyre_async.ir.expr import Const, u32
+from vyre_async.ir.expr import Const
 from vyre_async.ir.limits import MAX_WORKGROUP_BYTES, MAX_WORKGROUP_LANES
 from vyre_async.ir.program import Program
-from vyre_async.ir.stmt import Block, If, Loop, Stmt, Store
+from vyre_async.ir.stmt import Block, If, Loop, Stmt
 from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.pending import PendingDispatch
 from vyre_async.pipeline import Launch
@@ -102,12 +102,7 @@ class ReferenceBackend(VyreBackend):
         from vyre_async.programs import elementwise_xor
 
         probe = ReferenceBackend(max_workers=1, inline_ns=HANDOFF_NS, prefetch=False)
-        trivial = Program(
-            [BufferDecl("out", 0, Access.WRITE, DType.U32, 1)],
-            1,
-            [Store("out", 0, u32(0))],
-            op_id="calibrate.launch",
-        )
+        trivial = launch_probe_program()
         probe.dispatch(trivial, []).result()  # compile once; every later run is inline
         launches = []
         for _ in range(64):
