@@ -146,3 +146,27 @@ async def test_shutdown_finishes_work_then_refuses_more() -> None:
     with pytest.raises(InvalidProgram, match="shut down"):
         backend.dispatch(elementwise_xor(64), [np.ones(64, U)] * 2)
     await anyio.lowlevel.checkpoint()
+
+
+def test_a_done_callback_may_download_what_its_dispatch_wrote() -> None:
+    """The buffer is released to later users before callbacks run: no self-deadlock."""
+    from tests.contract.test_contract import resident_order_programs
+
+    backend = ReferenceBackend(inline_ns=0)
+    slow_add, _, _ = resident_order_programs(64)
+    x = backend.upload(np.arange(64, dtype=np.uint32))
+    backend.compile(slow_add)
+    seen: list[tuple[str, list[int]]] = []
+    gate = threading.Event()
+
+    def callback(_pending: object) -> None:
+        seen.append((threading.current_thread().name, backend.download(x)[:3].tolist()))
+        gate.set()
+
+    pending = backend.dispatch(slow_add, [x, np.array([20000], np.uint32)])
+    pending.add_done_callback(callback)
+    assert gate.wait(timeout=30), "the callback's download never returned"
+    assert seen[0][0].startswith("vyre-reference")  # ran on the worker that wrote x
+    assert seen[0][1] == [1, 2, 3]
+    assert pending.result()[0][:3].tolist() == [1, 2, 3]
+    backend.free(x)

@@ -248,7 +248,7 @@ class ReferenceBackend(VyreBackend):
     ) -> None:
         """Execute one launch (inline, or on a worker when ``queued_ns`` is given)."""
         try:
-            self._execute(launch, queued_ns, natives, waits)
+            self._execute(launch, queued_ns, natives, waits, done)
         finally:
             if done is not None:
                 # A dispatch that stopped early (timeout) still ends after the ones it
@@ -264,6 +264,7 @@ class ReferenceBackend(VyreBackend):
         queued_ns: int | None,
         natives: list[np.ndarray],
         waits: tuple[threading.Event, ...],
+        done: threading.Event | None,
     ) -> None:
         completer = launch.completer
         for event in waits:  # earlier dispatches on the same resident buffers
@@ -291,6 +292,8 @@ class ReferenceBackend(VyreBackend):
                 cancel=completer.stop_requested,
             )
             self._write_back(launch, natives, outputs)
+            if done is not None:  # its buffers are final: later users may start (and a
+                done.set()  # done-callback may download them) before it resolves
         except Cancelled:
             completer.fail(_timeout(launch))
             return
@@ -342,7 +345,11 @@ class ReferenceBackend(VyreBackend):
         return self._keep(kind, array, label)
 
     def download(self, buffer: ResidentBuffer) -> np.ndarray:
-        """Return a copy of a resident buffer's contents (after earlier dispatches wrote it)."""
+        """Return a copy of a resident buffer's contents (after earlier dispatches wrote it).
+
+        Blocks the calling thread until the last dispatch submitted to write the
+        buffer has written it (a dispatch's done-callbacks already see its writes).
+        """
         native = buffer.native(self.id)
         with self._order_lock:
             order = self._orders.get(buffer.id)
