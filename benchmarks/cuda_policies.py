@@ -123,8 +123,13 @@ def _median(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
-def _device_time(backend: Any, program: Program, inputs: list[Any], **cfg: Any) -> float:
-    pending = backend.dispatch(program, inputs, DispatchConfig(**cfg) if cfg else None)
+def _spins(n: int) -> np.ndarray:
+    return np.array([n], np.uint32)
+
+
+def _device_time(backend: Any, program: Program, inputs: list[Any]) -> float:
+    """Device time of one dispatch, from the backend's events."""
+    pending = backend.dispatch(program, inputs)
     pending.result()
     timing = pending.timing
     assert timing is not None and timing.device_s is not None
@@ -155,13 +160,12 @@ def arm_concurrency(repeats: int) -> dict[str, Any]:
     from vyre_cupy import create_backend
 
     one, four = create_backend(disk_cache=None, streams=1), create_backend(disk_cache=None)
-    spins_of = lambda n: np.array([n], np.uint32)  # noqa: E731
-    spins = _tune(lambda n: _device_time(four, spin_arm(), [spins_of(n)]), 1e-3, 20_000)
-    arm_s = _median([_device_time(four, spin_arm(), [spins_of(spins)]) for _ in range(5)])
+    spins = _tune(lambda n: _device_time(four, spin_arm(), [_spins(n)]), 1e-3, 20_000)
+    arm_s = _median([_device_time(four, spin_arm(), [_spins(spins)]) for _ in range(5)])
 
     def graph() -> ArmGraph:
         g = ArmGraph(label="four-arms")
-        g.resource("spins", "u32", 1, initial=spins_of(spins))
+        g.resource("spins", "u32", 1, initial=_spins(spins))
         for tag in range(4):
             g.resource(f"out{tag}", "u32", ARM_LANES)
             g.arm(spin_arm(tag), {"spins": "spins", "out": f"out{tag}"}, label=f"arm{tag}")
@@ -223,7 +227,7 @@ def copy_overlap(iterations: int, elements: int) -> dict[str, Any]:
         return copies() / iterations
 
     def kernel(spins: int) -> float:
-        pending = backend.dispatch(program, [resident, np.array([spins], np.uint32)], grid)
+        pending = backend.dispatch(program, [resident, _spins(spins)], grid)
         pending.result()
         assert pending.timing is not None and pending.timing.device_s is not None
         return float(pending.timing.device_s)
@@ -231,7 +235,7 @@ def copy_overlap(iterations: int, elements: int) -> dict[str, Any]:
     copies()  # warm the pinned pool
     upload_s = _median([one_upload() for _ in range(3)])
     spins = _tune(kernel, upload_s, 64, limit=1 << 20)
-    spin_in = np.array([spins], np.uint32)
+    spin_in = _spins(spins)
 
     def kernels() -> float:
         start = time.perf_counter()
@@ -341,11 +345,9 @@ def prefetch_latency(rounds: int, device_s: float) -> dict[str, Any]:
     results: dict[str, Any] = {}
     programs = [spin_arm(tag) for tag in PREFETCH_TAGS]
     probe = create_backend(disk_cache=None)
-    spins = _tune(
-        lambda n: _device_time(probe, programs[0], [np.array([n], np.uint32)]), device_s, 1 << 20
-    )
+    spins = _tune(lambda n: _device_time(probe, programs[0], [_spins(n)]), device_s, 1 << 20)
     anyio.run(probe.shutdown)
-    spin_in = np.array([spins], np.uint32)
+    spin_in = _spins(spins)
     for name, prefetch in (("prefetch_off", False), ("prefetch_on", True)):
         backend = create_backend(disk_cache=None, prefetch=prefetch, pipeline_cache_capacity=2)
         returns, compiles = [], []

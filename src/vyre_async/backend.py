@@ -456,7 +456,7 @@ class VyreBackend(abc.ABC):
         """
         cfg = config or _DEFAULT_CONFIG
         called = time.monotonic()  # the timeout counts from here, compilation included
-        trace = telemetry.start_dispatch(self.id, program)
+        trace = telemetry.start_dispatch()
         try:
             started, started_ns = time.perf_counter(), time.time_ns()
             pipeline, hit = self._pipeline_for(program, cfg)
@@ -505,7 +505,7 @@ class VyreBackend(abc.ABC):
         (they share a kernel digest); the launch is planned with ``program``.
         """
         if isinstance(trace, _Unstarted):  # pipeline.dispatch(): the span starts here
-            trace = telemetry.start_dispatch(self.id, program or pipeline.program)
+            trace = telemetry.start_dispatch()
             try:
                 return self._dispatch_pipeline(
                     pipeline,

@@ -17,16 +17,19 @@ import json
 import logging
 import math
 import os
+import statistics
 import sys
 import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import blake3
+import numpy as np
 
 from vyre_async.cache.disk import default_cache_root
 from vyre_async.ir.expr import u32
@@ -46,6 +49,7 @@ __all__ = [
     "default_calibration_root",
     "format_calibration",
     "launch_probe_program",
+    "measure_host_costs",
 ]
 
 CALIBRATION_FORMAT_VERSION = 1
@@ -358,4 +362,67 @@ def launch_probe_program() -> Program:
         1,
         [Store("out", 0, u32(0))],
         op_id="calibrate.launch",
+    )
+
+
+def measure_host_costs(
+    backend: VyreBackend,
+    probe: VyreBackend,
+    *,
+    compile_once: Callable[[int], object],
+    copy_bytes: int,
+    settle: Callable[[], object] = lambda: None,
+) -> Calibration:
+    """Measure the costs every backend has, on ``probe``, and return ``backend``'s record.
+
+    The shared part of a ``calibrate()``: the median host time ``dispatch()``
+    takes for `launch_probe_program` (after one warm-up), the median of three
+    ``compile_once(i)`` calls, and the best of three ``upload`` (then
+    ``settle()``, which waits for the copy) and ``download`` of ``copy_bytes``.
+    Host clocks; replay and persistent costs stay None.
+
+    Args:
+        backend: The backend the record is for (id, version, device fingerprint).
+        probe: A private backend on the same device that does the work.
+        compile_once: Compiles one typical pipeline; called with 0, 1, 2.
+        copy_bytes: Bytes per copy (a multiple of 4).
+        settle: Waits until submitted uploads finished (asynchronous backends).
+    """
+    trivial = launch_probe_program()
+    probe.dispatch(trivial, []).result()  # compile once
+    launches = []
+    for _ in range(64):
+        start = time.perf_counter_ns()
+        pending = probe.dispatch(trivial, [])
+        launches.append(time.perf_counter_ns() - start)
+        pending.result()
+    compiles = []
+    for i in range(3):
+        start = time.perf_counter_ns()
+        compile_once(i)
+        compiles.append(time.perf_counter_ns() - start)
+    data = np.arange(copy_bytes // 4, dtype=np.uint32)
+    probe.free(probe.upload(data))  # warm pinned pools
+    settle()
+    ups: list[float] = []
+    downs: list[float] = []
+    for _ in range(3):
+        began = time.perf_counter()
+        handle = probe.upload(data)
+        settle()
+        ups.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        probe.download(handle)
+        downs.append(time.perf_counter() - began)
+        probe.free(handle)
+    return Calibration(
+        backend_id=backend.id,
+        backend_version=backend.version,
+        device_fingerprint=backend.device_fingerprint(),
+        launch_ns=int(statistics.median(launches)),
+        compile_ns=int(statistics.median(compiles)),
+        h2d_bytes_per_s=data.nbytes / max(min(ups), 1e-9),
+        d2h_bytes_per_s=data.nbytes / max(min(downs), 1e-9),
+        timing="host",
+        measured_at=time.time(),
     )

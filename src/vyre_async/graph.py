@@ -703,7 +703,7 @@ class _Run:
 
     async def execute(self) -> list[float]:
         """Run every layer; return each layer's wall time."""
-        self.host_join_reason = self._host_join_reason()
+        self.host_join_reason = self._choose_joins()
         try:
             if self.host_join_reason is None:
                 return await self._execute_device_joins()
@@ -713,8 +713,13 @@ class _Run:
             self.release()
             raise
 
-    def _host_join_reason(self) -> str | None:
-        """Decide the joins: on the device when every resource an arm uses can be resident."""
+    def _choose_joins(self) -> str | None:
+        """Return why the joins must be on the host, or None for device joins.
+
+        Device joins need resident resources on a backend that orders them: this
+        uploads every resource an arm reads (a backend without resident buffers
+        says so here, and the run falls back to host arrays).
+        """
         if not self.resident:
             return "host_residency"
         if not self.backend.capabilities().ordered_resident_buffers:

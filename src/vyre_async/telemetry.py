@@ -217,13 +217,13 @@ class DispatchTrace:
         self.context: dict[str, Any] | None = None
 
 
-def start_dispatch(backend_id: str, program: Program) -> DispatchTrace | None:
+def start_dispatch() -> DispatchTrace | None:
     """Note the start of a dispatch in the caller's current context.
 
     Returns None when nothing would be recorded: telemetry switched off, or no
-    OpenTelemetry SDK installed for traces or metrics.
+    OpenTelemetry SDK installed for traces or metrics. The span itself opens in
+    `attach` (or `fail_before_launch`), when its attributes are known.
     """
-    del backend_id, program  # named for the call sites; the span gets them at attach
     if not _enabled:
         return None
     tracing, metering = _sdk_installed()

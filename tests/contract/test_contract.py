@@ -23,6 +23,7 @@ from vyre_async import (
     InvalidProgram,
     PendingDispatch,
     Program,
+    ResidentBuffer,
     ResultAlreadyTaken,
     UnsupportedFeature,
     VyreBackend,
@@ -163,19 +164,26 @@ def resident_order_programs(lanes: int = 64) -> tuple[Program, Program, Program]
     )
 
 
-async def test_dispatches_sharing_a_resident_buffer_take_effect_in_submission_order(
+def _resident_setup(
     backend: VyreBackend,
-) -> None:
-    lanes = 64
-    x0 = np.arange(lanes, dtype=np.uint32)
+) -> tuple[np.ndarray, ResidentBuffer, tuple[Program, Program, Program]]:
+    """``x0``, a resident copy of it, and the ordering kernels, compiled (skip if no residents)."""
+    x0 = np.arange(64, dtype=np.uint32)
     try:
         x = backend.upload(x0)
     except UnsupportedFeature:
         pytest.skip(f"backend {backend.id!r} has no resident buffers")
-    slow_add, triple, copy = resident_order_programs(lanes)
-    spins = np.array([3000], np.uint32)
-    for program in (slow_add, triple, copy):
+    programs = resident_order_programs(64)
+    for program in programs:
         backend.compile(program)  # compile first: only the ordering is under test
+    return x0, x, programs
+
+
+async def test_dispatches_sharing_a_resident_buffer_take_effect_in_submission_order(
+    backend: VyreBackend,
+) -> None:
+    x0, x, (slow_add, triple, copy) = _resident_setup(backend)
+    spins = np.array([3000], np.uint32)
     x_check = backend.upload(x0)
     await backend.dispatch(slow_add, [x_check, spins])
     assert backend.download(x_check).tolist() == (x0 + 1).tolist()
@@ -206,15 +214,7 @@ async def test_a_timed_out_dispatch_keeps_the_order_of_those_behind_it(
     backend: VyreBackend,
 ) -> None:
     """A dispatch that times out waiting for an earlier one must not let later ones pass."""
-    lanes = 64
-    x0 = np.arange(lanes, dtype=np.uint32)
-    try:
-        x = backend.upload(x0)
-    except UnsupportedFeature:
-        pytest.skip(f"backend {backend.id!r} has no resident buffers")
-    slow_add, triple, copy = resident_order_programs(lanes)
-    for program in (slow_add, triple, copy):
-        backend.compile(program)
+    x0, x, (slow_add, triple, copy) = _resident_setup(backend)
     spins = np.array([20000], np.uint32)
     a = backend.dispatch(slow_add, [x, spins])
     t = backend.dispatch(triple, [x], DispatchConfig(timeout=0.005))  # may time out waiting

@@ -63,7 +63,7 @@ def test_no_sdk_means_no_telemetry_work_then_an_sdk_turns_spans_on() -> None:
     _run(
         """
         assert telemetry.is_enabled() and not telemetry.is_recording()
-        assert telemetry.start_dispatch("reference", XOR) is None
+        assert telemetry.start_dispatch() is None
         before = dispatch()
         assert "labels" not in before.context and "span" not in before.context
 
@@ -89,7 +89,7 @@ def test_metrics_only_sdk_counts_dispatches_without_spans() -> None:
         reader = InMemoryMetricReader()
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
         assert telemetry.is_recording()
-        started = telemetry.start_dispatch("reference", XOR)
+        started = telemetry.start_dispatch()
         assert started is not None and not started.traced
         pending = dispatch()
         dispatch()

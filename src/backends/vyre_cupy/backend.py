@@ -16,7 +16,6 @@ backends are listed; a machine without CuPy, driver or device gets an
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 import warnings
@@ -31,7 +30,7 @@ import numpy as np
 from vyre_async import __version__
 from vyre_async.backend import VyreBackend
 from vyre_async.cache.disk import DiskPipelineCache
-from vyre_async.calibration import Calibration
+from vyre_async.calibration import Calibration, measure_host_costs
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import (
@@ -188,52 +187,20 @@ class CupyBackend(VyreBackend):
         `vyre_async.calibration.calibration_for(backend, measure=True)` (or
         ``vyre-async info --calibrate cupy``) to measure once and cache the record.
         """
-        from vyre_async.calibration import launch_probe_program
         from vyre_async.programs import elementwise_xor
 
         probe = CupyBackend(device=self.info.ordinal, streams=2, prefetch=False)
+        xor = elementwise_xor(1024)
         try:
-            trivial = launch_probe_program()
-            probe.dispatch(trivial, []).result()  # compile and load once
-            launches = []
-            for _ in range(64):
-                start = time.perf_counter_ns()
-                pending = probe.dispatch(trivial, [])
-                launches.append(time.perf_counter_ns() - start)
-                pending.result()
-            xor = elementwise_xor(1024)
-            compiles = []
-            for _ in range(3):
-                start = time.perf_counter_ns()
-                probe.build_pipeline(xor, DispatchConfig())
-                compiles.append(time.perf_counter_ns() - start)
-            data = np.arange(1 << 22, dtype=np.uint32)  # 16 MiB
-            probe.free(probe.upload(data))  # warm the pinned pool
-            probe._bridge.wait_idle(timeout=60)
-            ups: list[float] = []
-            downs: list[float] = []
-            for _ in range(3):
-                began = time.perf_counter()
-                handle = probe.upload(data)
-                probe._bridge.wait_idle(timeout=60)
-                ups.append(time.perf_counter() - began)
-                began = time.perf_counter()
-                probe.download(handle)
-                downs.append(time.perf_counter() - began)
-                probe.free(handle)
+            return measure_host_costs(
+                self,
+                probe,
+                compile_once=lambda _: probe.build_pipeline(xor, DispatchConfig()),  # NVRTC
+                copy_bytes=16 << 20,
+                settle=lambda: probe._bridge.wait_idle(timeout=60),
+            )
         finally:
             probe._close_now()
-        return Calibration(
-            backend_id=self.id,
-            backend_version=self.version,
-            device_fingerprint=self.device_fingerprint(),
-            launch_ns=int(statistics.median(launches)),
-            compile_ns=int(statistics.median(compiles)),
-            h2d_bytes_per_s=data.nbytes / max(min(ups), 1e-9),
-            d2h_bytes_per_s=data.nbytes / max(min(downs), 1e-9),
-            timing="host",
-            measured_at=time.time(),
-        )
 
     def _close_now(self) -> None:
         """Finish submitted work and release streams and threads, from plain code."""

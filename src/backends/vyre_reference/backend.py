@@ -9,7 +9,6 @@ responsive). Resident buffers are host arrays owned by the backend.
 from __future__ import annotations
 
 import math
-import statistics
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,7 +19,7 @@ import numpy as np
 
 from vyre_async import __version__
 from vyre_async.backend import VyreBackend
-from vyre_async.calibration import Calibration, launch_probe_program
+from vyre_async.calibration import Calibration, measure_host_costs
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import BackendError, DispatchFailed, DispatchTimeout, InvalidProgram
@@ -102,42 +101,12 @@ class ReferenceBackend(VyreBackend):
         from vyre_async.programs import elementwise_xor
 
         probe = ReferenceBackend(max_workers=1, inline_ns=HANDOFF_NS, prefetch=False)
-        trivial = launch_probe_program()
-        probe.dispatch(trivial, []).result()  # compile once; every later run is inline
-        launches = []
-        for _ in range(64):
-            start = time.perf_counter_ns()
-            probe.dispatch(trivial, []).result()
-            launches.append(time.perf_counter_ns() - start)
         xor = elementwise_xor(1024)
-        compiles = []
-        for i in range(3):
-            fresh = Program(xor.buffers, xor.workgroup_size, xor.body, op_id=f"calibrate.{i}")
-            start = time.perf_counter_ns()
-            compile_program(fresh)
-            compiles.append(time.perf_counter_ns() - start)
-        data = np.arange(1 << 20, dtype=np.uint32)  # 4 MiB
-        ups: list[float] = []
-        downs: list[float] = []
-        for _ in range(3):
-            began = time.perf_counter()
-            handle = probe.upload(data)
-            ups.append(time.perf_counter() - began)
-            began = time.perf_counter()
-            probe.download(handle)
-            downs.append(time.perf_counter() - began)
-            probe.free(handle)
-        return Calibration(
-            backend_id=self.id,
-            backend_version=self.version,
-            device_fingerprint=self.device_fingerprint(),
-            launch_ns=int(statistics.median(launches)),
-            compile_ns=int(statistics.median(compiles)),
-            h2d_bytes_per_s=data.nbytes / max(min(ups), 1e-9),
-            d2h_bytes_per_s=data.nbytes / max(min(downs), 1e-9),
-            timing="host",
-            measured_at=time.time(),
-        )
+
+        def compile_fresh(i: int) -> None:  # a new program: the engine memoises plans
+            compile_program(Program(xor.buffers, xor.workgroup_size, xor.body, op_id=f"cal.{i}"))
+
+        return measure_host_costs(self, probe, compile_once=compile_fresh, copy_bytes=4 << 20)
 
     # Pipelines --------------------------------------------------------------------
     def build_pipeline(self, program: Program, config: DispatchConfig) -> Any:
@@ -165,32 +134,21 @@ class ReferenceBackend(VyreBackend):
             raise InvalidProgram(
                 "the reference backend was shut down", fix="acquire or create a new backend"
             )
+        tiny = launch.plan.geometry.lanes == 0 or self._estimate_ns(launch) < self.inline_ns
         natives = [
             item.native(self.id) if isinstance(item, ResidentBuffer) else item
             for item in launch.inputs
         ]
-        # Registering and queueing happen under one lock, so the pool (FIFO) never
-        # holds a dispatch ahead of an earlier one it waits for.
-        with self._order_lock:
-            waits, done = self._order(launch)
-            inline = not waits and (
-                launch.plan.geometry.lanes == 0 or self._estimate_ns(launch) < self.inline_ns
-            )
-            if not inline:
-                try:
-                    future = self._executor().submit(
-                        self._run, launch, time.time_ns(), natives, waits, done
-                    )
-                except BaseException as exc:
-                    if done is not None:
-                        done.set()  # never leave later dispatches waiting on one that never ran
-                    if isinstance(exc, RuntimeError):  # the pool shut down meanwhile
-                        raise InvalidProgram(
-                            "the reference backend was shut down",
-                            fix="acquire or create a new backend",
-                        ) from exc
-                    raise
-        if inline:
+        done: threading.Event | None = None
+        if not any(isinstance(item, ResidentBuffer) for item in launch.inputs):
+            future = None if tiny else self._submit(launch, natives, (), None)
+        else:
+            # Registering and queueing happen under one lock, so the pool (FIFO) never
+            # holds a dispatch ahead of an earlier one it waits for.
+            with self._order_lock:
+                waits, done = self._order(launch)
+                future = None if tiny and not waits else self._submit(launch, natives, waits, done)
+        if future is None:
             self._run(launch, None, natives, (), done)
             return launch.pending
         with self._pool_lock:
@@ -198,7 +156,25 @@ class ReferenceBackend(VyreBackend):
         future.add_done_callback(self._forget)
         return launch.pending
 
-    def _order(self, launch: Launch) -> tuple[tuple[threading.Event, ...], threading.Event | None]:
+    def _submit(
+        self,
+        launch: Launch,
+        natives: list[np.ndarray],
+        waits: tuple[threading.Event, ...],
+        done: threading.Event | None,
+    ) -> Future[None]:
+        try:
+            return self._executor().submit(self._run, launch, time.time_ns(), natives, waits, done)
+        except BaseException as exc:
+            if done is not None:
+                done.set()  # never leave later dispatches waiting on one that never ran
+            if isinstance(exc, RuntimeError):  # the pool shut down meanwhile
+                raise InvalidProgram(
+                    "the reference backend was shut down", fix="acquire or create a new backend"
+                ) from exc
+            raise
+
+    def _order(self, launch: Launch) -> tuple[tuple[threading.Event, ...], threading.Event]:
         """Register ``launch`` on its resident buffers; return what it waits for, and its done.
 
         Called with ``_order_lock`` held.
@@ -208,8 +184,6 @@ class ReferenceBackend(VyreBackend):
         for decl, item in zip(launch.plan.inputs, launch.inputs, strict=True):
             if isinstance(item, ResidentBuffer):
                 uses[item.id] = uses.get(item.id, False) or decl.name in written
-        if not uses:
-            return (), None
         done = threading.Event()
         waits: list[threading.Event] = []
         for buffer_id, writes in uses.items():
