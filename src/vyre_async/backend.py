@@ -30,6 +30,7 @@ from vyre_async.cache.memory import CacheStats, MemoryPipelineCache
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import BackendError, InvalidProgram, KernelCompileFailed, UnsupportedFeature
+from vyre_async.execution import ExecutionDecision, annotate_mode
 from vyre_async.ir.expr import Atomic, Bin, Un
 from vyre_async.ir.ops import AtomicOp, BinOp, UnOp
 from vyre_async.ir.program import Program
@@ -39,7 +40,7 @@ from vyre_async.ir.walk import iter_exprs
 from vyre_async.pending import PendingDispatch
 from vyre_async.pipeline import CompiledPipeline, InputLike, Launch
 from vyre_async.plan import check_input_count, normalize_input, plan_dispatch
-from vyre_async.prefetch import Prefetcher
+from vyre_async.prefetch import Prefetcher, PrefetchJob
 from vyre_async.resident import ResidentBuffer
 
 if TYPE_CHECKING:
@@ -429,6 +430,20 @@ class VyreBackend(abc.ABC):
         ``launch.completer.stop_requested`` is set (the result is no longer wanted).
         """
 
+    def enqueue_batch(self, launches: Sequence[Launch], decision: ExecutionDecision) -> None:
+        """Start the planned launches of one `CompiledPipeline.dispatch_batch` call.
+
+        ``decision`` is the execution-mode verdict for the batch. A backend with a
+        native persistent kernel or graph replay runs ``launches`` that way when
+        ``decision.mode.kind`` asks for it and the launches allow it. Whatever it
+        runs, it records the mode on every launch (`vyre_async.execution.annotate_mode`)
+        before starting it, and settles every completer exactly once, as `enqueue`.
+        Default: plain launches, one `enqueue` each.
+        """
+        annotate_mode(launches, decision, "plain")
+        for launch in launches:
+            self.enqueue(launch)
+
     def dispatch(
         self,
         program: Program,
@@ -498,11 +513,14 @@ class VyreBackend(abc.ABC):
         compile_phase: tuple[int, int] | None = None,
         program: Program | None = None,
         called: float | None = None,
+        batch: list[tuple[Launch, PrefetchJob | None]] | None = None,
     ) -> PendingDispatch:
         """Plan and enqueue one dispatch of ``program`` on a compiled ``pipeline``.
 
         ``program`` may differ from ``pipeline.program`` in buffer counts only
         (they share a kernel digest); the launch is planned with ``program``.
+        With ``batch``, the planned launch (and its prefetch job) is appended
+        there instead of being enqueued (`CompiledPipeline.dispatch_batch`).
         """
         if isinstance(trace, _Unstarted):  # pipeline.dispatch(): the span starts here
             trace = telemetry.start_dispatch()
@@ -517,6 +535,7 @@ class VyreBackend(abc.ABC):
                     compile_phase=compile_phase,
                     program=program,
                     called=called if called is not None else time.monotonic(),
+                    batch=batch,
                 )
             except BaseException as exc:
                 telemetry.fail_before_launch(trace, exc, self.id, program or pipeline.program)
@@ -567,10 +586,16 @@ class VyreBackend(abc.ABC):
         telemetry.attach(trace, launch, cache_hit=cache_hit)
         prefetcher = self.prefetcher
         if prefetcher is None:
+            if batch is not None:
+                batch.append((launch, None))
+                return pending
             return self.enqueue(launch)
         # Shape prediction: score and record before the enqueue (the span may end
         # inside it), start a predicted compile after it (while the device runs).
         job = prefetcher.observe(pipeline, plan.geometry, cache_hit, pending)
+        if batch is not None:  # dispatch_batch enqueues (and schedules) once all are planned
+            batch.append((launch, job))
+            return pending
         result = self.enqueue(launch)
         if job is not None:
             prefetcher.schedule(job)

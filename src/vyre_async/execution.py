@@ -26,9 +26,12 @@ from vyre_async.policies.launch import (
 )
 
 if TYPE_CHECKING:
-    from vyre_async.backend import VyreBackend
+    from collections.abc import Sequence
 
-__all__ = ["UNSUPPORTED", "ExecutionDecision", "choose_execution_mode"]
+    from vyre_async.backend import VyreBackend
+    from vyre_async.pipeline import Launch
+
+__all__ = ["UNSUPPORTED", "ExecutionDecision", "annotate_mode", "choose_execution_mode"]
 
 #: Reason used when the backend has no native path for a mode.
 UNSUPPORTED = "unsupported_by_backend"
@@ -143,3 +146,26 @@ def choose_execution_mode(
         repeats=r,
         calibrated=cal is not None,
     )
+
+
+def annotate_mode(
+    launches: Sequence[Launch],
+    decision: ExecutionDecision,
+    applied: str,
+    reason: str | None = None,
+) -> None:
+    """Record on every launch's span the execution mode that actually ran.
+
+    Sets ``vyre.batch.mode`` (``plain``, ``persistent`` or ``command_reuse``) and
+    ``vyre.batch.size``; when ``applied`` is not the verdict's mode, also
+    ``vyre.batch.mode.reason`` (``reason``, or ``"backend_runs_plain_launches"``
+    for a backend that has no batch path of its own). Call it before starting
+    the launches: a span may end as soon as its launch does.
+    """
+    if applied != decision.mode.kind and reason is None:
+        reason = "backend_runs_plain_launches"
+    for launch in launches:
+        launch.completer.annotate("vyre.batch.mode", applied)
+        launch.completer.annotate("vyre.batch.size", len(launches))
+        if reason is not None and applied != decision.mode.kind:
+            launch.completer.annotate("vyre.batch.mode.reason", reason)

@@ -83,11 +83,19 @@ class CompiledPipeline:
     ) -> list[PendingDispatch]:
         """Launch the pipeline once per input set; return the pending results in order.
 
-        The primary execution mode for the batch (plain launches, graph replay or
-        a persistent kernel) is chosen by `vyre_async.execution.choose_execution_mode`
-        from the backend's capabilities and cached calibration, with
-        ``B = R = len(batch)``; the verdict and its reason are recorded on every
-        dispatch span (``vyre.policy.execution_mode``, ``...reason``).
+        Every input set is checked and planned before anything starts, so a bad
+        one raises with nothing launched. The primary execution mode for the
+        batch (plain launches, graph replay or a persistent kernel) is chosen by
+        `vyre_async.execution.choose_execution_mode` from the backend's
+        capabilities and cached calibration, with ``B = R = len(batch)``, and the
+        backend runs the batch that way where it can (`VyreBackend.enqueue_batch`).
+        Every dispatch span records the verdict (``vyre.policy.execution_mode``,
+        ``...reason``) and what ran (``vyre.batch.mode``, ``vyre.batch.mode.reason``
+        when the backend could not follow the verdict).
+
+        Raises:
+            InvalidProgram: an input set does not fit the program (nothing is launched).
+            UnsupportedFeature: the config asks for something the backend lacks.
         """
         items = list(batch)
         decision = choose_execution_mode(
@@ -96,8 +104,30 @@ class CompiledPipeline:
             repeats=len(items),
             config=config or self.config,
         )
+        planned: list[tuple[Launch, Any]] = []
         with dispatch_attributes(decision.span_attributes()):
-            return [self.dispatch(inputs, config) for inputs in items]
+            try:
+                for inputs in items:
+                    self.backend._dispatch_pipeline(
+                        self, inputs, config, cache_hit=True, batch=planned
+                    )
+            except BaseException as exc:
+                for launch, _ in planned:  # planned, never started: end their spans
+                    launch.completer.fail(exc)
+                raise
+        launches = [launch for launch, _ in planned]
+        try:
+            self.backend.enqueue_batch(launches, decision)
+        except BaseException as exc:  # e.g. a shut-down backend: nobody gets these results
+            for launch in launches:
+                launch.completer.fail(exc)  # no-op for those already settled
+            raise
+        prefetcher = self.backend.prefetcher
+        if prefetcher is not None:
+            for _, job in planned:
+                if job is not None:
+                    prefetcher.schedule(job)  # deduplicated by the prefetcher
+        return [launch.pending for launch in launches]
 
     def __repr__(self) -> str:
         return (

@@ -82,8 +82,23 @@ def translation_unit(kernels: Sequence[KernelSource], *, trailer: str = "harness
         ]
         casts.append(f"(const unsigned*)a[{len(k.params)}]")
         parts.append(f"static void vy_call_{i}(void** a) {{ {k.entry}({', '.join(casts)}); }}")
+        if k.batch_entry is not None:  # scalars travel in the pointer slots after vy_lens
+            n = len(k.params)
+            scalars = [
+                f"(unsigned)(uintptr_t)a[{n + 1}]",
+                f"(unsigned long long)(uintptr_t)a[{n + 2}]",
+                *(f"(unsigned)(uintptr_t)a[{n + 3 + axis}]" for axis in range(3)),
+            ]
+            parts.append(
+                f"static void vy_batch_{i}(void** a) "
+                f"{{ {k.batch_entry}({', '.join(casts + scalars)}); }}"
+            )
     table = ", ".join(f"vy_call_{i}" for i in range(len(kernels))) or "nullptr"
+    batch = ", ".join(
+        f"vy_batch_{i}" if k.batch_entry is not None else "nullptr" for i, k in enumerate(kernels)
+    )
     parts.append(f"static const vy_emu::Kernel vy_kernels[] = {{{table}}};")
+    parts.append(f"static const vy_emu::Kernel vy_batch_kernels[] = {{{batch or 'nullptr'}}};")
     parts.append(f"static const unsigned vy_kernel_count = {len(kernels)}u;")
     parts.append(f'#include "{trailer}"')
     return "\n".join(parts) + "\n"

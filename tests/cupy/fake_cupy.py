@@ -75,6 +75,10 @@ class FakeDevice:
             ctypes.c_int,
         ]
         self.lib.vy_emu_launch.restype = ctypes.c_int
+        self.lib.vy_emu_launch_batch.argtypes = [ctypes.c_uint] * 7 + [
+            ctypes.POINTER(ctypes.c_void_p)
+        ]
+        self.lib.vy_emu_launch_batch.restype = ctypes.c_int
         self.kernels: dict[str, int] = {}
         for index, program in enumerate(programs):
             self.kernels.setdefault(generate(program).source, index)
@@ -85,6 +89,7 @@ class FakeDevice:
         self.fail_next_launch = False
         self.compiles = 0
         self.launches = 0
+        self.batch_launches = 0
         self.streams: weakref.WeakValueDictionary[int, FakeStream] = weakref.WeakValueDictionary()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -216,8 +221,10 @@ class FakeDevice:
         self.check()
         self._stream(stream).enqueue(lambda: ctypes.memset(ptr, value, size))
 
-    def launch(self, index: int, threaded: bool, grid: Any, block: Any, args: Any) -> None:
-        """Run kernel ``index`` now (called on a stream thread)."""
+    def launch(
+        self, index: int, threaded: bool, grid: Any, block: Any, args: Any, *, batch: bool = False
+    ) -> None:
+        """Run kernel ``index`` (its batch kernel when ``batch``) now, on a stream thread."""
         if self.fail_next_launch:
             self.fail_next_launch = False
             self.sticky = 700  # cudaErrorIllegalAddress: the context is gone
@@ -225,8 +232,12 @@ class FakeDevice:
         if self.sticky is not None:
             return
         pointers = (ctypes.c_void_p * len(args))(*[int(a) for a in args])
-        with self.launch_lock if threaded else _NO_LOCK:
-            status = self.lib.vy_emu_launch(index, *grid, *block, pointers, int(not threaded))
+        if batch:
+            status = self.lib.vy_emu_launch_batch(index, *grid, *block, pointers)
+            self.batch_launches += 1
+        else:
+            with self.launch_lock if threaded else _NO_LOCK:
+                status = self.lib.vy_emu_launch(index, *grid, *block, pointers, int(not threaded))
         assert status == 0
         self.launches += 1
 
@@ -367,13 +378,14 @@ class FakeModule:
         self.threaded = "__syncthreads" in source
 
     def get_function(self, name: str) -> Callable[..., None]:
-        assert self.index is not None and name == "vyre_main"
-        index, threaded, device = self.index, self.threaded, self.device
+        assert self.index is not None and name in ("vyre_main", "vyre_main_batch")
+        batch = name == "vyre_main_batch"
+        index, threaded, device = self.index, self.threaded and not batch, self.device
 
         def launch(grid: tuple[int, ...], block: tuple[int, ...], args: Any, stream: Any) -> None:
             device.check()
             assert len(grid) == len(block) == 3 and all(g >= 1 for g in grid + block)
             values = tuple(args)
-            stream.enqueue(lambda: device.launch(index, threaded, grid, block, values))
+            stream.enqueue(lambda: device.launch(index, threaded, grid, block, values, batch=batch))
 
         return launch

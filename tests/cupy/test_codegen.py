@@ -41,7 +41,12 @@ def _code(source: str) -> str:
 
 
 def _kernel(source: str) -> str:
-    return source.split("#endif /* VYRE_CUDA_PRELUDE */", 1)[1]
+    """The plain kernel: after the prelude, before the batch kernel (if any)."""
+    return source.split("#endif /* VYRE_CUDA_PRELUDE */", 1)[1].split("/* batch kernel:", 1)[0]
+
+
+def _batch(source: str) -> str:
+    return source.split("/* batch kernel:", 1)[1]
 
 
 # Sanitisation -------------------------------------------------------------------------

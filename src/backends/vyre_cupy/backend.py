@@ -77,11 +77,16 @@ class CudaKernel:
         source: The generated CUDA C and its launch ABI.
         compiled: The NVRTC output (what the disk cache stores).
         function: The loaded, launchable CuPy kernel function.
+        batch: The batch (persistent) kernel of the same module, or None when the
+            program has barriers or shared memory (``source.batch_entry`` is None).
+        graphs: Captured CUDA graphs of this kernel, by launch shape (command reuse).
     """
 
     source: KernelSource
     compiled: CompiledKernel
     function: Any
+    batch: Any = None
+    graphs: dict[Any, Any] = field(default_factory=dict, compare=False)
 
 
 @dataclass(eq=False)
@@ -231,7 +236,7 @@ class CupyBackend(VyreBackend):
         compiled = compile_kernel(source, nvrtc=self._nvrtc, target=self._target)
         if compiled.log:
             _log.debug("NVRTC log for %s:\n%s", program.op_id or "program", compiled.log)
-        return CudaKernel(source, compiled, self._load(compiled))
+        return CudaKernel(source, compiled, *self._load(compiled, source))
 
     def serialize_pipeline(self, native: Any) -> bytes | None:
         """Return the cubin/PTX record the disk cache stores."""
@@ -246,7 +251,7 @@ class CupyBackend(VyreBackend):
             compiled = decode_kernel(payload)
             if compiled.entry != source.entry or compiled.params != len(source.params):
                 raise ValueError("the cached kernel's ABI does not match the program")
-            return CudaKernel(source, compiled, self._load(compiled))
+            return CudaKernel(source, compiled, *self._load(compiled, source))
         except (ValueError, DispatchFailed) as exc:
             warnings.warn(
                 f"vyre_cupy: ignoring an unusable cached kernel ({exc}); recompiling",
@@ -255,10 +260,10 @@ class CupyBackend(VyreBackend):
             )
             return self.build_pipeline(program, config)
 
-    def _load(self, compiled: CompiledKernel) -> Any:
+    def _load(self, compiled: CompiledKernel, source: KernelSource) -> tuple[Any, Any]:
         self._use_device()
         try:
-            return load_function(compiled)
+            return load_function(compiled, batch_entry=source.batch_entry)
         except Exception as exc:
             error = translate(exc, during="loading the compiled kernel", device=self.info.name)
             self._note(exc, error)

@@ -22,6 +22,15 @@ Rules of the emitted code:
   atomics ``(i < n) ? atomicOp(&p[i], v) : 0u``, for shared arrays too.
 - **Semantics.** Every operator maps to a C operator whose result is fully
   defined, or to a helper of the prelude (`vyre_cupy.prelude`).
+- **Batch kernel.** A program without barriers and shared memory also gets
+  ``<entry>_batch``: a persistent kernel that runs a batch of same-shape work
+  items in ONE launch. Its blocks loop over (item, workgroup) tasks
+  (``task = blockIdx.x; task += gridDim.x``); each task rebinds the buffer
+  pointers to its item's arena (``vy_p<i> + item * vy_stride`` bytes) and
+  replaces ``blockIdx``/``gridDim`` by the task's workgroup id and the item's
+  grid (``vy_wg``/``vy_ng``); ``return`` ends the task (``goto vy_next``), not
+  the thread. Programs with barriers keep plain launches only: lanes that
+  finished a task early would meet the others at a different ``__syncthreads()``.
 - **Identifiers.** Buffers become ``b0, b1, ...`` (parameters) and ``s0, s1,
   ...`` (shared arrays), variables ``v0, v1, ...``, temporaries ``t0, ...``.
   Names from the program only ever appear inside ``/* */`` comments, after
@@ -31,6 +40,7 @@ Rules of the emitted code:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -67,7 +77,7 @@ __all__ = [
 ]
 
 #: Bump whenever generated code changes for the same program (part of the cache identity).
-CODEGEN_VERSION = f"1.{PRELUDE_VERSION}"
+CODEGEN_VERSION = f"2.{PRELUDE_VERSION}"
 #: Entry point name of a generated kernel unless the caller picks another.
 DEFAULT_ENTRY = "vyre_main"
 
@@ -127,6 +137,8 @@ class KernelSource:
         params: The buffer parameters, in order; ``vy_lens`` follows them.
         shared_bytes: Static shared memory the kernel declares.
         uses_barrier: True when the kernel calls ``__syncthreads()``.
+        batch_entry: The batch (persistent) kernel's name, or None when the
+            program uses barriers or shared memory and has none.
         line_paths: For each source line (index = line number - 1), the IR
             path of the statement it was generated from, or ``""``.
     """
@@ -137,6 +149,7 @@ class KernelSource:
     shared_bytes: int
     uses_barrier: bool
     line_paths: tuple[str, ...]
+    batch_entry: str | None = None
 
     def path_of_line(self, line: int) -> str:
         """Return the IR path of 1-based source ``line`` (``""`` outside the kernel body)."""
@@ -165,7 +178,16 @@ def generate(program: Program, *, entry: str = DEFAULT_ENTRY) -> KernelSource:
             fix="pass an entry such as 'vyre_main' (letters, digits and '_', not starting "
             "with a digit)",
         )
-    return _Emitter(program, entry).run()
+    kernel = _Emitter(program, entry).run()
+    if kernel.uses_barrier:
+        return kernel
+    batch = _Emitter(program, f"{entry}_batch", batch=True).run_batch()
+    return dataclasses.replace(
+        kernel,
+        source=kernel.source + batch,
+        line_paths=kernel.line_paths + ("",) * batch.count("\n"),
+        batch_entry=f"{entry}_batch",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,9 +201,11 @@ class _Buffer:
 class _Emitter:
     """Emits one kernel; all state of one generation lives here."""
 
-    def __init__(self, program: Program, entry: str) -> None:
+    def __init__(self, program: Program, entry: str, *, batch: bool = False) -> None:
         self.program = program
         self.entry = entry
+        self.batch = batch
+        self.returns = False
         self.lines: list[str] = []
         self.paths: list[str] = []
         self.path = ""
@@ -287,6 +311,50 @@ class _Emitter:
             line_paths=tuple(paths),
         )
 
+    def run_batch(self) -> str:
+        """Return the batch kernel's source (appended to the plain kernel's unit)."""
+        self.depth = 3
+        self.body(self.program.body, "body")
+        params = []
+        rebind = []
+        for p in self.params:
+            const = "const " if p.decl.access in (Access.READ, Access.UNIFORM) else ""
+            ctype = f"{const}{_STORAGE_TYPE[p.decl.dtype]}"
+            params.append(f"    {ctype}* __restrict__ vy_p{p.index},")
+            rebind.append(
+                f"    [[maybe_unused]] {ctype}* __restrict__ {p.cname} = "
+                f"({ctype}*)(({const}char*)vy_p{p.index} + vy_item * vy_stride);"
+            )
+        lines = [
+            f"/* batch kernel: {len(self.params)} buffers per item, items vy_stride bytes apart */",
+            f'extern "C" __global__ void {self.entry}(',
+            *params,
+            "    const unsigned* __restrict__ vy_lens,",
+            "    const unsigned vy_items,",
+            "    const unsigned long long vy_stride,",
+            "    const unsigned vy_ngx, const unsigned vy_ngy, const unsigned vy_ngz) {",
+            *(f"  const unsigned n{i} = vy_lens[{i}];" for i in sorted(self.used_lens)),
+            "  const unsigned long long vy_groups = (unsigned long long)vy_ngx * vy_ngy * vy_ngz;",
+            "  const unsigned long long vy_tasks = vy_groups * vy_items;",
+            "  for (unsigned long long vy_task = blockIdx.x; vy_task < vy_tasks; "
+            "vy_task += gridDim.x) {",
+            "    const unsigned long long vy_item = vy_task / vy_groups;",
+            "    const unsigned long long vy_g = vy_task % vy_groups;",
+            "    [[maybe_unused]] const unsigned vy_wgx = (unsigned)(vy_g % vy_ngx);",
+            "    [[maybe_unused]] const unsigned vy_wgy = (unsigned)((vy_g / vy_ngx) % vy_ngy);",
+            "    [[maybe_unused]] const unsigned vy_wgz = "
+            "(unsigned)(vy_g / ((unsigned long long)vy_ngx * vy_ngy));",
+            *rebind,
+            "    {",
+            *self.lines,
+            "    }",
+            *(["  vy_next:;"] if self.returns else []),
+            "  }",
+            "}",
+            "",
+        ]
+        return "\n".join(lines)
+
     # Statements -------------------------------------------------------------------
     def body(self, statements: tuple[Stmt, ...], where: str) -> None:
         for i, stmt in enumerate(statements):
@@ -340,7 +408,8 @@ class _Emitter:
                 self.uses_barrier = True
                 self.line("__syncthreads();")
             case Return():
-                self.line("return;")
+                self.returns = True
+                self.line("goto vy_next;" if self.batch else "return;")
             case _:
                 raise InvalidProgram(
                     f"unknown statement {stmt!r} at {path}",
@@ -384,7 +453,7 @@ class _Emitter:
             case BufLen(buffer=name):
                 return self.buffer(name).length, DType.U32
             case Builtin(kind=kind, axis=axis):
-                return _builtin(kind, axis), DType.U32
+                return _builtin(kind, axis, batch=self.batch), DType.U32
             case Load(buffer=name, index=index):
                 i, _ = self.expr(index)
                 buf = self.buffer(name)
@@ -455,8 +524,17 @@ _BUILTIN = {
 }
 
 
-def _builtin(kind: BuiltinKind, axis: int) -> str:
-    return _BUILTIN[kind].format(a=_AXES[axis])
+#: In the batch kernel a task's workgroup id and its item's grid replace the launch's.
+_BATCH_BUILTIN = {
+    BuiltinKind.GID: "(vy_wg{a} * blockDim.{a} + threadIdx.{a})",
+    BuiltinKind.LID: "threadIdx.{a}",
+    BuiltinKind.WGID: "vy_wg{a}",
+    BuiltinKind.NWG: "vy_ng{a}",
+}
+
+
+def _builtin(kind: BuiltinKind, axis: int, *, batch: bool = False) -> str:
+    return (_BATCH_BUILTIN if batch else _BUILTIN)[kind].format(a=_AXES[axis])
 
 
 _ATOMIC = {

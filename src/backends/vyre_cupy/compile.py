@@ -207,13 +207,18 @@ def decode_kernel(payload: bytes) -> CompiledKernel:
     )
 
 
-def load_function(kernel: CompiledKernel) -> Any:
-    """Load ``kernel`` into the current CUDA context and return its launchable function.
+def load_function(kernel: CompiledKernel, *, batch_entry: str | None = None) -> tuple[Any, Any]:
+    """Load ``kernel`` into the current CUDA context and return its launchable functions.
 
     Uses CuPy's ``cupy.cuda.function.Module().load(image)`` (``cuModuleLoadData``);
-    the returned function keeps its module loaded.
+    the returned functions keep their module loaded.
+
+    Returns:
+        ``(main, batch)``: the kernel ``kernel.entry`` and, when ``batch_entry`` is
+        given, the batch kernel of the same module (else None).
     """
     function = importlib.import_module("cupy.cuda.function")
     module = function.Module()
     module.load(kernel.image)
-    return module.get_function(kernel.entry)
+    main = module.get_function(kernel.entry)
+    return main, (module.get_function(batch_entry) if batch_entry is not None else None)
