@@ -311,7 +311,13 @@ class VyreBackend(abc.ABC):
             UnsupportedFeature: the program uses an operation this backend lacks.
             KernelCompileFailed: the backend's compiler rejected it.
         """
-        pipeline, _ = self._pipeline_for(program, config or _DEFAULT_CONFIG)
+        cfg = config or _DEFAULT_CONFIG
+        pipeline, _ = self._pipeline_for(program, cfg)
+        if pipeline.program != program or pipeline.config != cfg:
+            # One compiled kernel serves programs that differ only in buffer counts
+            # (and configs that differ only outside the policy): this caller's
+            # pipeline plans with this caller's program and config.
+            pipeline = pipeline.rebind(program, cfg)
         return pipeline
 
     async def compile_async(

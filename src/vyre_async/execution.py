@@ -10,15 +10,17 @@ batch or graph submission it governs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from vyre_async.calibration import Calibration, calibration_for
 from vyre_async.config import DispatchConfig
+from vyre_async.errors import UnsupportedFeature
 from vyre_async.policies._checks import non_negative_int
 from vyre_async.policies.launch import (
     CommandReuseVerdict,
     ExecutionModeVerdict,
+    ModeKind,
     PersistentVerdict,
     decide_command_reuse,
     decide_persistent_kernel,
@@ -31,7 +33,13 @@ if TYPE_CHECKING:
     from vyre_async.backend import VyreBackend
     from vyre_async.pipeline import Launch
 
-__all__ = ["UNSUPPORTED", "ExecutionDecision", "annotate_mode", "choose_execution_mode"]
+__all__ = [
+    "UNSUPPORTED",
+    "ExecutionDecision",
+    "annotate_mode",
+    "choose_execution_mode",
+    "requested_mode",
+]
 
 #: Reason used when the backend has no native path for a mode.
 UNSUPPORTED = "unsupported_by_backend"
@@ -169,3 +177,40 @@ def annotate_mode(
         launch.completer.annotate("vyre.batch.size", len(launches))
         if reason is not None and applied != decision.mode.kind:
             launch.completer.annotate("vyre.batch.mode.reason", reason)
+
+
+_MODES = ("plain", "persistent", "command_reuse")
+
+
+def requested_mode(
+    backend: VyreBackend, decision: ExecutionDecision, mode: ModeKind, config: DispatchConfig
+) -> ExecutionDecision:
+    """Return ``decision`` with its mode replaced by the caller's ``mode`` (reason ``requested``).
+
+    Raises:
+        ValueError: ``mode`` is not ``plain``, ``persistent`` or ``command_reuse``.
+        UnsupportedFeature: the backend has no such path, or the config disables it.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, not {mode!r}")
+    caps = backend.capabilities()
+    if mode == "persistent" and (
+        not caps.persistent_threads or config.persistent_thread == "disable"
+    ):
+        why = (
+            "the config disables persistent threads"
+            if caps.persistent_threads
+            else f"backend {backend.id!r} has no persistent kernels"
+        )
+        raise UnsupportedFeature(
+            f"cannot run the batch as a persistent kernel: {why}",
+            fix='pass mode=None (the policy decides) or DispatchConfig(persistent_thread="auto")',
+            feature="persistent_threads",
+        )
+    if mode == "command_reuse" and not caps.graph_replay:
+        raise UnsupportedFeature(
+            f"cannot replay the batch: backend {backend.id!r} has no graph replay",
+            fix="pass mode=None (the policy decides) or use a backend with graph_replay",
+            feature="graph_replay",
+        )
+    return replace(decision, mode=ExecutionModeVerdict(kind=mode, reason="requested"))

@@ -16,10 +16,11 @@ import numpy as np
 from vyre_async.annotations import dispatch_attributes
 from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.config import DispatchConfig
-from vyre_async.execution import choose_execution_mode
+from vyre_async.execution import choose_execution_mode, requested_mode
 from vyre_async.ir.program import Program
 from vyre_async.pending import DispatchCompleter, PendingDispatch
 from vyre_async.plan import BindingPlan
+from vyre_async.policies.launch import ModeKind
 from vyre_async.resident import ResidentBuffer
 
 if TYPE_CHECKING:
@@ -66,6 +67,22 @@ class CompiledPipeline:
         self.compile_s = compile_s
         self.source = source
 
+    def rebind(self, program: Program, config: DispatchConfig) -> CompiledPipeline:
+        """Return this compiled kernel as the pipeline of ``program`` under ``config``.
+
+        For a program of the same kernel digest (it differs in buffer counts at
+        most) and a config of the same policy; the native artifact is shared.
+        """
+        return CompiledPipeline(
+            backend=self.backend,
+            program=program,
+            config=config,
+            identity=self.identity,
+            native=self.native,
+            compile_s=self.compile_s,
+            source=self.source,
+        )
+
     def dispatch(
         self, inputs: Sequence[InputLike], config: DispatchConfig | None = None
     ) -> PendingDispatch:
@@ -79,7 +96,11 @@ class CompiledPipeline:
         return self.backend._dispatch_pipeline(self, inputs, config, cache_hit=True)
 
     def dispatch_batch(
-        self, batch: Sequence[Sequence[InputLike]], config: DispatchConfig | None = None
+        self,
+        batch: Sequence[Sequence[InputLike]],
+        config: DispatchConfig | None = None,
+        *,
+        mode: ModeKind | None = None,
     ) -> list[PendingDispatch]:
         """Launch the pipeline once per input set; return the pending results in order.
 
@@ -93,9 +114,17 @@ class CompiledPipeline:
         ``...reason``) and what ran (``vyre.batch.mode``, ``vyre.batch.mode.reason``
         when the backend could not follow the verdict).
 
+        Args:
+            batch: One sequence of inputs per dispatch.
+            config: The dispatch config of every dispatch (default: the pipeline's).
+            mode: Run the batch in this mode instead of the policy's choice
+                (``"plain"``, ``"persistent"`` or ``"command_reuse"``; the verdict's
+                reason is then ``"requested"``): for benchmarks and calibration.
+
         Raises:
             InvalidProgram: an input set does not fit the program (nothing is launched).
-            UnsupportedFeature: the config asks for something the backend lacks.
+            UnsupportedFeature: the config asks for something the backend lacks, or
+                ``mode`` names a path the backend does not have.
         """
         items = list(batch)
         decision = choose_execution_mode(
@@ -104,6 +133,8 @@ class CompiledPipeline:
             repeats=len(items),
             config=config or self.config,
         )
+        if mode is not None:
+            decision = requested_mode(self.backend, decision, mode, config or self.config)
         planned: list[tuple[Launch, Any]] = []
         with dispatch_attributes(decision.span_attributes()):
             try:

@@ -1,7 +1,9 @@
 """A fake CUDA device behind a fake ``cupy``: the backend's whole runtime path, without a GPU.
 
 The fake implements exactly the slice of CuPy's API that `vyre_cupy` uses —
-``cupy.cuda.runtime`` (device queries, ``memcpyAsync``, ``memsetAsync``),
+``cupy.cuda.runtime`` (device queries, ``memcpyAsync``, ``memcpy2DAsync``,
+``memsetAsync``), stream capture into graphs (``begin_capture``/``end_capture``,
+``Graph.launch``),
 ``Device.attributes``, ``Stream(non_blocking=True)`` with ``wait_event``,
 ``Event`` (``record``/``done``/``synchronize``), ``get_elapsed_time``,
 ``alloc``, ``alloc_pinned_memory``, ``cupy.cuda.function.Module`` and the NVRTC
@@ -90,6 +92,8 @@ class FakeDevice:
         self.compiles = 0
         self.launches = 0
         self.batch_launches = 0
+        self.captures = 0
+        self.replays = 0
         self.streams: weakref.WeakValueDictionary[int, FakeStream] = weakref.WeakValueDictionary()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -117,6 +121,7 @@ class FakeDevice:
         }
         runtime.memcpyAsync = self._memcpy
         runtime.memsetAsync = self._memset
+        runtime.memcpy2DAsync = self._memcpy2d
         runtime.deviceSynchronize = self._synchronize
 
         function: Any = types.ModuleType("cupy.cuda.function")
@@ -217,6 +222,27 @@ class FakeDevice:
         assert kind in (MEMCPY_H2D, MEMCPY_D2H, MEMCPY_D2D)
         self._stream(stream).enqueue(lambda: ctypes.memmove(dst, src, size))
 
+    def _memcpy2d(
+        self,
+        dst: int,
+        dpitch: int,
+        src: int,
+        spitch: int,
+        width: int,
+        height: int,
+        kind: int,
+        stream: int,
+    ) -> None:
+        self.check()
+        assert kind in (MEMCPY_H2D, MEMCPY_D2H, MEMCPY_D2D)
+        assert width <= dpitch and width <= spitch, "cudaErrorInvalidPitchValue"
+
+        def copy() -> None:
+            for row in range(height):
+                ctypes.memmove(dst + row * dpitch, src + row * spitch, width)
+
+        self._stream(stream).enqueue(copy)
+
     def _memset(self, ptr: int, value: int, size: int, stream: int) -> None:
         self.check()
         self._stream(stream).enqueue(lambda: ctypes.memset(ptr, value, size))
@@ -288,6 +314,7 @@ class FakeStream:
         self.ptr = device.new_stream_id()
         device.streams[self.ptr] = self
         self._queue: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
+        self.captured: list[Callable[[], object]] | None = None
         thread = threading.Thread(
             target=_stream_main, args=(self._queue,), name=f"fake-stream-{self.ptr}", daemon=True
         )
@@ -295,12 +322,29 @@ class FakeStream:
         weakref.finalize(self, self._queue.put, None)
 
     def enqueue(self, op: Callable[[], object]) -> None:
-        self._queue.put(op)
+        if self.captured is not None:  # stream capture: record instead of running
+            self.captured.append(op)
+        else:
+            self._queue.put(op)
 
     def wait_event(self, event: FakeEvent) -> None:
         self.device.check()
+        assert self.captured is None, "the fake does not capture event waits"
         generation = event.generation
         self.enqueue(lambda: event.wait_for(generation))
+
+    def begin_capture(self, mode: int | None = None) -> None:
+        """Start recording this stream's operations into a graph (CuPy's relaxed mode)."""
+        self.device.check()
+        assert self.captured is None, "cudaErrorIllegalState: already capturing"
+        self.captured = []
+        self.device.captures += 1
+
+    def end_capture(self) -> FakeGraph:
+        """Stop recording; return the graph of the recorded operations."""
+        assert self.captured is not None, "cudaErrorIllegalState: not capturing"
+        ops, self.captured = self.captured, None
+        return FakeGraph(self.device, ops)
 
     def __enter__(self) -> FakeStream:
         return self
@@ -315,6 +359,21 @@ def _stream_main(ops: queue.SimpleQueue[Callable[[], object] | None]) -> None:
         if op is None:
             return
         op()
+
+
+class FakeGraph:
+    """An executable graph: the captured operations, re-run in order on each ``launch``."""
+
+    def __init__(self, device: FakeDevice, ops: list[Callable[[], object]]) -> None:
+        self.device = device
+        self.ops = ops
+
+    def launch(self, stream: FakeStream | None = None) -> None:
+        assert stream is not None, "the backend always names the stream"
+        self.device.check()
+        self.device.replays += 1
+        for op in self.ops:
+            stream.enqueue(op)
 
 
 class FakeEvent:

@@ -51,6 +51,16 @@ def test_a_shared_pipeline_is_planned_with_the_dispatched_programs_sizes() -> No
     assert backend.launches[-1].plan.program == elementwise_xor(8)
 
 
+def test_a_pipeline_compiled_for_another_size_dispatches_with_this_programs_sizes() -> None:
+    backend = BytesBackend()
+    backend.compile(elementwise_xor(1000))
+    small = backend.compile(elementwise_xor(8), DispatchConfig(label="small"))
+    assert backend.builds == 1
+    assert small.program == elementwise_xor(8) and small.config.label == "small"
+    assert small.dispatch(_xor_inputs(8)).result()[0].size == 8
+    assert small.dispatch_batch([_xor_inputs(8)])[0].result()[0].size == 8
+
+
 def test_miss_reasons() -> None:
     backend = BytesBackend()
     backend.compile(elementwise_xor(8))

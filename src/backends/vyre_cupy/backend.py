@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import warnings
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -41,12 +41,22 @@ from vyre_async.errors import (
     InvalidProgram,
     UnsupportedFeature,
 )
+from vyre_async.execution import ExecutionDecision, annotate_mode
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.pending import DispatchCompleter, PendingDispatch
 from vyre_async.pipeline import Launch
 from vyre_async.plan import normalize_input
 from vyre_async.resident import ResidentBuffer
+from vyre_cupy.batch import (
+    CapturedGraph,
+    batch_obstacle,
+    enqueue_persistent,
+    enqueue_replay,
+    fill_staging,
+    read_outputs,
+    record_phases,
+)
 from vyre_cupy.codegen import CODEGEN_VERSION, KernelParam, KernelSource, generate
 from vyre_cupy.compile import (
     NVRTC_OPTIONS,
@@ -86,7 +96,7 @@ class CudaKernel:
     compiled: CompiledKernel
     function: Any
     batch: Any = None
-    graphs: dict[Any, Any] = field(default_factory=dict, compare=False)
+    graphs: OrderedDict[Any, CapturedGraph] = field(default_factory=OrderedDict, compare=False)
 
 
 @dataclass(eq=False)
@@ -300,6 +310,59 @@ class CupyBackend(VyreBackend):
             completer.fail(error)
         return launch.pending
 
+    def enqueue_batch(self, launches: Sequence[Launch], decision: ExecutionDecision) -> None:
+        """Run one `dispatch_batch` call as the policy chose: persistent, graph replay or plain.
+
+        A persistent batch is ONE launch of the program's batch kernel over every
+        item; command reuse replays a CUDA graph captured once per launch shape
+        (`vyre_cupy.batch`). Launches that cannot run that way (resident inputs,
+        mixed shapes, a kernel with barriers, ``iterations > 1`` for persistent)
+        run as plain launches, with the reason on their spans
+        (``vyre.batch.mode.reason``).
+
+        Raises:
+            InvalidProgram: the backend was shut down.
+            DeviceLost: an earlier sticky CUDA error made the device unusable.
+            UnsupportedFeature: the grid or workgroup exceeds the device's limits.
+        """
+        mode = decision.mode.kind
+        native = launches[0].pipeline.native if launches else None
+        reason = None
+        if mode != "plain":
+            self._check_open()
+            reason = batch_obstacle(launches, mode, native)
+        if mode == "plain" or reason is not None:
+            annotate_mode(launches, decision, "plain", reason)
+            for launch in launches:
+                self.enqueue(launch)
+            return
+        assert isinstance(native, CudaKernel)
+        self._check_geometry(launches[0])
+        annotate_mode(launches, decision, mode)
+        live = []
+        for launch in launches:
+            if launch.completer.stop_requested.is_set():
+                launch.completer.fail(_timeout(launch))
+            else:
+                live.append(launch)
+        if not live:
+            return
+        try:
+            if mode == "persistent":
+                enqueue_persistent(self, live, native)
+            else:
+                enqueue_replay(self, live, native)
+        except Exception as exc:
+            error = (
+                exc
+                if isinstance(exc, BackendError)
+                else translate(exc, during=f"enqueueing a {mode} batch", device=self.info.name)
+            )
+            if not isinstance(exc, BackendError):
+                self._note(exc, error)
+            for launch in live:
+                launch.completer.fail(error)
+
     def _submit(self, launch: Launch, kernel: CudaKernel) -> None:
         plan = launch.plan
         params = kernel.source.params
@@ -320,12 +383,7 @@ class CupyBackend(VyreBackend):
             staging = cp.cuda.alloc_pinned_memory(max(layout.upload_bytes, 4))
             readback = cp.cuda.alloc_pinned_memory(max(layout.readback_bytes, 4))
             host = np.frombuffer(staging, np.uint8, layout.upload_bytes)
-            host[: 4 * len(params)].view(np.uint32)[:] = [counts[p.name] for p in params]
-            for slot, item in zip(layout.slots, items, strict=True):
-                if slot.source is Source.HOST and slot.nbytes:
-                    assert isinstance(item, np.ndarray) and slot.offset is not None
-                    view = host[slot.offset : slot.offset + slot.nbytes].view(item.dtype)
-                    np.copyto(view, item, casting="no")
+            fill_staging(host, layout, [counts[p.name] for p in params], items)
             events = [self._event() for _ in range(4)]
             # One dispatch's operations are contiguous on its stream, and reach the
             # bridge in stream order.
@@ -692,35 +750,11 @@ class _InFlight:
             self.readback = None
 
     def _outputs(self) -> list[np.ndarray]:
-        plan = self.launch.plan
-        by_name = {p.name: slot for p, slot in zip(self.params, self.layout.slots, strict=True)}
-        counts = dict(zip((d.name for d in plan.program.buffers), plan.counts, strict=True))
-        outputs = []
-        for decl in plan.outputs:
-            slot = by_name[decl.name]
-            assert slot.readback is not None
-            count = counts[decl.name]
-            view = np.frombuffer(self.readback, decl.dtype.numpy, count, slot.readback)
-            outputs.append(view.copy())
-        return outputs
+        return read_outputs(self.launch, self.params, self.layout.slots, self.readback)
 
     def _record_phases(self, completer: DispatchCompleter) -> float:
         """Record upload/launch/readback child spans from device event times; return kernel s."""
-        elapsed = self.backend._cupy.cuda.get_elapsed_time
-        e = self.events
-        upload, kernel, readback = (
-            float(elapsed(e[0], e[1])) * 1e6,
-            float(elapsed(e[1], e[2])) * 1e6,
-            float(elapsed(e[2], e[3])) * 1e6,
-        )
-        end = time.time_ns()
-        t2 = end - int(readback)
-        t1 = t2 - int(kernel)
-        t0 = t1 - int(upload)
-        completer.record_phase("vyre.upload", t0, t1)
-        completer.record_phase("vyre.launch", t1, t2)
-        completer.record_phase("vyre.readback", t2, end)
-        return kernel / 1e9
+        return record_phases(self.backend, [self.launch], self.events)
 
 
 class _Copy:

@@ -71,9 +71,11 @@ def capabilities_of(info: DeviceInfo) -> BackendCapabilities:
 
     Only what the backend really does natively is True: ``async_compute``
     (dispatches run concurrently on a pool of non-blocking streams) when the
-    device runs kernels concurrently. No grid sync, persistent threads, graph
-    replay, subgroup ops or half precision: the backend has no native path for
-    them. Limits are the device's, capped by the IR's own limits.
+    device runs kernels concurrently; ``persistent_threads`` (a batch of launches
+    as one launch of the program's batch kernel) and ``graph_replay`` (CUDA
+    graphs captured per launch shape), see `vyre_cupy.batch`. No grid sync,
+    subgroup ops or half precision: the backend has no native path for them.
+    Limits are the device's, capped by the IR's own limits.
     """
     lanes = min(info.attribute("MaxThreadsPerBlock", 1024), MAX_WORKGROUP_LANES)
     shared = min(info.attribute("MaxSharedMemoryPerBlock", 48 * 1024), MAX_WORKGROUP_BYTES)
@@ -89,6 +91,8 @@ def capabilities_of(info: DeviceInfo) -> BackendCapabilities:
         max_workgroup_memory_bytes=shared,
         subgroup_size=info.attribute("WarpSize", 32),
         device_name=info.name,
+        persistent_threads=True,
+        graph_replay=True,
         ordered_resident_buffers=True,  # stream waits on each buffer's last events
     )
 

@@ -1,0 +1,267 @@
+"""Batches on the CUDA backend (fake device): persistent kernel, CUDA graph replay, fallbacks.
+
+Every batch is checked item by item against the numpy reference engine, on the
+whole conformance corpus: the batch kernel (``<entry>_batch``) and the captured
+graphs run in the CPU emulator behind the fake ``cupy`` (``fake_cupy.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from tests.conformance.corpus import Case, cases
+from tests.cupy.conftest import Toolchain
+from tests.cupy.device_programs import accumulate
+from tests.cupy.fake_cupy import FakeDevice
+from vyre_async import DispatchConfig, InvalidProgram, UnsupportedFeature
+from vyre_async.calibration import Calibration, CalibrationStore, calibration_for
+from vyre_async.pending import PendingDispatch
+from vyre_async.programs import elementwise_xor
+from vyre_async.shadow import compare_outputs
+from vyre_cupy import CupyBackend, create_backend
+from vyre_cupy.codegen import generate
+from vyre_reference import execute
+
+CORPUS = [c for c in cases() if c.error is None]
+
+
+@pytest.fixture(scope="module")
+def fake(toolchain: Toolchain) -> Iterator[FakeDevice]:
+    device = FakeDevice(toolchain.device_build.wait().binary, toolchain.device_programs)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, module in device.modules().items():
+            patch.setitem(sys.modules, name, module)
+        yield device
+
+
+@pytest.fixture(scope="module")
+def backend(fake: FakeDevice) -> Iterator[CupyBackend]:
+    backend = create_backend(disk_cache=None, prefetch=False)
+    yield backend
+    anyio.run(backend.shutdown)
+
+
+def _config(case: Case) -> DispatchConfig:
+    return DispatchConfig(
+        grid_override=case.grid,
+        ulp_budget=case.ulp_budget or None,
+        fixpoint_iterations=case.fixpoint_iterations,
+        label=case.name,
+    )
+
+
+def _variants(case: Case, n: int) -> list[list[np.ndarray]]:
+    """``n`` input sets of the case's shape: its own inputs, then rotated copies."""
+    return [[np.roll(np.asarray(a), k) for a in case.inputs] for k in range(n)]
+
+
+def _attributes(pending: PendingDispatch) -> dict[str, Any]:
+    return dict(pending.context.get("attributes", {}))
+
+
+def _check_items(case: Case, batch: list[list[np.ndarray]], results: list[Any]) -> None:
+    for inputs, outputs in zip(batch, results, strict=True):
+        want = execute(
+            case.program,
+            inputs,
+            grid_override=case.grid,
+            fixpoint_iterations=case.fixpoint_iterations,
+        )
+        divergence = compare_outputs(
+            case.name, case.program, inputs, outputs, want, ulp_budget=case.ulp_budget
+        )
+        assert divergence is None, str(divergence)
+
+
+@pytest.mark.parametrize("mode", ["persistent", "command_reuse"])
+def test_every_corpus_case_batched_equals_the_reference_item_by_item(
+    backend: CupyBackend, fake: FakeDevice, mode: str
+) -> None:
+    ran = {"persistent": 0, "command_reuse": 0, "plain": 0}
+    for case in CORPUS:
+        pipeline = backend.compile(case.program, _config(case))
+        batch = _variants(case, 3)
+        pendings = pipeline.dispatch_batch(batch, _config(case), mode=mode)  # type: ignore[arg-type]
+        _check_items(case, batch, [p.result() for p in pendings])
+        applied = {_attributes(p)["vyre.batch.mode"] for p in pendings}
+        assert len(applied) == 1
+        ran[applied.pop()] += 1
+        attrs = _attributes(pendings[0])
+        assert attrs["vyre.policy.execution_mode"] == mode
+        assert attrs["vyre.policy.execution_mode.reason"] == "requested"
+        assert attrs["vyre.batch.size"] == 3
+        if attrs["vyre.batch.mode"] == "plain":
+            reason = attrs["vyre.batch.mode.reason"]
+            if reason == "iterations":
+                assert mode == "persistent" and case.fixpoint_iterations > 1
+            elif reason == "empty_launch":  # zero lanes: nothing to launch, nothing to batch
+                assert any(np.asarray(a).size == 0 for a in case.inputs) or case.grid
+            else:
+                assert reason == "kernel_uses_barriers" and mode == "persistent"
+                assert generate(case.program).batch_entry is None
+    assert ran[mode] >= 30  # most of the corpus really ran batched
+    if mode == "persistent":
+        assert ran["plain"] >= 1  # barrier programs fell back, and said why
+    else:  # graphs capture any kernel, iterations included; only empty launches stay plain
+        assert ran["plain"] <= 2
+
+
+def test_a_persistent_batch_is_one_launch_and_replays_capture_once(
+    backend: CupyBackend, fake: FakeDevice
+) -> None:
+    program = elementwise_xor(1003)  # a size no other test uses: its graph is captured here
+    pipeline = backend.compile(program)
+    rng = np.random.default_rng(7)
+    batch = [[rng.integers(0, 2**32, 1003, dtype=np.uint32) for _ in range(2)] for _ in range(40)]
+    launches, batched = fake.launches, fake.batch_launches
+    results = [p.result() for p in pipeline.dispatch_batch(batch, mode="persistent")]
+    assert fake.launches == launches + 1 and fake.batch_launches == batched + 1
+    for (a, b), (out,) in zip(batch, results, strict=True):
+        np.testing.assert_array_equal(out, a ^ b)
+
+    captures, replays = fake.captures, fake.replays
+    for _ in range(2):  # the second call reuses the graph captured by the first
+        results = [p.result() for p in pipeline.dispatch_batch(batch, mode="command_reuse")]
+        for (a, b), (out,) in zip(batch, results, strict=True):
+            np.testing.assert_array_equal(out, a ^ b)
+    assert fake.captures == captures + 1 and fake.replays == replays + 80
+
+
+def test_replays_from_concurrent_batches_never_share_the_arena_at_once(
+    backend: CupyBackend,
+) -> None:
+    program = elementwise_xor(512)
+    pipeline = backend.compile(program)
+    batches = [
+        [[np.full(512, 1000 * t + i, np.uint32), np.full(512, 7, np.uint32)] for i in range(25)]
+        for t in range(4)
+    ]
+    results: list[list[Any]] = [[] for _ in batches]
+
+    def run(t: int) -> None:
+        pendings = pipeline.dispatch_batch(batches[t], mode="command_reuse")
+        results[t] = [p.result()[0] for p in pendings]
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for batch, got in zip(batches, results, strict=True):
+        for (a, b), out in zip(batch, got, strict=True):
+            np.testing.assert_array_equal(out, a ^ b)
+
+
+def test_batches_that_cannot_run_batched_run_plain_and_say_why(backend: CupyBackend) -> None:
+    xor = backend.compile(elementwise_xor(64))
+    resident = backend.upload(np.arange(64, dtype=np.uint32))
+    try:
+        mixed = [
+            [np.arange(64, dtype=np.uint32)] * 2,
+            [np.arange(32, dtype=np.uint32)] * 2,
+        ]
+        with_resident = [[resident, np.ones(64, np.uint32)]] * 2
+        for batch, reason in ((mixed, "mixed_shapes"), (with_resident, "resident_inputs")):
+            for mode in ("persistent", "command_reuse"):
+                pendings = xor.dispatch_batch(batch, mode=mode)  # type: ignore[arg-type]
+                for inputs, pending in zip(batch, pendings, strict=True):
+                    a, b = (
+                        backend.download(x) if not isinstance(x, np.ndarray) else x for x in inputs
+                    )
+                    want = np.zeros(64, np.uint32)  # out has 64 elements; loads past a, b read 0
+                    want[: a.size] = a ^ b
+                    np.testing.assert_array_equal(pending.result()[0], want)
+                    attrs = _attributes(pending)
+                    assert attrs["vyre.batch.mode"] == "plain"
+                    assert attrs["vyre.batch.mode.reason"] == reason
+    finally:
+        backend.free(resident)
+
+
+def test_a_bad_input_set_launches_nothing(backend: CupyBackend, fake: FakeDevice) -> None:
+    pipeline = backend.compile(elementwise_xor(16))
+    good = [np.zeros(16, np.uint32)] * 2
+    launches = fake.launches
+    for mode in (None, "persistent", "command_reuse"):
+        with pytest.raises(InvalidProgram, match="Fix:"):
+            pipeline.dispatch_batch([good, good, [np.zeros(16, np.float32)] * 2], mode=mode)  # type: ignore[arg-type]
+    assert fake.launches == launches
+
+
+def test_an_empty_batch_returns_nothing_in_every_mode(backend: CupyBackend) -> None:
+    pipeline = backend.compile(elementwise_xor(16))
+    for mode in (None, "plain", "persistent", "command_reuse"):
+        assert pipeline.dispatch_batch([], mode=mode) == []  # type: ignore[arg-type]
+
+
+def test_the_policy_picks_the_mode_from_calibration(
+    backend: CupyBackend, fake: FakeDevice, tmp_path: Any
+) -> None:
+    store = CalibrationStore(tmp_path)
+    base = Calibration(
+        backend_id=backend.id,
+        backend_version=backend.version,
+        device_fingerprint=backend.device_fingerprint(),
+        launch_ns=20_000,
+        record_ns=60_000,
+        replay_ns=15_000,
+        persistent_setup_ns=50_000,
+    )
+    store.save(base)
+    pipeline = backend.compile(elementwise_xor(64))
+    a = np.arange(64, dtype=np.uint32)
+    try:
+        _forget_calibration(backend)  # earlier batches remembered "none cached"
+        assert calibration_for(backend, store=store) == base
+        # B = 16: persistent saves 16*20 - 50 = 270 us, replay 16*5 - 60 = 20 us.
+        pendings = pipeline.dispatch_batch([[a, a]] * 16)
+        attrs = _attributes(pendings[0])
+        assert attrs["vyre.policy.execution_mode"] == "persistent"
+        assert attrs["vyre.batch.mode"] == "persistent"
+        assert all(not p.result()[0].any() for p in pendings)
+        # B = 2: neither pays off.
+        pendings = pipeline.dispatch_batch([[a, a]] * 2)
+        assert _attributes(pendings[0])["vyre.batch.mode"] == "plain"
+        assert "vyre.batch.mode.reason" not in _attributes(pendings[0])
+        [p.result() for p in pendings]
+        # persistent_thread="disable": replay is the only profitable path at B = 16.
+        pendings = pipeline.dispatch_batch(
+            [[a, a]] * 16, DispatchConfig(persistent_thread="disable")
+        )
+        assert _attributes(pendings[0])["vyre.batch.mode"] == "command_reuse"
+        [p.result() for p in pendings]
+    finally:
+        _forget_calibration(backend)
+
+
+def _forget_calibration(backend: CupyBackend) -> None:
+    from vyre_async import calibration
+
+    with calibration._memo_lock:
+        calibration._memo.pop(backend, None)
+
+
+def test_a_requested_mode_the_config_disables_is_refused(backend: CupyBackend) -> None:
+    pipeline = backend.compile(elementwise_xor(8))
+    with pytest.raises(UnsupportedFeature, match="Fix:"):
+        pipeline.dispatch_batch([], DispatchConfig(persistent_thread="disable"), mode="persistent")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        pipeline.dispatch_batch([], mode="fast")  # type: ignore[arg-type]
+
+
+def test_accumulate_with_read_write_buffers_batches_exactly(backend: CupyBackend) -> None:
+    program = accumulate()
+    pipeline = backend.compile(program)
+    batch = [[np.arange(64, dtype=np.uint32) * k, np.full(64, k, np.uint32)] for k in range(1, 9)]
+    for mode in ("persistent", "command_reuse"):
+        pendings = pipeline.dispatch_batch(batch, mode=mode)  # type: ignore[arg-type]
+        for (x, acc), pending in zip(batch, pendings, strict=True):
+            np.testing.assert_array_equal(pending.result()[0], acc + x * 3)
+            assert _attributes(pending)["vyre.batch.mode"] == mode
