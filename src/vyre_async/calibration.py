@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +39,8 @@ from vyre_async.ir.types import Access, BufferDecl, DType
 
 if TYPE_CHECKING:
     from vyre_async.backend import VyreBackend
+    from vyre_async.pipeline import CompiledPipeline
+    from vyre_async.policies.launch import ModeKind
 
 __all__ = [
     "CALIBRATION_FORMAT_VERSION",
@@ -54,7 +56,14 @@ __all__ = [
 
 CALIBRATION_FORMAT_VERSION = 1
 _log = logging.getLogger("vyre_async.calibration")
-_NS_FIELDS = ("launch_ns", "record_ns", "replay_ns", "persistent_setup_ns", "compile_ns")
+_NS_FIELDS = (
+    "launch_ns",
+    "record_ns",
+    "replay_ns",
+    "persistent_setup_ns",
+    "persistent_item_ns",
+    "compile_ns",
+)
 _RATE_FIELDS = ("h2d_bytes_per_s", "d2h_bytes_per_s")
 
 
@@ -72,7 +81,11 @@ class Calibration:
         launch_ns: Host cost of one plain launch (L).
         record_ns: Recording (capture + instantiate) a command list once (Rec).
         replay_ns: Replaying one recorded launch (Rep).
-        persistent_setup_ns: Persistent-kernel setup and shutdown (S).
+        persistent_setup_ns: Persistent-kernel setup and shutdown (S): the fixed
+            host cost of one persistent batch.
+        persistent_item_ns: Host cost each work item still adds to a persistent
+            batch (planning, staging); the policy counts ``L - persistent_item_ns``
+            as the per-launch overhead a persistent kernel saves.
         h2d_bytes_per_s: Upload bandwidth (from pinned memory on GPUs).
         d2h_bytes_per_s: Download bandwidth.
         compile_ns: Compiling one typical pipeline (the cost of a cache miss).
@@ -91,6 +104,7 @@ class Calibration:
     record_ns: int | None = None
     replay_ns: int | None = None
     persistent_setup_ns: int | None = None
+    persistent_item_ns: int | None = None
     h2d_bytes_per_s: float | None = None
     d2h_bytes_per_s: float | None = None
     compile_ns: int | None = None
@@ -345,7 +359,8 @@ def format_calibration(record: Calibration) -> str:
             f"[{record.device_fingerprint or 'host'}] measured {when} ({record.timing} clocks)",
             f"  launch overhead:  {ns(record.launch_ns)}",
             f"  record / replay:  {ns(record.record_ns)} / {ns(record.replay_ns)}",
-            f"  persistent setup: {ns(record.persistent_setup_ns)}",
+            f"  persistent setup: {ns(record.persistent_setup_ns)} "
+            f"(+ {ns(record.persistent_item_ns)} per item)",
             f"  upload / download: {rate(record.h2d_bytes_per_s)} / {rate(record.d2h_bytes_per_s)}",
             f"  compile:          {ns(record.compile_ns)}",
         ]
@@ -426,3 +441,56 @@ def measure_host_costs(
         timing="host",
         measured_at=time.time(),
     )
+
+
+def measure_batch_costs(
+    pipeline: CompiledPipeline,
+    inputs: Sequence[Any],
+    *,
+    record_ns: Callable[[], int | None],
+    rounds: int = 5,
+) -> dict[str, int]:
+    """Measure the launch-mode costs of ``pipeline``'s backend with ``dispatch_batch(mode=...)``.
+
+    Host clocks, medians of ``rounds``; every batch is awaited before the next.
+    Returns ``launch_ns`` (per launch of a plain 16-launch batch, L),
+    ``replay_ns`` (per launch of a 16-replay batch once the graph exists, Rep),
+    ``record_ns`` (from ``record_ns()`` after the first replay batch, Rec), and
+    ``persistent_item_ns``/``persistent_setup_ns`` (slope and intercept of the
+    persistent batch's host time between 4 and 32 items, m and S). A mode the
+    backend lacks is left out.
+
+    Args:
+        pipeline: A compiled typical program.
+        inputs: One input set for it.
+        record_ns: Returns the capture cost of the graph the first replay batch made.
+        rounds: Timed batches per figure.
+    """
+    caps = pipeline.backend.capabilities()
+
+    def timed(size: int, mode: ModeKind) -> int:
+        start = time.perf_counter_ns()
+        pendings = pipeline.dispatch_batch([inputs] * size, mode=mode)
+        took = time.perf_counter_ns() - start
+        for pending in pendings:
+            pending.result()
+        return took
+
+    def median(size: int, mode: ModeKind) -> float:
+        return statistics.median(timed(size, mode) for _ in range(rounds))
+
+    timed(16, "plain")  # warm
+    costs = {"launch_ns": int(median(16, "plain") / 16)}
+    if caps.graph_replay:
+        timed(16, "command_reuse")  # captures the graph
+        recorded = record_ns()
+        if recorded is not None:
+            costs["record_ns"] = int(recorded)
+            costs["replay_ns"] = int(median(16, "command_reuse") / 16)
+    if caps.persistent_threads:
+        timed(4, "persistent")  # warm
+        small, large = median(4, "persistent"), median(32, "persistent")
+        item = max((large - small) / 28, 0.0)
+        costs["persistent_item_ns"] = int(item)
+        costs["persistent_setup_ns"] = int(max(small - 4 * item, 0.0))
+    return costs

@@ -98,7 +98,9 @@ def choose_execution_mode(
     ``config.persistent_thread != "disable"`` (``"force"`` chooses them whatever
     the costs); command reuse needs ``capabilities().graph_replay``. Either also
     needs the calibrated costs (``launch_ns`` plus ``persistent_setup_ns`` or
-    ``record_ns``/``replay_ns``). Without a path the verdict is plain with reason
+    ``record_ns``/``replay_ns``). The per-launch overhead a persistent kernel
+    saves is ``launch_ns - persistent_item_ns`` (what each item still costs it).
+    Without a path the verdict is plain with reason
     ``"unsupported_by_backend"`` (or ``"disabled"`` / ``"uncalibrated"``).
 
     Args:
@@ -130,7 +132,8 @@ def choose_execution_mode(
     elif cal is None or cal.persistent_setup_ns is None:
         persistent = PersistentVerdict(kind="standard", reason="uncalibrated")
     else:
-        persistent = decide_persistent_kernel(b, cal.launch_ns, cal.persistent_setup_ns)
+        saved = max(cal.launch_ns - (cal.persistent_item_ns or 0), 0)  # per launch
+        persistent = decide_persistent_kernel(b, saved, cal.persistent_setup_ns)
     if not caps.graph_replay:
         reuse = CommandReuseVerdict(kind="plain", reason=UNSUPPORTED)
     elif cal is None or cal.record_ns is None or cal.replay_ns is None:

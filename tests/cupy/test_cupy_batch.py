@@ -265,3 +265,21 @@ def test_accumulate_with_read_write_buffers_batches_exactly(backend: CupyBackend
         for (x, acc), pending in zip(batch, pendings, strict=True):
             np.testing.assert_array_equal(pending.result()[0], acc + x * 3)
             assert _attributes(pending)["vyre.batch.mode"] == mode
+
+
+def test_every_upload_carries_its_copy_overlap_verdict(backend: CupyBackend) -> None:
+    pipeline = backend.compile(elementwise_xor(1001))  # a size of its own: a fresh graph
+    a = np.arange(1001, dtype=np.uint32)
+    plain = pipeline.dispatch([a, a])
+    plain.result()
+    attrs = _attributes(plain)
+    assert attrs["vyre.policy.copy_overlap"] == "overlap"
+    assert attrs["vyre.copy.target"] == "private_arena" and attrs["vyre.copy.staging"] == "pinned"
+    replays = pipeline.dispatch_batch([[a, a]] * 3, mode="command_reuse")
+    [p.result() for p in replays]
+    first, *rest = (_attributes(p) for p in replays)
+    assert first["vyre.policy.copy_overlap"] == "overlap"  # nothing used the new arena yet
+    for later in rest:  # the arena is the previous replay's: wait for it, device-side
+        assert later["vyre.policy.copy_overlap"] == "serialize"
+        assert later["vyre.policy.copy_overlap.reason"] == "kernel_reads_slot"
+        assert later["vyre.copy.target"] == "graph_arena"

@@ -399,8 +399,10 @@ def test_policy_benchmark_runs_on_the_fake_device(fake: FakeDevice) -> None:
     assert prefetch["prefetch_on"]["dispatches"] == 3
 
 
-def test_calibrate_measures_launch_compile_and_copies(fake: FakeDevice, tmp_path: Path) -> None:
-    from vyre_async.calibration import CalibrationStore, calibration_for
+def test_calibrate_measures_launch_modes_compile_and_copies(
+    fake: FakeDevice, tmp_path: Path
+) -> None:
+    from vyre_async.calibration import CalibrationStore, calibration_for, format_calibration
     from vyre_async.execution import choose_execution_mode
 
     def completion_threads() -> int:
@@ -414,10 +416,13 @@ def test_calibrate_measures_launch_compile_and_copies(fake: FakeDevice, tmp_path
     assert record.device_fingerprint == backend.device_fingerprint()
     assert record.launch_ns > 0 and (record.compile_ns or 0) > 0
     assert (record.h2d_bytes_per_s or 0) > 0 and (record.d2h_bytes_per_s or 0) > 0
-    # no graph replay or persistent kernels yet: those costs are not invented
-    assert (record.record_ns, record.replay_ns, record.persistent_setup_ns) == (None, None, None)
+    # graph replay and persistent batches were really run and timed
+    assert (record.record_ns or 0) > 0 and (record.replay_ns or 0) > 0
+    assert record.persistent_setup_ns is not None and record.persistent_item_ns is not None
     assert store.load("cupy", backend.version, backend.device_fingerprint()) == record
     assert completion_threads() == threads  # the probe backend's thread is gone
     decision = choose_execution_mode(backend, batch_size=100, repeats=100, calibration=record)
-    assert decision.mode.kind == "plain" and decision.calibrated
+    assert decision.calibrated and decision.persistent.reason != "uncalibrated"
+    assert decision.reuse.reason != "uncalibrated"
+    print(format_calibration(record))
     anyio.run(backend.shutdown)

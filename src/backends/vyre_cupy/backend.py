@@ -15,6 +15,7 @@ backends are listed; a machine without CuPy, driver or device gets an
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import warnings
@@ -30,7 +31,7 @@ import numpy as np
 from vyre_async import __version__
 from vyre_async.backend import VyreBackend
 from vyre_async.cache.disk import DiskPipelineCache
-from vyre_async.calibration import Calibration, measure_host_costs
+from vyre_async.calibration import Calibration, measure_batch_costs, measure_host_costs
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import (
@@ -49,7 +50,9 @@ from vyre_async.pipeline import Launch
 from vyre_async.plan import normalize_input
 from vyre_async.resident import ResidentBuffer
 from vyre_cupy.batch import (
+    PRIVATE_ARENA,
     CapturedGraph,
+    annotate_copy,
     batch_obstacle,
     enqueue_persistent,
     enqueue_replay,
@@ -192,13 +195,16 @@ class CupyBackend(VyreBackend):
         )
 
     def calibrate(self) -> Calibration:
-        """Measure launch overhead, NVRTC compile cost and pinned copy bandwidth (host clocks).
+        """Measure launch, graph replay and persistent-batch costs, NVRTC and copies (host clocks).
 
         Runs on a private probe backend on the same device (its own streams and
-        completion thread, no prefetching), in about a second. The backend has no
-        CUDA-graph replay and no persistent kernels yet, so ``record_ns``,
-        ``replay_ns`` and ``persistent_setup_ns`` stay None and the launch
-        policies choose plain launches. Use
+        completion thread, no prefetching), in about a second:
+        `vyre_async.calibration.measure_host_costs` (compile cost, pinned copy
+        bandwidth), then `vyre_async.calibration.measure_batch_costs` on
+        ``elementwise_xor(1024)``: ``launch_ns`` per launch of a plain batch,
+        ``record_ns`` (capture and instantiation of its graph), ``replay_ns`` per
+        replayed launch, and the persistent batch's fixed (``persistent_setup_ns``)
+        and per-item (``persistent_item_ns``) host cost. Use
         `vyre_async.calibration.calibration_for(backend, measure=True)` (or
         ``vyre-async info --calibrate cupy``) to measure once and cache the record.
         """
@@ -207,13 +213,23 @@ class CupyBackend(VyreBackend):
         probe = CupyBackend(device=self.info.ordinal, streams=2, prefetch=False)
         xor = elementwise_xor(1024)
         try:
-            return measure_host_costs(
+            record = measure_host_costs(
                 self,
                 probe,
                 compile_once=lambda _: probe.build_pipeline(xor, DispatchConfig()),  # NVRTC
                 copy_bytes=16 << 20,
                 settle=lambda: probe._bridge.wait_idle(timeout=60),
             )
+            pipeline = probe.compile(xor)
+            kernel = pipeline.native
+
+            def record_ns() -> int | None:
+                graphs = list(kernel.graphs.values())
+                return graphs[-1].record_ns if graphs else None
+
+            inputs = [np.arange(1024, dtype=np.uint32), np.ones(1024, np.uint32)]
+            costs = measure_batch_costs(pipeline, inputs, record_ns=record_ns)
+            return dataclasses.replace(record, **costs)  # type: ignore[arg-type]
         finally:
             probe._close_now()
 
@@ -390,6 +406,7 @@ class CupyBackend(VyreBackend):
             with self._streams.ordering(index):
                 launch.completer.mark_started()
                 launch.completer.annotate("vyre.stream", index)
+                annotate_copy(launch, PRIVATE_ARENA)
                 residents = self._enqueue(
                     launch, kernel, layout, items, stream, int(arena.ptr), staging, readback, events
                 )

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vyre_async.pipeline import Launch
+from vyre_async.policies.arms import ArmSummary
+from vyre_async.policies.overlap import CopyVerdict, can_overlap_copy_with_kernel
 from vyre_async.resident import ResidentBuffer
 from vyre_cupy.layout import ArenaLayout, Slot, Source, plan_layout
 
@@ -40,6 +42,24 @@ __all__ = ["batch_obstacle", "enqueue_persistent", "enqueue_replay", "persistent
 
 #: Captured graphs kept per kernel (one per launch shape; least recently used dropped).
 GRAPHS_PER_KERNEL = 8
+
+#: The copy-overlap verdict of an upload into a dispatch's own fresh arena: no
+#: kernel can be reading or writing memory allocated for this dispatch alone.
+PRIVATE_ARENA = can_overlap_copy_with_kernel("private_arena", ArmSummary())
+
+
+def annotate_copy(launch: Launch, verdict: CopyVerdict, target: str = "private_arena") -> None:
+    """Record the copy-overlap verdict of ``launch``'s upload on its span.
+
+    ``vyre.policy.copy_overlap`` (``overlap``/``serialize``), its reason when
+    serialised, the upload's target and its staging (always pinned memory).
+    """
+    completer = launch.completer
+    completer.annotate("vyre.policy.copy_overlap", verdict.kind)
+    if verdict.reason is not None:
+        completer.annotate("vyre.policy.copy_overlap.reason", verdict.reason)
+    completer.annotate("vyre.copy.target", target)
+    completer.annotate("vyre.copy.staging", "pinned")
 
 
 def batch_obstacle(launches: Sequence[Launch], mode: str, kernel: Any) -> str | None:
@@ -172,6 +192,7 @@ def enqueue_persistent(
             for launch in launches:
                 launch.completer.mark_started()
                 launch.completer.annotate("vyre.stream", index)
+                annotate_copy(launch, PRIVATE_ARENA)
             events[0].record(stream)
             if layout.zero_bytes:  # no 2-D memset in CuPy: zero every arena, then upload
                 rt.memsetAsync(base, 0, size * stride, sp)
@@ -282,6 +303,7 @@ class CapturedGraph:
         record_ns: Host nanoseconds the capture and instantiation took.
         last_done: Event after the newest replay's readback (the next replay waits on it).
         replays: Replays so far.
+        lock: Held while one replay is enqueued (keeps ``last_done`` a recorded event).
     """
 
     graph: Any
@@ -291,6 +313,12 @@ class CapturedGraph:
     last_done: Any = None
     replays: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Copy-overlap verdict of an upload while the previous replay may run (serialize).
+    overlap: CopyVerdict = field(
+        default_factory=lambda: can_overlap_copy_with_kernel(
+            "graph_arena", ArmSummary(reads={"graph_arena"}, writes={"graph_arena"})
+        )
+    )
 
 
 def graph_for(backend: CupyBackend, kernel: CudaKernel, launch: Launch) -> CapturedGraph:
@@ -373,8 +401,11 @@ def enqueue_replay(backend: CupyBackend, launches: Sequence[Launch], kernel: Cud
             with backend._streams.ordering(index), captured.lock:
                 launch.completer.mark_started()
                 launch.completer.annotate("vyre.stream", index)
-                if captured.last_done is not None:
-                    stream.wait_event(captured.last_done)  # the arena is free again
+                if captured.last_done is None:
+                    annotate_copy(launch, PRIVATE_ARENA, "graph_arena")
+                else:  # the previous replay's kernel may still use the arena
+                    annotate_copy(launch, captured.overlap, "graph_arena")
+                    stream.wait_event(captured.last_done)
                 events[0].record(stream)
                 rt.memcpyAsync(base, staging.ptr, layout.upload_bytes, rt.memcpyHostToDevice, sp)
                 events[1].record(stream)
