@@ -12,10 +12,10 @@ The figures the policies issue asks for, each measured in this one run:
   Overlap fraction = (copies alone + kernels alone - pipelined loop) /
   min(copies alone, kernels alone) (target at least 0.7).
 - **launch host cost**: per-kernel host cost of 100 repeats through
-  ``pipeline.dispatch_batch`` (plain launches: the backend has no graph replay
-  yet, and the report says so with the policy's verdict), next to bare CuPy
-  launching the same trivial kernel 100 times plainly and as one captured CUDA
-  graph replayed (the calibration the command-reuse policy needs).
+  ``pipeline.dispatch_batch`` as plain launches, CUDA graph replays and one
+  persistent launch (every result checked; ratios to plain), the calibration
+  and the policy's own verdict for that batch, next to bare CuPy launching a
+  trivial kernel 100 times plainly and as one captured CUDA graph replayed.
 - **first dispatch with and without prefetch**: a cycle of 3 programs on a
   pipeline cache of 2 (so every dispatch misses without prediction), each
   dispatch running about 0.3 s on the device; the time ``dispatch()`` takes to
@@ -278,29 +278,70 @@ def copy_overlap(iterations: int, elements: int) -> dict[str, Any]:
     }
 
 
-def launch_host_cost(repeats: int) -> dict[str, Any]:
-    """Per-kernel host cost: dispatch_batch (plain) vs bare CuPy plain and graph replay."""
-    import cupy
+def dispatch_batch_modes(repeats: int) -> dict[str, Any]:
+    """Host cost per kernel of ``repeats`` launches through ``dispatch_batch`` in each mode.
+
+    ``elementwise_xor(64)`` as plain launches, CUDA graph replays and one
+    persistent launch (every result checked), plus the policy's own verdict
+    for the batch from a fresh calibration.
+    """
+    import tempfile
 
     from vyre_async import compile
+    from vyre_async.calibration import CalibrationStore, calibration_for
     from vyre_async.execution import choose_execution_mode
     from vyre_async.programs import elementwise_xor
     from vyre_cupy import create_backend
 
     backend = create_backend(disk_cache=None)
     pipeline = compile(backend, elementwise_xor(64))
-    inputs = [np.zeros(64, np.uint32)] * 2
-    verdict = choose_execution_mode(backend, batch_size=repeats, repeats=repeats)
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        pendings = pipeline.dispatch_batch([inputs] * repeats)
-        issued = time.perf_counter() - start
-        for p in pendings:
-            p.result()
-        samples.append(issued / repeats)
+    rng = np.random.default_rng(5)
+    batch = [
+        [rng.integers(0, 2**32, 64, dtype=np.uint32) for _ in range(2)] for _ in range(repeats)
+    ]
+    modes: dict[str, Any] = {}
+    for mode in ("plain", "command_reuse", "persistent"):
+        issue, total = [], []
+        for _ in range(6):  # the first round warms up (and captures the graph)
+            start = time.perf_counter()
+            pendings = pipeline.dispatch_batch(batch, mode=mode)  # type: ignore[arg-type]
+            issued = time.perf_counter() - start
+            results = [p.result()[0] for p in pendings]
+            total.append(time.perf_counter() - start)
+            issue.append(issued / repeats)
+            assert all(np.array_equal(r, a ^ b) for r, (a, b) in zip(results, batch, strict=True))
+            ran = pendings[0].context["attributes"]["vyre.batch.mode"]
+        modes[mode] = {
+            "ran_as": ran,
+            "host_us_per_kernel": round(_median(issue[1:]) * 1e6, 2),
+            "batch_wall_ms": round(_median(total[1:]) * 1e3, 3),
+        }
+    with tempfile.TemporaryDirectory() as root:
+        record = calibration_for(backend, measure=True, store=CalibrationStore(Path(root)))
+    verdict = choose_execution_mode(
+        backend, batch_size=repeats, repeats=repeats, calibration=record
+    )
     anyio.run(backend.shutdown)
+    plain_us = modes["plain"]["host_us_per_kernel"]
+    return {
+        "repeats": repeats,
+        "vyre_dispatch_batch": modes,
+        "vyre_replay_over_plain_host_cost": round(
+            modes["command_reuse"]["host_us_per_kernel"] / plain_us, 3
+        ),
+        "vyre_persistent_over_plain_host_cost": round(
+            modes["persistent"]["host_us_per_kernel"] / plain_us, 3
+        ),
+        "calibration": None if record is None else record.to_json(),
+        "vyre_policy_verdict": verdict.span_attributes(),
+    }
 
+
+def launch_host_cost(repeats: int) -> dict[str, Any]:
+    """`dispatch_batch_modes`, next to bare CuPy plain launches and one graph replay."""
+    import cupy
+
+    report = dispatch_batch_modes(repeats)
     kernel = cupy.RawKernel(
         'extern "C" __global__ void bump(unsigned* o) { o[threadIdx.x] += 1u; }', "bump"
     )
@@ -328,10 +369,7 @@ def launch_host_cost(repeats: int) -> dict[str, Any]:
             replay.append((time.perf_counter() - start) / repeats)
             stream.synchronize()
     return {
-        "repeats": repeats,
-        "vyre_dispatch_batch_us_per_kernel": round(_median(samples) * 1e6, 2),
-        "vyre_execution_mode": verdict.span_attributes(),
-        "vyre_graph_replay": "not implemented: the cupy backend reports graph_replay=False",
+        **report,
         "cupy_plain_us_per_kernel": round(_median(plain) * 1e6, 3),
         "cupy_graph_replay_us_per_kernel": round(_median(replay) * 1e6, 3),
         "cupy_graph_record_us": round(_median(record) * 1e6, 1),

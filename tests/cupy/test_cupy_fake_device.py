@@ -394,6 +394,10 @@ def test_policy_benchmark_runs_on_the_fake_device(fake: FakeDevice) -> None:
     overlap = bench.copy_overlap(2, 1024)
     assert overlap["bytes_per_upload"] == 4096
     assert overlap["pipelined_ms"] > 0 and isinstance(overlap["met"], bool)
+    modes = bench.dispatch_batch_modes(8)
+    ran = {mode: figures["ran_as"] for mode, figures in modes["vyre_dispatch_batch"].items()}
+    assert ran == {"plain": "plain", "command_reuse": "command_reuse", "persistent": "persistent"}
+    assert modes["calibration"]["replay_ns"] > 0 and modes["vyre_policy_verdict"]
     prefetch = bench.prefetch_latency(1, 0.02)
     assert prefetch["prefetch_off"]["compile_waits"] == prefetch["prefetch_off"]["dispatches"] == 3
     assert prefetch["prefetch_on"]["dispatches"] == 3
