@@ -16,6 +16,7 @@ import anyio
 import numpy as np
 import pytest
 
+import vyre_cupy.batch
 from tests.conformance.corpus import Case, cases
 from tests.cupy.conftest import Toolchain
 from tests.cupy.device_programs import accumulate
@@ -82,8 +83,16 @@ def _check_items(case: Case, batch: list[list[np.ndarray]], results: list[Any]) 
 
 @pytest.mark.parametrize("mode", ["persistent", "command_reuse"])
 def test_every_corpus_case_batched_equals_the_reference_item_by_item(
-    backend: CupyBackend, fake: FakeDevice, mode: str
+    backend: CupyBackend, mode: str
 ) -> None:
+    check_corpus_batched(backend, mode)
+
+
+def check_corpus_batched(backend: CupyBackend, mode: str) -> None:
+    """Batch 3 input sets of every corpus case in ``mode``; each equals the reference.
+
+    Also run by ``test_cupy_gpu`` on a real device.
+    """
     ran = {"persistent": 0, "command_reuse": 0, "plain": 0}
     for case in CORPUS:
         pipeline = backend.compile(case.program, _config(case))
@@ -283,3 +292,30 @@ def test_every_upload_carries_its_copy_overlap_verdict(backend: CupyBackend) -> 
         assert later["vyre.policy.copy_overlap"] == "serialize"
         assert later["vyre.policy.copy_overlap.reason"] == "kernel_reads_slot"
         assert later["vyre.copy.target"] == "graph_arena"
+
+
+def test_persistent_blocks_loop_over_more_tasks_than_they_are(
+    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One SM holds 32 blocks of 64 lanes: 20 items x 16 workgroups = 320 tasks loop
+    # ten times over the 32 blocks.
+    monkeypatch.setitem(backend.info.attributes, "MultiProcessorCount", 1)
+    pipeline = backend.compile(elementwise_xor(1000))
+    rng = np.random.default_rng(11)
+    batch = [[rng.integers(0, 2**32, 1000, dtype=np.uint32) for _ in range(2)] for _ in range(20)]
+    pendings = pipeline.dispatch_batch(batch, mode="persistent")
+    for (a, b), pending in zip(batch, pendings, strict=True):
+        np.testing.assert_array_equal(pending.result()[0], a ^ b)
+    # Every corpus kernel (3-D grids, early returns, atomics) on 2 blocks: each block
+    # runs many tasks of several items one after another.
+    monkeypatch.setattr(vyre_cupy.batch, "persistent_blocks", lambda *_: 2)
+    looped = 0
+    for case in CORPUS:
+        if generate(case.program).batch_entry is None or case.fixpoint_iterations > 1:
+            continue
+        variants = _variants(case, 5)
+        pipeline = backend.compile(case.program, _config(case))
+        pendings = pipeline.dispatch_batch(variants, _config(case), mode="persistent")
+        _check_items(case, variants, [p.result() for p in pendings])
+        looped += _attributes(pendings[0])["vyre.batch.mode"] == "persistent"
+    assert looped >= 30

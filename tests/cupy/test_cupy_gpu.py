@@ -182,3 +182,29 @@ def test_disk_cache_skips_nvrtc_in_a_fresh_process(tmp_path: Path) -> None:
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     assert runs[0]["source"] == "compiled" and runs[1]["source"] == "disk"
     assert runs[0]["ok"] and runs[1]["ok"]
+
+
+@pytest.mark.parametrize("mode", ["persistent", "command_reuse"])
+def test_corpus_batched_as_one_persistent_launch_or_graph_replays(
+    gpu: CupyBackend, mode: str
+) -> None:
+    """Every corpus case, 3 input sets per batch, equals the reference item by item."""
+    from tests.cupy.test_cupy_batch import check_corpus_batched
+
+    check_corpus_batched(gpu, mode)
+
+
+def test_large_persistent_batch_loops_its_blocks_over_every_task(gpu: CupyBackend) -> None:
+    """More tasks than the device holds at once: the persistent blocks loop in place."""
+    from vyre_async.programs import elementwise_xor
+
+    pipeline = gpu.compile(elementwise_xor(1 << 16))
+    rng = np.random.default_rng(3)
+    batch = [
+        [rng.integers(0, 2**32, 1 << 16, dtype=np.uint32) for _ in range(2)] for _ in range(64)
+    ]
+    for mode in ("persistent", "command_reuse"):
+        pendings = pipeline.dispatch_batch(batch, mode=mode)  # type: ignore[arg-type]
+        for (a, b), pending in zip(batch, pendings, strict=True):
+            np.testing.assert_array_equal(pending.result()[0], a ^ b)
+            assert pending.context["attributes"]["vyre.batch.mode"] == mode
