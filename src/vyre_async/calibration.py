@@ -54,7 +54,7 @@ __all__ = [
     "measure_host_costs",
 ]
 
-CALIBRATION_FORMAT_VERSION = 1
+CALIBRATION_FORMAT_VERSION = 2  # 2: persistent_item_ns; CUDA launch_ns per batched launch
 _log = logging.getLogger("vyre_async.calibration")
 _NS_FIELDS = (
     "launch_ns",

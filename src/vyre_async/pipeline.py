@@ -125,6 +125,7 @@ class CompiledPipeline:
             InvalidProgram: an input set does not fit the program (nothing is launched).
             UnsupportedFeature: the config asks for something the backend lacks, or
                 ``mode`` names a path the backend does not have.
+            ValueError: ``mode`` is not one of the three modes.
         """
         items = list(batch)
         decision = choose_execution_mode(

@@ -288,3 +288,19 @@ def test_race_detector_flags_exactly_the_racy_probes(toolchain: Toolchain) -> No
     results = toolchain.ops_build.wait().run(requests)
     verdicts = {name: r.racy for (name, _, _), r in zip(toolchain.probes, results, strict=True)}
     assert verdicts == {name: racy for name, _, racy in toolchain.probes}
+
+
+def test_the_batch_kernel_ends_a_task_with_goto_and_rebinds_every_buffer() -> None:
+    from tests.cupy.unit_programs import early_return
+
+    kernel = generate(early_return())
+    assert kernel.batch_entry == "vyre_main_batch" and not kernel.uses_barrier
+    batch = _batch(kernel.source)
+    assert "return;" not in batch and batch.count("goto vy_next;") == 2
+    assert "vy_next:;" in batch and "blockIdx.x; vy_task < vy_tasks; vy_task += gridDim.x" in batch
+    assert "b0 = (unsigned*)((char*)vy_p0 + vy_item * vy_stride)" in batch
+    assert "blockIdx.x * blockDim.x" not in batch  # workgroup ids come from the task
+    assert "return;" in _kernel(kernel.source)  # the plain kernel keeps its returns
+    assert generate(elementwise_xor(4)).batch_entry is not None
+    with_barrier = [c.program for c in cases() if c.error is None and "barrier" in c.name]
+    assert with_barrier and all(generate(p).batch_entry is None for p in with_barrier)

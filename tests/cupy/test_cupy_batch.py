@@ -21,6 +21,7 @@ from tests.conformance.corpus import Case, cases
 from tests.cupy.conftest import Toolchain
 from tests.cupy.device_programs import accumulate
 from tests.cupy.fake_cupy import FakeDevice
+from tests.cupy.unit_programs import early_return
 from vyre_async import DispatchConfig, InvalidProgram, UnsupportedFeature
 from vyre_async.calibration import Calibration, CalibrationStore, calibration_for
 from vyre_async.pending import PendingDispatch
@@ -319,3 +320,63 @@ def test_persistent_blocks_loop_over_more_tasks_than_they_are(
         _check_items(case, variants, [p.result() for p in pendings])
         looped += _attributes(pendings[0])["vyre.batch.mode"] == "persistent"
     assert looped >= 30
+
+
+def test_an_early_return_ends_the_task_not_the_block(
+    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    program = early_return()  # 16 workgroups per item, returns inside a loop
+    assert generate(program).batch_entry is not None
+    monkeypatch.setattr(vyre_cupy.batch, "persistent_blocks", lambda *_: 2)
+    pendings = backend.compile(program).dispatch_batch([[]] * 6, mode="persistent")
+    want = execute(program, [])
+    assert (want[0][0], want[0][1], want[0][2], want[1][1], want[1][2]) == (0, 4, 2, 7, 0)
+    for pending in pendings:
+        outputs = pending.result()
+        assert _attributes(pending)["vyre.batch.mode"] == "persistent"
+        for got, expected in zip(outputs, want, strict=True):
+            np.testing.assert_array_equal(got, expected)
+
+
+def test_batches_too_big_for_one_arena_or_a_kept_graph_run_plain(
+    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipeline = backend.compile(elementwise_xor(256))
+    a = np.arange(256, dtype=np.uint32)
+    monkeypatch.setattr(vyre_cupy.batch, "PERSISTENT_ARENA_LIMIT", 4096)
+    monkeypatch.setattr(vyre_cupy.batch, "GRAPH_ARENA_LIMIT", 1024)
+    for mode, reason in (("persistent", "batch_too_large"), ("command_reuse", "arena_too_large")):
+        pendings = pipeline.dispatch_batch([[a, a]] * 4, mode=mode)  # type: ignore[arg-type]
+        for pending in pendings:
+            assert not pending.result()[0].any()
+            assert _attributes(pending)["vyre.batch.mode"] == "plain"
+            assert _attributes(pending)["vyre.batch.mode.reason"] == reason
+
+
+def test_a_replay_that_fails_to_enqueue_drops_its_graph_and_fails_the_rest(
+    backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipeline = backend.compile(elementwise_xor(1002))  # a size of its own: a fresh graph
+    a = np.arange(1002, dtype=np.uint32)
+    [p.result() for p in pipeline.dispatch_batch([[a, a]], mode="command_reuse")]
+    kernel = pipeline.native
+    (captured,) = [g for key, g in kernel.graphs.items() if key[0][0] == 1002]
+    calls = {"n": 0}
+    launch = captured.graph.launch
+
+    def flaky(stream: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise fake.modules()["cupy"].cuda.runtime.CUDARuntimeError(1)  # invalid value
+        launch(stream)
+
+    monkeypatch.setattr(captured.graph, "launch", flaky)
+    pendings = pipeline.dispatch_batch([[a, a]] * 4, mode="command_reuse")
+    assert not pendings[0].result()[0].any()
+    for pending in pendings[1:]:
+        with pytest.raises(Exception, match="Fix:"):
+            pending.result()
+    assert captured not in kernel.graphs.values()  # the next batch captures afresh
+    assert all(
+        not p.result()[0].any() for p in pipeline.dispatch_batch([[a, a]] * 2, mode="command_reuse")
+    )

@@ -149,7 +149,39 @@ def unit_cases() -> list[OpCase]:
         op_id="unit.oob_atomics",
     )
     out.append(OpCase("oob-atomics", oob, (_u32s(3, 4),)))
+    out.append(OpCase("early-return", early_return(), ()))
     return out
+
+
+def early_return() -> Program:
+    """Barrier-free early returns, one from inside a loop: it has a batch kernel (``goto``).
+
+    Lane ``i``: returns at once when ``i % 3 == 0``; otherwise stores ``k + 1`` into
+    ``out[i]`` for ``k = 0, 1, ...``, returning at ``k == 2`` when ``i`` is even, and
+    reaches ``tail[i] = 7`` only when odd.
+    """
+    g = gid()
+    return Program(
+        [
+            BufferDecl("out", 0, Access.WRITE, DType.U32, 64),
+            BufferDecl("tail", 1, Access.WRITE, DType.U32, 64),
+        ],
+        4,
+        [
+            If((g % u32(3)).eq(u32(0)), [Return()]),
+            Loop(
+                "k",
+                u32(0),
+                u32(4),
+                [
+                    If(Var("k").eq(u32(2)).land((g & u32(1)).eq(u32(0))), [Return()]),
+                    Store("out", g, Var("k") + u32(1)),
+                ],
+            ),
+            Store("tail", g, u32(7)),
+        ],
+        op_id="unit.early_return",
+    )
 
 
 def race_probes() -> list[tuple[str, Program, bool]]:

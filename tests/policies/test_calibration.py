@@ -79,7 +79,7 @@ class CapableBackend(BytesBackend):
 
 def test_json_round_trip() -> None:
     data = GPU_LIKE.to_json()
-    assert data["format_version"] == 1
+    assert data["format_version"] == 2
     assert Calibration.from_json(json.loads(json.dumps(data))) == GPU_LIKE
     assert len(GPU_LIKE.key()) == 64
 
@@ -103,7 +103,12 @@ def test_invalid_records_are_rejected(change: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize(
     "payload",
-    [[], {"format_version": 2}, {**GPU_LIKE.to_json(), "extra": 1}, {"format_version": 1}],
+    [
+        [],
+        {"format_version": 2},
+        {**GPU_LIKE.to_json(), "extra": 1},
+        {**GPU_LIKE.to_json(), "format_version": 1},  # the old format: measured differently
+    ],
 )
 def test_from_json_rejects_foreign_payloads(payload: object) -> None:
     with pytest.raises(ValueError):
@@ -139,16 +144,16 @@ def test_default_root_honours_the_cache_dir(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("VYRE_CACHE_DIR", str(tmp_path))
-    assert default_calibration_root() == tmp_path / "calibration" / "v1"
+    assert default_calibration_root() == tmp_path / "calibration" / "v2"
     assert CalibrationStore().save(GPU_LIKE)
     if sys.platform != "win32":
-        for folder in (tmp_path / "calibration", tmp_path / "calibration" / "v1"):
+        for folder in (tmp_path / "calibration", tmp_path / "calibration" / "v2"):
             assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
     assert CalibrationStore().entries() == [GPU_LIKE]
     monkeypatch.delenv("VYRE_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     if sys.platform.startswith("linux"):
-        assert default_calibration_root() == tmp_path / "xdg" / "vyre-async" / "calibration" / "v1"
+        assert default_calibration_root() == tmp_path / "xdg" / "vyre-async" / "calibration" / "v2"
 
 
 def test_corrupt_and_foreign_records_read_as_absent(

@@ -198,7 +198,7 @@ class CupyBackend(VyreBackend):
         """Measure launch, graph replay and persistent-batch costs, NVRTC and copies (host clocks).
 
         Runs on a private probe backend on the same device (its own streams and
-        completion thread, no prefetching), in about a second:
+        completion thread, no prefetching), in a few seconds:
         `vyre_async.calibration.measure_host_costs` (compile cost, pinned copy
         bandwidth), then `vyre_async.calibration.measure_batch_costs` on
         ``elementwise_xor(1024)``: ``launch_ns`` per launch of a plain batch,
@@ -207,6 +207,8 @@ class CupyBackend(VyreBackend):
         and per-item (``persistent_item_ns``) host cost. Use
         `vyre_async.calibration.calibration_for(backend, measure=True)` (or
         ``vyre-async info --calibrate cupy``) to measure once and cache the record.
+        If the batch modes fail to run, the record keeps the other figures and
+        leaves theirs None (a warning is logged).
         """
         from vyre_async.programs import elementwise_xor
 
@@ -228,7 +230,11 @@ class CupyBackend(VyreBackend):
                 return graphs[-1].record_ns if graphs else None
 
             inputs = [np.arange(1024, dtype=np.uint32), np.ones(1024, np.uint32)]
-            costs = measure_batch_costs(pipeline, inputs, record_ns=record_ns)
+            try:
+                costs = measure_batch_costs(pipeline, inputs, record_ns=record_ns)
+            except Exception:  # keep what was measured; the batch modes stay uncalibrated
+                _log.warning("calibrating the CUDA batch modes failed", exc_info=True)
+                return record
             return dataclasses.replace(record, **costs)  # type: ignore[arg-type]
         finally:
             probe._close_now()

@@ -16,7 +16,9 @@ execution policy chose, when the launches allow it (`batch_obstacle`):
 
 Both need host inputs only (a resident buffer ties items together) and one
 launch shape (counts, grid, workgroup); persistent also needs a batch kernel
-(no barriers, no shared memory) and ``iterations == 1``.
+(no barriers, no shared memory), ``iterations == 1`` and at most
+`PERSISTENT_ARENA_LIMIT` bytes of arenas in all; a graph keeps at most
+`GRAPH_ARENA_LIMIT` bytes of arena alive (8 shapes per kernel).
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ __all__ = ["batch_obstacle", "enqueue_persistent", "enqueue_replay", "persistent
 
 #: Captured graphs kept per kernel (one per launch shape; least recently used dropped).
 GRAPHS_PER_KERNEL = 8
+#: Largest arena a captured graph keeps alive (bigger shapes replay no graph).
+GRAPH_ARENA_LIMIT = 64 << 20
+#: Largest device arena (all items) of one persistent launch; also far below the
+#: copy pitch limit of ``memcpy2DAsync``.
+PERSISTENT_ARENA_LIMIT = 1 << 30
 
 #: The copy-overlap verdict of an upload into a dispatch's own fresh arena: no
 #: kernel can be reading or writing memory allocated for this dispatch alone.
@@ -75,12 +82,24 @@ def batch_obstacle(launches: Sequence[Launch], mode: str, kernel: Any) -> str | 
             return "mixed_shapes"
     if not first.plan.geometry.lanes:
         return "empty_launch"
+    arena = _arena_bytes(kernel, first)
     if mode == "persistent":
         if getattr(kernel, "batch", None) is None:
             return "kernel_uses_barriers"
         if first.config.iterations != 1:
             return "iterations"
+        if arena * len(launches) > PERSISTENT_ARENA_LIMIT:
+            return "batch_too_large"
+    elif arena > GRAPH_ARENA_LIMIT:
+        return "arena_too_large"
     return None
+
+
+def _arena_bytes(kernel: Any, launch: Launch) -> int:
+    params = getattr(getattr(kernel, "source", None), "params", None)
+    if params is None:
+        return 0
+    return _layout_of(kernel, launch)[0].total_bytes
 
 
 def persistent_blocks(tasks: int, workgroup: tuple[int, int, int], sm_count: int) -> int:
@@ -435,10 +454,19 @@ def enqueue_replay(backend: CupyBackend, launches: Sequence[Launch], kernel: Cud
                 backend._bridge.submit(flight, queue=index)
         except BaseException as exc:
             backend._streams.release(index)
+            _forget(backend, kernel, captured)  # its arena may hold an unfinished upload
             _fail_rest(backend, launches[at:], exc)
             if not isinstance(exc, Exception):
                 raise
             return
+
+
+def _forget(backend: CupyBackend, kernel: CudaKernel, captured: CapturedGraph) -> None:
+    """Drop ``captured`` from the kernel's graphs: no later replay may reuse its arena."""
+    with backend._lock:
+        for key, graph in list(kernel.graphs.items()):
+            if graph is captured:
+                del kernel.graphs[key]
 
 
 def _fail_rest(backend: CupyBackend, launches: Sequence[Launch], exc: BaseException) -> None:
