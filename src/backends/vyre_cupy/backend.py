@@ -45,22 +45,21 @@ from vyre_async.errors import (
 from vyre_async.execution import ExecutionDecision, annotate_mode
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import Access, BufferDecl, DType
-from vyre_async.pending import DispatchCompleter, PendingDispatch
+from vyre_async.pending import PendingDispatch
 from vyre_async.pipeline import Launch
 from vyre_async.plan import normalize_input
 from vyre_async.resident import ResidentBuffer
 from vyre_cupy.batch import (
     PRIVATE_ARENA,
     CapturedGraph,
+    Flight,
     annotate_copy,
     batch_obstacle,
     enqueue_persistent,
     enqueue_replay,
     fill_staging,
-    read_outputs,
-    record_phases,
 )
-from vyre_cupy.codegen import CODEGEN_VERSION, KernelParam, KernelSource, generate
+from vyre_cupy.codegen import CODEGEN_VERSION, KernelSource, generate
 from vyre_cupy.compile import (
     NVRTC_OPTIONS,
     CompiledKernel,
@@ -416,15 +415,16 @@ class CupyBackend(VyreBackend):
                 residents = self._enqueue(
                     launch, kernel, layout, items, stream, int(arena.ptr), staging, readback, events
                 )
-                flight = _InFlight(
+                flight = Flight(
                     backend=self,
-                    launch=launch,
+                    launches=(launch,),
                     params=params,
                     stream=index,
                     layout=layout,
                     keep=(arena, staging, stream, residents),
                     readback=readback,
                     events=events,
+                    keep_done=bool(residents),  # events[3] orders the resident buffers
                 )
                 self._bridge.submit(flight, queue=index)
         except BaseException:
@@ -715,69 +715,6 @@ class CupyBackend(VyreBackend):
         self._bridge.close()
         self._streams.close()
         self._events.clear()
-
-
-class _InFlight:
-    """One enqueued dispatch, watched by the completion bridge."""
-
-    __slots__ = ("backend", "events", "keep", "launch", "layout", "params", "readback", "stream")
-
-    def __init__(
-        self,
-        *,
-        backend: CupyBackend,
-        launch: Launch,
-        params: tuple[KernelParam, ...],
-        stream: int,
-        layout: ArenaLayout,
-        keep: tuple[Any, ...],
-        readback: Any,
-        events: list[Any],
-    ) -> None:
-        self.backend = backend
-        self.launch = launch
-        self.params = params
-        self.stream = stream
-        self.layout = layout
-        self.keep = keep  # device arena, staging, stream, residents: alive until done
-        self.readback = readback
-        self.events = events
-
-    def ready(self) -> bool:
-        """Return True once the dispatch's completion event fired (``cudaEventQuery``)."""
-        return bool(self.events[3].done)
-
-    def finish(self, error: BaseException | None) -> None:
-        """Copy the outputs out and settle the dispatch (or fail it); release its resources."""
-        backend, completer = self.backend, self.launch.completer
-        try:
-            if error is not None:
-                raise error
-            if completer.stop_requested.is_set():  # timed out: nobody takes the result
-                completer.fail(_timeout(self.launch, started=True))
-                backend._recycle(self.events[:3])
-                return
-            outputs = self._outputs()
-            device_s = self._record_phases(completer)
-        except Exception as exc:
-            failure = translate(exc, during="running the kernel", device=backend.info.name)
-            backend._note(exc, failure)
-            completer.fail(failure)
-        else:
-            completer.resolve(outputs, device_s=device_s, compile_s=self.launch.compile_s)
-            # The completion event may be a resident buffer's ordering event: keep it then.
-            backend._recycle(self.events if not self.keep[3] else self.events[:3])
-        finally:
-            backend._streams.release(self.stream)
-            self.keep = ()
-            self.readback = None
-
-    def _outputs(self) -> list[np.ndarray]:
-        return read_outputs(self.launch, self.params, self.layout.slots, self.readback)
-
-    def _record_phases(self, completer: DispatchCompleter) -> float:
-        """Record upload/launch/readback child spans from device event times; return kernel s."""
-        return record_phases(self.backend, [self.launch], self.events)
 
 
 class _Copy:

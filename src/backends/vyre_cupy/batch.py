@@ -240,8 +240,15 @@ def enqueue_persistent(
                     sp,
                 )
             events[3].record(stream)
-            flight = _BatchFlight(
-                backend, launches, kernel, layout, index, (arena, staging, stream), readback, events
+            flight = Flight(
+                backend=backend,
+                launches=launches,
+                params=kernel.source.params,
+                stream=index,
+                layout=layout,
+                keep=(arena, staging, stream),
+                readback=readback,
+                events=events,
             )
             backend._bridge.submit(flight, queue=index)
     except BaseException:
@@ -249,37 +256,61 @@ def enqueue_persistent(
         raise
 
 
-class _BatchFlight:
-    """One persistent batch, watched by the completion bridge; settles every dispatch."""
+class Flight:
+    """Work enqueued on one stream — one dispatch, or a persistent batch — watched to completion.
 
-    __slots__ = ("backend", "events", "keep", "kernel", "launches", "layout", "readback", "stream")
+    The completion bridge calls `ready` (``cudaEventQuery`` on ``events[3]``) and
+    then `finish` once, in stream order.
+
+    Attributes:
+        launches: The dispatches it settles (item ``b``'s outputs start at
+            ``b * layout.readback_bytes`` in ``readback``).
+        keep: Device arena, staging, stream and resident buffers: alive until done.
+        keep_done: ``events[3]`` is also an ordering event (a resident buffer's
+            last write or a graph's last replay): never recycle it.
+    """
+
+    __slots__ = (
+        "backend",
+        "events",
+        "keep",
+        "keep_done",
+        "launches",
+        "layout",
+        "params",
+        "readback",
+        "stream",
+    )
 
     def __init__(
         self,
+        *,
         backend: CupyBackend,
         launches: Sequence[Launch],
-        kernel: CudaKernel,
-        layout: ArenaLayout,
+        params: Sequence[Any],
         stream: int,
+        layout: ArenaLayout,
         keep: tuple[Any, ...],
         readback: Any,
         events: list[Any],
+        keep_done: bool = False,
     ) -> None:
         self.backend = backend
         self.launches = launches
-        self.kernel = kernel
-        self.layout = layout
+        self.params = params
         self.stream = stream
+        self.layout = layout
         self.keep = keep
+        self.keep_done = keep_done
         self.readback = readback
         self.events = events
 
     def ready(self) -> bool:
-        """True once the batch's completion event fired."""
+        """Return True once the completion event fired (``cudaEventQuery``)."""
         return bool(self.events[3].done)
 
     def finish(self, error: BaseException | None) -> None:
-        """Copy each dispatch's outputs out and settle it (or fail them all)."""
+        """Copy each dispatch's outputs out and settle it (or fail them); release resources."""
         from vyre_cupy.backend import _timeout
         from vyre_cupy.errors import translate
 
@@ -287,23 +318,25 @@ class _BatchFlight:
         try:
             if error is not None:
                 raise error
-            device_s = record_phases(backend, self.launches, self.events) / len(self.launches)
-            params = self.kernel.source.params
-            for b, launch in enumerate(self.launches):
-                completer = launch.completer
-                if completer.stop_requested.is_set():
-                    completer.fail(_timeout(launch, started=True))
+            stopped = [launch.completer.stop_requested.is_set() for launch in self.launches]
+            live = [launch for launch, stop in zip(self.launches, stopped, strict=True) if not stop]
+            device_s = 0.0
+            if live:
+                device_s = record_phases(backend, live, self.events) / len(self.launches)
+            for b, (launch, stop) in enumerate(zip(self.launches, stopped, strict=True)):
+                if stop:  # timed out: nobody takes the result
+                    launch.completer.fail(_timeout(launch, started=True))
                     continue
-                outputs = read_outputs(
-                    launch, params, self.layout.slots, self.readback, b * self.layout.download_bytes
-                )
-                completer.resolve(outputs, device_s=device_s, compile_s=launch.compile_s)
-            backend._recycle(self.events)
+                base = b * self.layout.readback_bytes
+                outputs = read_outputs(launch, self.params, self.layout.slots, self.readback, base)
+                launch.completer.resolve(outputs, device_s=device_s, compile_s=launch.compile_s)
         except Exception as exc:
-            failure = translate(exc, during="running the batch kernel", device=backend.info.name)
+            failure = translate(exc, during="running the kernel", device=backend.info.name)
             backend._note(exc, failure)
             for launch in self.launches:
                 launch.completer.fail(failure)
+        else:
+            backend._recycle(self.events[:3] if self.keep_done else self.events)
         finally:
             backend._streams.release(self.stream)
             self.keep = ()
@@ -396,8 +429,6 @@ def enqueue_replay(backend: CupyBackend, launches: Sequence[Launch], kernel: Cud
     A failure part-way fails that launch and every later one (their pending
     results carry the error); earlier ones run on.
     """
-    from vyre_cupy.backend import _InFlight
-
     cp, rt = backend._cupy, backend._rt
     captured = graph_for(backend, kernel, launches[0])
     layout = captured.layout
@@ -441,15 +472,16 @@ def enqueue_replay(backend: CupyBackend, launches: Sequence[Launch], kernel: Cud
                 events[3].record(stream)
                 captured.last_done = events[3]
                 captured.replays += 1
-                flight = _InFlight(
+                flight = Flight(
                     backend=backend,
-                    launch=launch,
+                    launches=(launch,),
                     params=params,
                     stream=index,
                     layout=layout,
-                    keep=(captured.arena, staging, stream, captured),  # keeps events[3]
+                    keep=(captured.arena, staging, stream),
                     readback=readback,
                     events=events,
+                    keep_done=True,  # events[3] is the graph's last_done
                 )
                 backend._bridge.submit(flight, queue=index)
         except BaseException as exc:
