@@ -11,9 +11,13 @@ from __future__ import annotations
 import hashlib
 import shutil
 import subprocess
+import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -24,6 +28,9 @@ from tests.cupy.unit_programs import race_probes, unit_cases
 from vyre_async.ir import Program
 from vyre_async.programs import elementwise_xor
 from vyre_cupy.codegen import KernelSource, generate
+
+if TYPE_CHECKING:
+    from tests.cupy.fake_cupy import FakeDevice
 
 
 @dataclass
@@ -110,3 +117,22 @@ def fake_device_programs() -> list[Program]:
     programs += [launch_probe_program(), elementwise_xor(1024)]  # CupyBackend.calibrate
     programs += [o.program for o in op_cases() + unit_cases()]
     return programs + extra_programs()
+
+
+@contextmanager
+def installed(toolchain: Toolchain) -> Iterator[FakeDevice]:
+    """A new fake CUDA device, reachable as ``import cupy`` while the block runs."""
+    from tests.cupy.fake_cupy import FakeDevice
+
+    device = FakeDevice(toolchain.device_build.wait().binary, toolchain.device_programs)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, module in device.modules().items():
+            patch.setitem(sys.modules, name, module)
+        yield device
+
+
+@pytest.fixture(scope="module")
+def fake(toolchain: Toolchain) -> Iterator[FakeDevice]:
+    """The fake CUDA device of one test module."""
+    with installed(toolchain) as device:
+        yield device

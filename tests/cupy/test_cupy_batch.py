@@ -7,7 +7,6 @@ graphs run in the CPU emulator behind the fake ``cupy`` (``fake_cupy.py``).
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 
 import vyre_cupy.batch
 from tests.conformance.corpus import Case, cases
-from tests.cupy.conftest import Toolchain
+from tests.contract.test_contract import _config
 from tests.cupy.device_programs import accumulate
 from tests.cupy.fake_cupy import FakeDevice
 from tests.cupy.unit_programs import early_return
@@ -35,28 +34,10 @@ CORPUS = [c for c in cases() if c.error is None]
 
 
 @pytest.fixture(scope="module")
-def fake(toolchain: Toolchain) -> Iterator[FakeDevice]:
-    device = FakeDevice(toolchain.device_build.wait().binary, toolchain.device_programs)
-    with pytest.MonkeyPatch.context() as patch:
-        for name, module in device.modules().items():
-            patch.setitem(sys.modules, name, module)
-        yield device
-
-
-@pytest.fixture(scope="module")
 def backend(fake: FakeDevice) -> Iterator[CupyBackend]:
     backend = create_backend(disk_cache=None, prefetch=False)
     yield backend
     anyio.run(backend.shutdown)
-
-
-def _config(case: Case) -> DispatchConfig:
-    return DispatchConfig(
-        grid_override=case.grid,
-        ulp_budget=case.ulp_budget or None,
-        fixpoint_iterations=case.fixpoint_iterations,
-        label=case.name,
-    )
 
 
 def _variants(case: Case, n: int) -> list[list[np.ndarray]]:

@@ -11,7 +11,6 @@ here unchanged against it.
 from __future__ import annotations
 
 import ctypes
-import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ import pytest
 
 from tests.contract import test_contract as contract
 from tests.cupy import test_cupy_gpu as gpu_tests
-from tests.cupy.conftest import Toolchain
+from tests.cupy.conftest import Toolchain, installed
 from tests.cupy.device_programs import accumulate, gate
 from tests.cupy.fake_cupy import FakeDevice
 from vyre_async import (
@@ -78,15 +77,6 @@ test_gpu_limits = gpu_tests.test_limits_are_checked_before_launch
 
 
 @pytest.fixture(scope="module")
-def fake(toolchain: Toolchain) -> Iterator[FakeDevice]:
-    device = FakeDevice(toolchain.device_build.wait().binary, toolchain.device_programs)
-    with pytest.MonkeyPatch.context() as patch:
-        for name, module in device.modules().items():
-            patch.setitem(sys.modules, name, module)
-        yield device
-
-
-@pytest.fixture(scope="module")
 def backend(fake: FakeDevice) -> Iterator[CupyBackend]:
     backend = create_backend(disk_cache=None)
     yield backend
@@ -102,10 +92,7 @@ def gpu(backend: CupyBackend) -> CupyBackend:
 @pytest.fixture
 def fresh_device(toolchain: Toolchain, fake: FakeDevice) -> Iterator[FakeDevice]:
     """A second fake device (for fault injection that poisons its context)."""
-    device = FakeDevice(toolchain.device_build.wait().binary, toolchain.device_programs)
-    with pytest.MonkeyPatch.context() as patch:
-        for name, module in device.modules().items():
-            patch.setitem(sys.modules, name, module)
+    with installed(toolchain) as device:
         yield device
 
 
