@@ -15,7 +15,7 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -357,6 +357,10 @@ class DispatchCompleter:
     def annotate(self, key: str, value: str | bool | int | float) -> None:
         """Attach an attribute (``vyre.stream``, ``vyre.policy.*``) to the dispatch span."""
         self.pending.context.setdefault("attributes", {})[key] = value
+
+    def annotate_all(self, attributes: Mapping[str, str | bool | int | float]) -> None:
+        """Attach several attributes at once (as `annotate` each)."""
+        self.pending.context.setdefault("attributes", {}).update(attributes)
 
     def resolve(
         self,

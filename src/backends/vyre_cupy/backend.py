@@ -58,6 +58,7 @@ from vyre_cupy.batch import (
     enqueue_persistent,
     enqueue_replay,
     fill_staging,
+    kernel_arguments,
 )
 from vyre_cupy.codegen import CODEGEN_VERSION, KernelSource, generate
 from vyre_cupy.compile import (
@@ -349,15 +350,14 @@ class CupyBackend(VyreBackend):
         mode = decision.mode.kind
         native = launches[0].pipeline.native if launches else None
         reason = None
-        if mode != "plain":
+        if mode != "plain" and isinstance(native, CudaKernel):  # else enqueue says why not
             self._check_open()
             reason = batch_obstacle(launches, mode, native)
-        if mode == "plain" or reason is not None:
+        if mode == "plain" or reason is not None or not isinstance(native, CudaKernel):
             annotate_mode(launches, decision, "plain", reason)
             for launch in launches:
                 self.enqueue(launch)
             return
-        assert isinstance(native, CudaKernel)
         self._check_geometry(launches[0])
         annotate_mode(launches, decision, mode)
         live = []
@@ -385,15 +385,10 @@ class CupyBackend(VyreBackend):
                 launch.completer.fail(error)
 
     def _submit(self, launch: Launch, kernel: CudaKernel) -> None:
-        plan = launch.plan
         params = kernel.source.params
-        counts = dict(zip((d.name for d in plan.program.buffers), plan.counts, strict=True))
-        given = dict(zip((d.name for d in plan.inputs), launch.inputs, strict=True))
-        items = [given.get(p.name) for p in params]
+        counts, items = kernel_arguments(params, launch)
         layout = plan_layout(
-            [p.decl.access for p in params],
-            [counts[p.name] for p in params],
-            _resident_sources(params, items),
+            [p.decl.access for p in params], counts, _resident_sources(params, items)
         )
         cp = self._cupy
         self._use_device()
@@ -404,7 +399,7 @@ class CupyBackend(VyreBackend):
             staging = cp.cuda.alloc_pinned_memory(max(layout.upload_bytes, 4))
             readback = cp.cuda.alloc_pinned_memory(max(layout.readback_bytes, 4))
             host = np.frombuffer(staging, np.uint8, layout.upload_bytes)
-            fill_staging(host, layout, [counts[p.name] for p in params], items)
+            fill_staging(host, layout, counts, items)
             events = [self._event() for _ in range(4)]
             # One dispatch's operations are contiguous on its stream, and reach the
             # bridge in stream order.

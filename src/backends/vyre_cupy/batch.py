@@ -53,6 +53,11 @@ PERSISTENT_ARENA_LIMIT = 1 << 30
 #: The copy-overlap verdict of an upload into a dispatch's own fresh arena: no
 #: kernel can be reading or writing memory allocated for this dispatch alone.
 PRIVATE_ARENA = can_overlap_copy_with_kernel("private_arena", ArmSummary())
+#: The verdict of an upload into a graph's arena while the previous replay's kernel,
+#: which reads and writes that arena, may still run: serialize (kernel_reads_slot).
+GRAPH_ARENA_BUSY = can_overlap_copy_with_kernel(
+    "graph_arena", ArmSummary(reads={"graph_arena"}, writes={"graph_arena"})
+)
 
 
 def annotate_copy(launch: Launch, verdict: CopyVerdict, target: str = "private_arena") -> None:
@@ -61,15 +66,21 @@ def annotate_copy(launch: Launch, verdict: CopyVerdict, target: str = "private_a
     ``vyre.policy.copy_overlap`` (``overlap``/``serialize``), its reason when
     serialised, the upload's target and its staging (always pinned memory).
     """
-    completer = launch.completer
-    completer.annotate("vyre.policy.copy_overlap", verdict.kind)
-    if verdict.reason is not None:
-        completer.annotate("vyre.policy.copy_overlap.reason", verdict.reason)
-    completer.annotate("vyre.copy.target", target)
-    completer.annotate("vyre.copy.staging", "pinned")
+    attributes = _COPY_ATTRIBUTES.get((verdict, target))
+    if attributes is None:
+        attributes = {"vyre.policy.copy_overlap": verdict.kind}
+        if verdict.reason is not None:
+            attributes["vyre.policy.copy_overlap.reason"] = verdict.reason
+        attributes["vyre.copy.target"] = target
+        attributes["vyre.copy.staging"] = "pinned"
+        _COPY_ATTRIBUTES[(verdict, target)] = attributes
+    launch.completer.annotate_all(attributes)
 
 
-def batch_obstacle(launches: Sequence[Launch], mode: str, kernel: Any) -> str | None:
+_COPY_ATTRIBUTES: dict[tuple[CopyVerdict, str], dict[str, str]] = {}
+
+
+def batch_obstacle(launches: Sequence[Launch], mode: str, kernel: CudaKernel) -> str | None:
     """Return why ``launches`` cannot run in ``mode`` (a span reason), or None if they can."""
     if not launches:
         return "empty_batch"
@@ -82,9 +93,9 @@ def batch_obstacle(launches: Sequence[Launch], mode: str, kernel: Any) -> str | 
             return "mixed_shapes"
     if not first.plan.geometry.lanes:
         return "empty_launch"
-    arena = _arena_bytes(kernel, first)
+    arena = host_layout(kernel, kernel_arguments(kernel.source.params, first)[0]).total_bytes
     if mode == "persistent":
-        if getattr(kernel, "batch", None) is None:
+        if kernel.batch is None:
             return "kernel_uses_barriers"
         if first.config.iterations != 1:
             return "iterations"
@@ -93,13 +104,6 @@ def batch_obstacle(launches: Sequence[Launch], mode: str, kernel: Any) -> str | 
     elif arena > GRAPH_ARENA_LIMIT:
         return "arena_too_large"
     return None
-
-
-def _arena_bytes(kernel: Any, launch: Launch) -> int:
-    params = getattr(getattr(kernel, "source", None), "params", None)
-    if params is None:
-        return 0
-    return _layout_of(kernel, launch)[0].total_bytes
 
 
 def persistent_blocks(tasks: int, workgroup: tuple[int, int, int], sm_count: int) -> int:
@@ -160,15 +164,18 @@ def record_phases(backend: CupyBackend, launches: Sequence[Launch], events: Sequ
     return kernel / 1e9
 
 
-def _layout_of(kernel: CudaKernel, launch: Launch) -> tuple[ArenaLayout, list[int], list[Any]]:
-    params = kernel.source.params
+def kernel_arguments(params: Sequence[Any], launch: Launch) -> tuple[list[int], list[Any]]:
+    """Return each kernel parameter's element count and input (None for WRITE buffers)."""
     plan = launch.plan
     counts = dict(zip((d.name for d in plan.program.buffers), plan.counts, strict=True))
     given = dict(zip((d.name for d in plan.inputs), launch.inputs, strict=True))
-    layout = plan_layout(
-        [p.decl.access for p in params], [counts[p.name] for p in params], [None] * len(params)
-    )
-    return layout, [counts[p.name] for p in params], [given.get(p.name) for p in params]
+    return [counts[p.name] for p in params], [given.get(p.name) for p in params]
+
+
+def host_layout(kernel: CudaKernel, counts: Sequence[int]) -> ArenaLayout:
+    """The arena layout of one launch whose inputs all come from the host (memoised)."""
+    params = kernel.source.params
+    return plan_layout([p.decl.access for p in params], counts, [None] * len(params))
 
 
 # Persistent kernel ---------------------------------------------------------------------
@@ -178,7 +185,9 @@ def enqueue_persistent(
     """Run ``launches`` (checked by `batch_obstacle`) as ONE launch of the batch kernel."""
     cp, rt = backend._cupy, backend._rt
     first = launches[0]
-    layout, counts, _ = _layout_of(kernel, first)
+    params = kernel.source.params
+    counts = kernel_arguments(params, first)[0]
+    layout = host_layout(kernel, counts)
     size, stride = len(launches), layout.total_bytes  # a multiple of 256
     backend._use_device()
     index, stream = backend._streams.lease()
@@ -189,7 +198,7 @@ def enqueue_persistent(
         readback = cp.cuda.alloc_pinned_memory(max(size * layout.download_bytes, 4))
         host = np.frombuffer(staging, np.uint8, size * layout.upload_bytes)
         for b, launch in enumerate(launches):
-            _, _, items = _layout_of(kernel, launch)
+            items = kernel_arguments(params, launch)[1]
             at = b * layout.upload_bytes
             fill_staging(host[at : at + layout.upload_bytes], layout, counts, items)
         base = int(arena.ptr)
@@ -243,7 +252,7 @@ def enqueue_persistent(
             flight = Flight(
                 backend=backend,
                 launches=launches,
-                params=kernel.source.params,
+                params=params,
                 stream=index,
                 layout=layout,
                 keep=(arena, staging, stream),
@@ -354,7 +363,6 @@ class CapturedGraph:
         layout: The arena's layout.
         record_ns: Host nanoseconds the capture and instantiation took.
         last_done: Event after the newest replay's readback (the next replay waits on it).
-        replays: Replays so far.
         lock: Held while one replay is enqueued (keeps ``last_done`` a recorded event).
     """
 
@@ -363,14 +371,7 @@ class CapturedGraph:
     layout: ArenaLayout
     record_ns: int
     last_done: Any = None
-    replays: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
-    #: Copy-overlap verdict of an upload while the previous replay may run (serialize).
-    overlap: CopyVerdict = field(
-        default_factory=lambda: can_overlap_copy_with_kernel(
-            "graph_arena", ArmSummary(reads={"graph_arena"}, writes={"graph_arena"})
-        )
-    )
 
 
 def graph_for(backend: CupyBackend, kernel: CudaKernel, launch: Launch) -> CapturedGraph:
@@ -394,7 +395,7 @@ def graph_for(backend: CupyBackend, kernel: CudaKernel, launch: Launch) -> Captu
 
 def _capture(backend: CupyBackend, kernel: CudaKernel, launch: Launch) -> CapturedGraph:
     cp, rt = backend._cupy, backend._rt
-    layout, _, _ = _layout_of(kernel, launch)
+    layout = host_layout(kernel, kernel_arguments(kernel.source.params, launch)[0])
     geometry = launch.plan.geometry
     started = time.perf_counter_ns()
     backend._use_device()
@@ -436,7 +437,7 @@ def enqueue_replay(backend: CupyBackend, launches: Sequence[Launch], kernel: Cud
     params = kernel.source.params
     for at, launch in enumerate(launches):
         try:
-            _, counts, items = _layout_of(kernel, launch)
+            counts, items = kernel_arguments(params, launch)
             staging = cp.cuda.alloc_pinned_memory(max(layout.upload_bytes, 4))
             readback = cp.cuda.alloc_pinned_memory(max(layout.readback_bytes, 4))
             host = np.frombuffer(staging, np.uint8, layout.upload_bytes)
@@ -454,7 +455,7 @@ def enqueue_replay(backend: CupyBackend, launches: Sequence[Launch], kernel: Cud
                 if captured.last_done is None:
                     annotate_copy(launch, PRIVATE_ARENA, "graph_arena")
                 else:  # the previous replay's kernel may still use the arena
-                    annotate_copy(launch, captured.overlap, "graph_arena")
+                    annotate_copy(launch, GRAPH_ARENA_BUSY, "graph_arena")
                     stream.wait_event(captured.last_done)
                 events[0].record(stream)
                 rt.memcpyAsync(base, staging.ptr, layout.upload_bytes, rt.memcpyHostToDevice, sp)
@@ -471,7 +472,6 @@ def enqueue_replay(backend: CupyBackend, launches: Sequence[Launch], kernel: Cud
                     )
                 events[3].record(stream)
                 captured.last_done = events[3]
-                captured.replays += 1
                 flight = Flight(
                     backend=backend,
                     launches=(launch,),
