@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import blake3
 import pytest
 
 import vyre_async
+from vyre_async.cache import DiskPipelineCache
 from vyre_async.cli import main
+
+KEY = blake3.blake3(b"cli").hexdigest()
 
 
 def test_info_prints_version_and_backends(capsys: pytest.CaptureFixture[str]) -> None:
@@ -37,3 +43,42 @@ def test_missing_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit) as info:
         main([])
     assert info.value.code == 2
+
+
+def test_cache_clear_leaves_a_users_files_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"  # VYRE_CACHE_DIR pointed at a user's data directory
+    sub = data / KEY[:2]
+    sub.mkdir(parents=True)
+    user = {
+        data / "report.bin": b"quarterly numbers",
+        sub / "photo.bin": b"\xff\xd8\xff",
+        sub / f"{KEY[:2]}{'e' * 62}.bin": b"an entry's name, a user's bytes " * 4,
+    }
+    for path, content in user.items():
+        path.write_bytes(content)
+    monkeypatch.setenv("VYRE_CACHE_DIR", str(data))
+    assert DiskPipelineCache().put(KEY, b"compiled")
+    assert main(["cache", "info", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["entries"] == 1
+    assert main(["cache", "clear"]) == 0
+    assert "removed 1 pipeline cache entry" in capsys.readouterr().out
+    assert not DiskPipelineCache().path_for(KEY).exists()
+    assert {path: path.read_bytes() for path in user} == user
+
+
+def test_cache_info_reports_temp_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cache = DiskPipelineCache(tmp_path)
+    assert cache.put(KEY, b"compiled")
+    # A write in progress in this (live) process, named the way put() names it.
+    temp = cache.path_for(KEY).parent / f".{KEY[:16]}.{os.getpid()}.{'0' * 16}.tmp"
+    temp.write_bytes(b"VYPC partial")
+    assert main(["cache", "info", "--dir", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["entries"], report["temp_files"], report["temp_bytes"]) == (1, 1, 12)
+    assert report["total_bytes"] == cache.path_for(KEY).stat().st_size + 12
+    assert main(["cache", "clear", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "removed 1 pipeline cache entry" in out and "kept 1 temp file" in out
+    assert temp.read_bytes() == b"VYPC partial"

@@ -62,6 +62,8 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _cache(args: argparse.Namespace) -> int:
+    # Only files the cache owns (its entries and temp files, by name and header)
+    # are counted or removed; anything else under the root is left alone.
     cache = DiskPipelineCache(args.dir)
     if args.action == "clear":
         removed = cache.clear()
@@ -69,6 +71,9 @@ def _cache(args: argparse.Namespace) -> int:
             f"removed {removed} pipeline cache entr{'y' if removed == 1 else 'ies'} "
             f"from {cache.root}"
         )
+        left = cache.info().temp_files
+        if left:
+            print(f"kept {left} temp file{'' if left == 1 else 's'} of writers still running")
         return 0
     info = cache.info()
     if args.json:
@@ -79,13 +84,16 @@ def _cache(args: argparse.Namespace) -> int:
                     "entries": info.entries,
                     "total_bytes": info.total_bytes,
                     "max_bytes": info.max_bytes,
+                    "temp_files": info.temp_files,
+                    "temp_bytes": info.temp_bytes,
                 }
             )
         )
     else:
         print(f"pipeline cache: {info.root}")
         print(f"  entries: {info.entries}")
-        print(f"  size:    {info.total_bytes} bytes (cap {info.max_bytes})")
+        print(f"  temp files: {info.temp_files} ({info.temp_bytes} bytes)")
+        print(f"  size:    {info.total_bytes} bytes, temp files included (cap {info.max_bytes})")
     return 0
 
 
@@ -132,7 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure BACKEND's launch/transfer/compile costs now and cache them",
     )
     info.set_defaults(run=_info)
-    cache = commands.add_parser("cache", help="inspect or clear the on-disk pipeline cache")
+    cache = commands.add_parser(
+        "cache",
+        help="inspect or clear the on-disk pipeline cache (only the files it wrote)",
+    )
     cache.add_argument("action", choices=("info", "clear"))
     cache.add_argument(
         "--dir", default=None, help="cache root (default: $VYRE_CACHE_DIR or the user cache dir)"

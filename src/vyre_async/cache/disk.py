@@ -1,34 +1,78 @@
 """`DiskPipelineCache`: compiled pipeline bytes on disk, safe across processes.
 
-Layout ``root/<2 hex>/<64 hex>.bin``. Each entry is one file: a header (magic,
-format version, the key it was written for, payload length, blake3 checksum of
-the payload) followed by the payload. Entries are written to a temporary file in
-the same directory, fsynced and ``os.replace``d into place, so a reader never
-sees a partial entry and concurrent writers from several processes are safe
-(the last complete write wins). A corrupt, truncated or foreign entry reads as
-a miss with a `PipelineCacheWarning`, and is removed. Nothing is ever
-unpickled or executed: entries are opaque bytes handed back to the backend
-that wrote them. I/O failures become warnings, never crashes.
+Layout ``root/<2 hex>/<64 hex>.bin``. Each entry is one file: a header (magic
+``VYPC``, format version, the key it was written for, payload length, blake3
+checksum of the payload) followed by the payload. Entries are written to a
+temporary file in the same directory, fsynced and ``os.replace``d into place, so
+a reader never sees a partial entry and concurrent writers from several
+processes are safe (the last complete write wins). Nothing is ever unpickled or
+executed: entries are opaque bytes handed back to the backend that wrote them.
+I/O failures become warnings, never crashes.
+
+Ownership. The root may hold other files (``$VYRE_CACHE_DIR`` can point
+anywhere), so the cache owns only the files it wrote, recognised by name *and*
+header:
+
+- an *entry* is a regular file (not a symlink) ``root/<hh>/<key>.bin`` where
+  ``key`` is 64 lowercase hex characters, ``<hh>`` is a directory (not a
+  symlink) named ``key[:2]``, and the file starts with the magic, a known
+  format version and ``key`` itself;
+- a *temp file* is a regular file ``root/<hh>/.<key[:16]>.<pid>.<16 hex>.tmp``
+  (``pid`` is the writer's process id, ``hh`` is ``key[:2]``) that is empty or
+  starts with the magic (or the first bytes of it).
+
+Eviction, `DiskPipelineCache.clear` and `DiskPipelineCache.info` look at those
+files only; any other file, name, subdirectory or symlink under the root is
+never counted, written to or deleted (a file named like the cache's is opened
+for reading, never following a symlink, to check its header).
+`DiskPipelineCache.get` opens an
+entry as a regular file only: a FIFO, device, directory or symlink at an entry
+path, like a corrupt or foreign file there, is a miss with a
+`PipelineCacheWarning` and is left in place (``get`` never deletes anything).
+The next `DiskPipelineCache.put` for that key replaces a regular file there
+with the new entry; anything else it leaves alone (the put fails with a
+warning).
+
+Permissions. A directory the cache creates (the root, parents of the root that
+did not exist, a ``<2 hex>`` subdirectory) gets mode 0700; a directory that
+already existed keeps its mode.
+
+Temp files. A writer killed between creating its temp file and renaming it
+leaves the temp file behind. The cache's temp files count toward the size cap,
+and eviction and `DiskPipelineCache.clear` delete the ones whose writer process
+no longer exists, or that are older than `STALE_TEMP_SECONDS` whoever wrote
+them (a reused pid, another host on a shared file system). A temp file of a
+live writer is left alone. Liveness is ``os.kill(pid, 0)`` on POSIX (a process
+of another user counts as alive); on Windows it is not probed, so only age
+reclaims temp files there. A writer in another pid namespace looks dead: if
+its temp file is reclaimed mid-write, its put fails with a warning.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import secrets
+import stat
 import struct
 import sys
-import tempfile
 import threading
+import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import blake3
 
+from vyre_async.errors import InvalidProgram
+
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "ENTRY_FORMAT_VERSION",
+    "STALE_TEMP_SECONDS",
     "DiskCacheInfo",
     "DiskPipelineCache",
     "PipelineCacheWarning",
@@ -38,8 +82,21 @@ __all__ = [
 ENTRY_FORMAT_VERSION = 1
 DEFAULT_MAX_BYTES = 1 << 30
 MAX_ENTRY_BYTES = 256 << 20
+STALE_TEMP_SECONDS = 3600.0
 _MAGIC = b"VYPC"
+_KNOWN_VERSIONS = frozenset({ENTRY_FORMAT_VERSION})
 _HEADER = struct.Struct("<4sHH32sQ32s")  # magic, version, flags, key, payload length, checksum
+_OWNER = struct.Struct("<4sHH32s")  # the leading part of the header that says whose file it is
+
+_SUBDIR_NAME = re.compile(r"[0-9a-f]{2}")
+_KEY = re.compile(r"[0-9a-f]{64}")
+_ENTRY_NAME = re.compile(r"([0-9a-f]{64})\.bin")
+_TEMP_NAME = re.compile(r"\.([0-9a-f]{16})\.([1-9][0-9]{0,9})\.[0-9a-f]{16}\.tmp")
+
+_O_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
+_O_BINARY: int = getattr(os, "O_BINARY", 0)
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _O_NOFOLLOW | _O_BINARY
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_BINARY
 
 
 class PipelineCacheWarning(RuntimeWarning):
@@ -48,12 +105,40 @@ class PipelineCacheWarning(RuntimeWarning):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DiskCacheInfo:
-    """A summary of a disk cache's contents."""
+    """A summary of the files a disk cache owns under its root.
+
+    Attributes:
+        root: The cache root.
+        entries: Number of entries (files that are the cache's by name and header).
+        total_bytes: Bytes of the entries plus the temp files: the figure the
+            size cap applies to.
+        max_bytes: The size cap.
+        temp_files: Number of the cache's temp files: writes in progress, and
+            those left by killed writers until eviction or
+            `DiskPipelineCache.clear` reclaims them.
+        temp_bytes: Bytes of those temp files (included in ``total_bytes``).
+    """
 
     root: Path
     entries: int
     total_bytes: int
     max_bytes: int
+    temp_files: int = 0
+    temp_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Owned:
+    """One file the cache owns, as a scan found it."""
+
+    path: Path
+    size: int
+    mtime: float
+    pid: int = 0  # temp files: the writer's process id
+
+
+class _NotRegularFile(OSError):
+    """Something other than a regular file (a symlink, FIFO, device...) is at an entry path."""
 
 
 def default_cache_root() -> Path:
@@ -71,27 +156,159 @@ def default_cache_root() -> Path:
     return base / "vyre-async" / "pipelines"
 
 
-def _warn(message: str) -> None:
-    warnings.warn(message, PipelineCacheWarning, stacklevel=3)
+def _warn(message: str, stacklevel: int = 3) -> None:
+    warnings.warn(message, PipelineCacheWarning, stacklevel=stacklevel)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "symbolic link"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISDIR, "directory"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _open_regular(path: Path) -> tuple[int, os.stat_result]:
+    """Open ``path`` for reading as a regular file, never following a symlink or waiting on a FIFO.
+
+    Raises:
+        _NotRegularFile: A symlink, FIFO, device, socket or directory is there.
+        OSError: It could not be opened (FileNotFoundError when nothing is there).
+    """
+    if not _O_NOFOLLOW and os.path.islink(path):
+        raise _NotRegularFile(f"{path} is a symbolic link")
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError:
+        if os.path.islink(path):  # ELOOP (EMLINK on some BSDs) from O_NOFOLLOW
+            raise _NotRegularFile(f"{path} is a symbolic link") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _NotRegularFile(f"{path} is a {_kind(st.st_mode)}, not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _read_prefix(fd: int, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _is_entry_header(key: str) -> Callable[[bytes], bool]:
+    def check(head: bytes) -> bool:
+        if len(head) < _OWNER.size:
+            return False
+        magic, version, _flags, stored_key = _OWNER.unpack_from(head)
+        return magic == _MAGIC and version in _KNOWN_VERSIONS and stored_key.hex() == key
+
+    return check
+
+
+def _is_temp_header(head: bytes) -> bool:
+    return _MAGIC.startswith(head[: len(_MAGIC)])  # empty, or the first bytes of an entry
+
+
+def _owned_stat(path: Path, owned: Callable[[bytes], bool]) -> os.stat_result | None:
+    """Return the stat of ``path`` if it is a regular file whose first bytes pass ``owned``."""
+    try:
+        fd, st = _open_regular(path)
+    except OSError:
+        return None
+    try:
+        return st if owned(_read_prefix(fd, _OWNER.size)) else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _unlink_owned(path: Path, owned: Callable[[bytes], bool]) -> bool:
+    """Delete ``path`` only if it is, right now, a regular file the cache owns."""
+    st = _owned_stat(path, owned)
+    if st is None:
+        return False
+    try:
+        now = os.lstat(path)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            return False  # replaced since it was checked
+        os.unlink(path)
+    except OSError:
+        return False
+    return True
+
+
+def _writer_alive(pid: int) -> bool:
+    """Return whether process ``pid`` may still be writing (True when it cannot be told)."""
+    if sys.platform == "win32":
+        return True  # os.kill would terminate the process; such temp files go by age
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OverflowError:
+        return False  # no process can have that id
+    except OSError:
+        return True  # PermissionError: it exists, owned by another user
+    return True
+
+
+def _list(directory: str | Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(directory) as it:
+            return list(it)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        _warn(f"pipeline cache directory {directory} could not be listed ({exc}); skipping it", 4)
+        return []
 
 
 class DiskPipelineCache:
     """A size-capped, crash-safe, multi-process store of compiled pipeline bytes.
 
+    The cache owns only files it wrote, recognised by name and header (see the
+    module docstring); eviction, `clear` and `info` never touch anything else
+    under ``root``.
+
     Args:
-        root: Directory of the cache; `default_cache_root()` when None. Created
-            with mode 0700.
-        max_bytes: Size cap; least recently used entries are evicted beyond it.
+        root: Directory of the cache; `default_cache_root()` when None. Missing
+            directories are created with mode 0700; an existing directory keeps
+            its mode.
+        max_bytes: Size cap on the entries plus temp files; least recently used
+            entries are evicted beyond it.
+
+    Raises:
+        InvalidProgram: ``max_bytes`` is not an int >= 0.
     """
 
     def __init__(
         self, root: str | os.PathLike[str] | None = None, *, max_bytes: int = DEFAULT_MAX_BYTES
     ) -> None:
-        if max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        cap: object = max_bytes
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+            raise InvalidProgram(
+                f"DiskPipelineCache max_bytes must be an int >= 0 (bytes), got {max_bytes!r}",
+                fix=f"pass max_bytes=0 or more, e.g. the default {DEFAULT_MAX_BYTES} (1 GiB)",
+            )
         self.root = Path(root).expanduser() if root is not None else default_cache_root()
-        self.max_bytes = max_bytes
+        self.max_bytes = cap
         self._lock = threading.Lock()
+        self._verified: dict[Path, tuple[int, int]] = {}  # entry -> (inode, size) seen owned
         self.hits = 0
         self.misses = 0
         self.errors = 0
@@ -101,49 +318,96 @@ class DiskPipelineCache:
         """Return the file that holds entry ``key`` (64 lowercase hex characters).
 
         Raises:
-            ValueError: ``key`` is not 64 hex characters.
+            InvalidProgram: ``key`` is not 64 lowercase hex characters.
         """
-        if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
-            raise ValueError(f"cache key must be 64 lowercase hex characters, got {key!r}")
+        if not isinstance(key, str) or _KEY.fullmatch(key) is None:
+            raise InvalidProgram(
+                f"cache key must be 64 lowercase hex characters, got {key!r}",
+                fix="pass a pipeline identity's .hex (a lowercase blake3 hex digest)",
+            )
         return self.root / key[:2] / f"{key}.bin"
 
-    def _ensure_dir(self, path: Path) -> None:
-        for directory in (self.root, path):
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if sys.platform != "win32" and directory.stat().st_mode & 0o777 != 0o700:
-                directory.chmod(0o700)
+    @staticmethod
+    def _ensure_dir(directory: Path) -> None:
+        """Create ``directory`` and its missing parents, one level at a time, each 0700.
+
+        Directories that already exist are left as they are (mode included).
+        """
+        missing: list[Path] = []
+        current = directory
+        while not current.is_dir():
+            missing.append(current)
+            if current.parent == current:
+                break
+            current = current.parent
+        for created in reversed(missing):
+            try:
+                os.mkdir(created, 0o700)
+            except FileExistsError:
+                continue  # made meanwhile by another writer (or not a directory: reported next)
+            if sys.platform != "win32":
+                with contextlib.suppress(OSError):
+                    os.chmod(created, 0o700)  # mkdir's mode went through the umask
 
     # Read -----------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:
-        """Return the payload stored under ``key``, or None (missing, corrupt or foreign)."""
+        """Return the payload stored under ``key``, or None on a miss.
+
+        Besides a missing entry, a miss is an entry that is corrupt, truncated,
+        of another format version or written for another key, or something
+        other than a regular file at the entry path: a symlink (not followed), a
+        FIFO (never waited on), a device or a directory. Those also count in
+        ``errors`` and warn with a `PipelineCacheWarning`. ``get`` never deletes
+        anything: the next `put` replaces a bad regular file.
+
+        Raises:
+            InvalidProgram: ``key`` is not 64 lowercase hex characters.
+        """
         path = self.path_for(key)
         try:
-            with path.open("rb") as fh:
-                header = fh.read(_HEADER.size)
-                payload = self._check(key, header, fh)
+            fd, _ = _open_regular(path)
         except FileNotFoundError:
             self.misses += 1
             return None
+        except _NotRegularFile as exc:
+            self._failed_read(f"pipeline cache entry {exc}; ignoring it and recompiling")
+            return None
         except OSError as exc:
-            self.misses += 1
-            self.errors += 1
-            _warn(f"pipeline cache entry {path} could not be read ({exc}); recompiling")
+            self._failed_read(f"pipeline cache entry {path} could not be read ({exc}); recompiling")
+            return None
+        try:
+            with os.fdopen(fd, "rb") as fh:
+                payload = self._check(key, fh.read(_HEADER.size), fh)
+                if payload is not None:
+                    self._touch(fh.fileno(), path)
+        except OSError as exc:
+            self._failed_read(f"pipeline cache entry {path} could not be read ({exc}); recompiling")
             return None
         if payload is None:
             self.misses += 1
             self.errors += 1
-            with contextlib.suppress(OSError):
-                path.unlink()
             return None
         self.hits += 1
-        with contextlib.suppress(OSError):
-            os.utime(path)  # recency for LRU eviction
         return payload
+
+    def _failed_read(self, message: str) -> None:
+        self.misses += 1
+        self.errors += 1
+        _warn(message, 4)
+
+    @staticmethod
+    def _touch(fd: int, path: Path) -> None:
+        """Mark an entry as just used (its mtime is its recency for LRU eviction)."""
+        with contextlib.suppress(OSError):
+            if os.utime in os.supports_fd:
+                os.utime(fd)
+            else:
+                os.utime(path)
 
     def _check(self, key: str, header: bytes, fh: BinaryIO) -> bytes | None:
         problem = self._problem(key, header, fh)
         if isinstance(problem, str):
-            _warn(f"pipeline cache entry {key} {problem}; ignoring it and recompiling")
+            _warn(f"pipeline cache entry {key} {problem}; ignoring it and recompiling", 4)
             return None
         return problem
 
@@ -154,7 +418,7 @@ class DiskPipelineCache:
         magic, version, _flags, stored_key, length, checksum = _HEADER.unpack(header)
         if magic != _MAGIC:
             return f"is not a vyre-async entry (magic {magic!r})"
-        if version != ENTRY_FORMAT_VERSION:
+        if version not in _KNOWN_VERSIONS:
             return f"has format version {version}, expected {ENTRY_FORMAT_VERSION}"
         if stored_key.hex() != key:
             return "was written for another key"
@@ -169,7 +433,18 @@ class DiskPipelineCache:
 
     # Write ----------------------------------------------------------------------
     def put(self, key: str, payload: bytes) -> bool:
-        """Store ``payload`` under ``key`` atomically; return False (with a warning) on failure."""
+        """Store ``payload`` under ``key`` atomically; return False (with a warning) on failure.
+
+        The entry is written to a temp file ``.<key[:16]>.<pid>.<16 hex>.tmp``
+        in its directory, fsynced and renamed over the entry path. A regular
+        file there (an older, corrupt or foreign entry) is replaced; anything
+        else there (a symlink, FIFO, directory...) is left alone and the put
+        fails. Then least recently used entries are evicted until the cache's
+        files fit ``max_bytes``.
+
+        Raises:
+            InvalidProgram: ``key`` is not 64 lowercase hex characters.
+        """
         path = self.path_for(key)
         if len(payload) > MAX_ENTRY_BYTES:
             _warn(
@@ -185,15 +460,23 @@ class DiskPipelineCache:
             len(payload),
             blake3.blake3(payload).digest(),
         )
-        tmp: str | None = None
+        tmp: Path | None = None
         try:
             self._ensure_dir(path.parent)
-            fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=path.parent)
+            fd, tmp = self._create_temp(path.parent, key)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(header)
                 fh.write(payload)
                 fh.flush()
                 os.fsync(fh.fileno())
+            occupant = self._occupant(path)
+            if occupant is not None:
+                self.errors += 1
+                _warn(
+                    f"pipeline cache entry {path} is a {occupant}, not a regular file; "
+                    "leaving it there and continuing without caching"
+                )
+                return False
             os.replace(tmp, path)
             tmp = None
         except OSError as exc:
@@ -209,52 +492,112 @@ class DiskPipelineCache:
         self._evict()
         return True
 
-    def _entries(self) -> list[tuple[float, int, Path]]:
-        found: list[tuple[float, int, Path]] = []
-        if not self.root.is_dir():
-            return found
-        for sub in self.root.iterdir():
-            if len(sub.name) != 2 or not sub.is_dir():
+    @staticmethod
+    def _create_temp(directory: Path, key: str) -> tuple[int, Path]:
+        """Create this process's temp file for ``key``: ``.<key[:16]>.<pid>.<16 hex>.tmp``."""
+        for _ in range(8):
+            tmp = directory / f".{key[:16]}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
+            try:
+                return os.open(tmp, _TEMP_FLAGS, 0o600), tmp
+            except FileExistsError:
                 continue
-            for entry in sub.glob("*.bin"):
-                with contextlib.suppress(OSError):
-                    st = entry.stat()
-                    found.append((st.st_mtime, st.st_size, entry))
-        return found
+        raise FileExistsError(f"no free temp file name in {directory}")
+
+    @staticmethod
+    def _occupant(path: Path) -> str | None:
+        """Return what non-regular file sits at ``path``, or None (nothing, or a regular file)."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        return None if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
+
+    # Ownership ------------------------------------------------------------------
+    def _scan(self) -> tuple[list[_Owned], list[_Owned]]:
+        """Return the entries and temp files the cache owns; call with the lock held."""
+        entries: list[_Owned] = []
+        temps: list[_Owned] = []
+        verified: dict[Path, tuple[int, int]] = {}
+        for sub in _list(self.root):
+            try:
+                if not _SUBDIR_NAME.fullmatch(sub.name) or not sub.is_dir(follow_symlinks=False):
+                    continue
+            except OSError:
+                continue
+            for item in _list(sub.path):
+                try:
+                    if not item.is_file(follow_symlinks=False):
+                        continue
+                    st = item.stat(follow_symlinks=False)
+                    inode = item.inode()
+                except OSError:
+                    continue
+                path = Path(item.path)
+                entry = _ENTRY_NAME.fullmatch(item.name)
+                temp = _TEMP_NAME.fullmatch(item.name)
+                if entry is not None and entry[1][:2] == sub.name:
+                    seen = (inode, st.st_size)
+                    known = bool(inode) and self._verified.get(path) == seen
+                    if known or _owned_stat(path, _is_entry_header(entry[1])) is not None:
+                        verified[path] = seen
+                        entries.append(_Owned(path, st.st_size, st.st_mtime))
+                elif (
+                    temp is not None
+                    and temp[1][:2] == sub.name
+                    and _owned_stat(path, _is_temp_header) is not None
+                ):
+                    temps.append(_Owned(path, st.st_size, st.st_mtime, pid=int(temp[2])))
+        self._verified = verified
+        return entries, temps
+
+    @staticmethod
+    def _reclaim(temps: list[_Owned]) -> list[_Owned]:
+        """Delete the temp files of gone or stale writers; return the ones kept."""
+        now = time.time()
+        kept: list[_Owned] = []
+        for temp in temps:
+            stale = now - temp.mtime > STALE_TEMP_SECONDS or not _writer_alive(temp.pid)
+            if not (stale and _unlink_owned(temp.path, _is_temp_header)):
+                kept.append(temp)
+        return kept
 
     def _evict(self) -> None:
         with self._lock:
-            entries = self._entries()
-            total = sum(size for _, size, _ in entries)
-            for _, size, entry in sorted(entries, key=lambda e: e[0]):
+            entries, temps = self._scan()
+            temps = self._reclaim(temps)
+            total = sum(e.size for e in entries) + sum(t.size for t in temps)
+            for entry in sorted(entries, key=lambda e: e.mtime):
                 if total <= self.max_bytes:
                     break
-                with contextlib.suppress(OSError):
-                    entry.unlink()
-                    total -= size
+                if _unlink_owned(entry.path, _is_entry_header(entry.path.stem)):
+                    total -= entry.size
 
     # Maintenance ----------------------------------------------------------------
     def info(self) -> DiskCacheInfo:
-        """Return the number and total size of the entries."""
-        entries = self._entries()
+        """Return the number and size of the entries and temp files the cache owns.
+
+        Only the cache's own files are counted (see the module docstring);
+        nothing is deleted. ``total_bytes`` includes the temp files.
+        """
+        with self._lock:
+            entries, temps = self._scan()
+        temp_bytes = sum(t.size for t in temps)
         return DiskCacheInfo(
             root=self.root,
             entries=len(entries),
-            total_bytes=sum(size for _, size, _ in entries),
+            total_bytes=sum(e.size for e in entries) + temp_bytes,
             max_bytes=self.max_bytes,
+            temp_files=len(temps),
+            temp_bytes=temp_bytes,
         )
 
     def clear(self) -> int:
-        """Delete every entry (and stray temporary files); return how many entries were removed."""
-        removed = 0
-        for _, _, entry in self._entries():
-            with contextlib.suppress(OSError):
-                entry.unlink()
-                removed += 1
-        if self.root.is_dir():
-            for sub in self.root.iterdir():
-                if len(sub.name) == 2 and sub.is_dir():
-                    for stray in sub.glob(".*.tmp"):
-                        with contextlib.suppress(OSError):
-                            stray.unlink()
-        return removed
+        """Delete every entry and reclaimable temp file the cache owns; return the entries removed.
+
+        Temp files of live writers stay (their writes are in progress); files
+        the cache does not own, and directories, are never deleted.
+        """
+        with self._lock:
+            entries, temps = self._scan()
+            self._reclaim(temps)
+            return sum(1 for e in entries if _unlink_owned(e.path, _is_entry_header(e.path.stem)))
