@@ -1,8 +1,15 @@
-"""The core never imports a concrete backend, a GPU library or a distributed engine."""
+"""The core never imports a concrete backend, a GPU library or a distributed engine.
+
+And listing backends imports only their registration records: no backend
+internals, no numpy beyond what the core already loaded, no GPU library.
+"""
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[1] / "src" / "vyre_async"
@@ -50,3 +57,49 @@ def test_checker_catches_a_forbidden_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import cupy\nfrom vyre_reference import engine\n")
     assert _imported_roots(bad) >= {"cupy", "vyre_reference"}
+
+
+LISTING = """
+import json, sys
+import vyre_async
+
+before = set(sys.modules)
+ids = sorted(r.id for r in vyre_async.registered_backends())
+print(json.dumps({"ids": ids, "new": sorted(set(sys.modules) - before)}))
+"""
+
+# What listing may load from the backend packages: the (lazy) package and its record.
+REGISTRATION_ONLY = {
+    "vyre_reference",
+    "vyre_reference.registration",
+    "vyre_cupy",
+    "vyre_cupy.registration",
+}
+
+
+def test_listing_backends_imports_only_their_registrations() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", LISTING], capture_output=True, text=True, check=True, timeout=60
+    )
+    report = json.loads(out.stdout)
+    assert {"reference", "cupy"} <= set(report["ids"])
+    new = set(report["new"])
+    assert new >= REGISTRATION_ONLY
+    backend_modules = {m for m in new if m.split(".")[0] in {"vyre_reference", "vyre_cupy"}}
+    assert backend_modules == REGISTRATION_ONLY  # e.g. no vyre_reference.engine, vyre_cupy.codegen
+    for internal in (
+        "vyre_reference.backend",
+        "vyre_reference.engine",
+        "vyre_reference.compile",
+        "vyre_cupy.backend",
+        "vyre_cupy.codegen",
+        "vyre_cupy.compile",
+    ):
+        assert internal not in new, internal
+    # Beyond those, only the core and the standard library (entry-point metadata).
+    others = {
+        m
+        for m in new - backend_modules
+        if m.split(".")[0] != "vyre_async" and m.split(".")[0] not in sys.stdlib_module_names
+    }
+    assert others == set(), sorted(others)  # no numpy.*, anyio, cupy*, opentelemetry.sdk

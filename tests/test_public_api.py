@@ -27,10 +27,14 @@ def test_public_names_are_exactly_all(name: str) -> None:
     module = importlib.import_module(name)
     exported = set(module.__all__)
     assert len(exported) == len(module.__all__), "duplicate names in __all__"
-    public = {n for n in vars(module) if not n.startswith("_")} - _submodules(module)
-    assert public == exported - {"__version__"}
+    # dir() lists a lazy package's (PEP 562) names before they load; accessing
+    # every exported name then binds it, so vars() must hold exactly the API too.
+    listed = {n for n in dir(module) if not n.startswith("_")} - _submodules(module)
+    assert listed == exported - {"__version__"}
     for item in exported:
         assert hasattr(module, item), item
+    public = {n for n in vars(module) if not n.startswith("_")} - _submodules(module)
+    assert public == exported - {"__version__"}
 
 
 def test_import_is_light() -> None:

@@ -9,6 +9,11 @@ and the OTLP/HTTP exporter.
 - ``otlp``: OTLP/HTTP (protobuf) to ``$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
   ``$OTEL_EXPORTER_OTLP_ENDPOINT``, default ``http://localhost:4318`` —
   Jaeger's OTLP port. All standard ``OTEL_EXPORTER_OTLP_*`` variables apply.
+  One export (retries included) gives up after ``export_timeout_s`` (2 s)
+  unless ``OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`` / ``OTEL_EXPORTER_OTLP_TIMEOUT``
+  say otherwise; after a failed export, batches are dropped without trying for
+  5 s. A dead collector delays ``provider.shutdown()`` by about one failed
+  export, not the SDK's default of 10 s of retries for every queued batch.
 - ``file:PATH``: OTLP-JSON, one ``{"resourceSpans": [...]}`` object per line,
   with hex trace and span ids, which a Jaeger UI (1.55 or newer) can load.
 
@@ -19,13 +24,16 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import math
 import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vyre_async.errors import UnsupportedFeature
+from vyre_async.errors import InvalidProgram, UnsupportedFeature
 
 try:
     from opentelemetry import trace
@@ -49,7 +57,12 @@ __all__ = ["OtlpJsonFileExporter", "TRACE_CHOICES", "configure_tracing", "spans_
 TRACE_CHOICES = ("none", "console", "otlp", "file:PATH")
 
 
-def configure_tracing(spec: str, *, service_name: str = "vyre-async") -> TracerProvider | None:
+_TIMEOUT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+
+
+def configure_tracing(
+    spec: str, *, service_name: str = "vyre-async", export_timeout_s: float = 2.0
+) -> TracerProvider | None:
     """Install a global SDK tracer provider exporting as ``spec`` says; return it.
 
     Call ``provider.shutdown()`` before exiting to flush batched spans. ``"none"``
@@ -58,15 +71,42 @@ def configure_tracing(spec: str, *, service_name: str = "vyre-async") -> TracerP
     Args:
         spec: ``"none"``, ``"console"``, ``"otlp"`` or ``"file:PATH"``.
         service_name: Used when ``OTEL_SERVICE_NAME`` is not set.
+        export_timeout_s: How long one OTLP export may take, retries and their
+            backoff included, before its batch is dropped; also given to the
+            batch span processor as its export timeout. With an unreachable
+            collector, ``provider.shutdown()`` waits up to this long per queued
+            batch of 512 spans (with 2 s, about 1 s when the connection is
+            refused outright: the exporter's next backoff, 2 s, would overrun
+            the deadline). After a failed OTLP export, batches are dropped
+            without a connection attempt for the next 5 s (a warning is
+            logged), so a dead collector costs about one failed export at
+            shutdown however many batches are queued.
+            ``OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`` or ``OTEL_EXPORTER_OTLP_TIMEOUT``
+            (seconds, as the installed exporter reads them) win over it, and
+            ``OTEL_BSP_EXPORT_TIMEOUT`` over the processor's value.
 
     Raises:
-        ValueError: an unknown ``spec``.
+        InvalidProgram: an unknown ``spec``, or ``export_timeout_s`` not a
+            positive finite number of seconds (also a ``ValueError``).
         UnsupportedFeature: the SDK or the OTLP exporter is not installed.
     """
+    if (
+        isinstance(export_timeout_s, bool)
+        or not isinstance(export_timeout_s, int | float)
+        or not (math.isfinite(export_timeout_s) and export_timeout_s > 0)
+    ):
+        raise InvalidProgram(
+            f"export_timeout_s must be a positive finite number of seconds, "
+            f"got {export_timeout_s!r}",
+            fix="pass export_timeout_s=2.0 (or another number of seconds above 0)",
+        )
     if spec == "none":
         return None
     if spec not in ("console", "otlp") and not (spec.startswith("file:") and len(spec) > 5):
-        raise ValueError(f"--trace must be one of {', '.join(TRACE_CHOICES)}, got {spec!r}")
+        raise InvalidProgram(
+            f"--trace must be one of {', '.join(TRACE_CHOICES)}, got {spec!r}",
+            fix="choose none, console, otlp or file:PATH (for example file:traces.jsonl)",
+        )
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
     provider = TracerProvider(resource=Resource.create(attributes))
     exporter: SpanExporter
@@ -80,13 +120,78 @@ def configure_tracing(spec: str, *, service_name: str = "vyre-async") -> TracerP
                 "--trace otlp needs opentelemetry-exporter-otlp-proto-http",
                 fix="pip install 'vyre-async[telemetry]'",
             ) from exc
-        exporter = OTLPSpanExporter()
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+        # The exporter's timeout is one deadline for the request and its retries
+        # (backoff 1, 2, 4 s ... stops when the next wait would pass it). None
+        # lets the exporter read the OTEL_* timeout variables itself.
+        user_set = any(os.environ.get(name) for name in _TIMEOUT_VARIABLES)
+        exporter = _SkipAfterFailure(
+            OTLPSpanExporter(timeout=None if user_set else float(export_timeout_s)),
+            pause_s=_PAUSE_AFTER_FAILURE_S,
+        )
+        provider.add_span_processor(_batch_processor(exporter, export_timeout_s))
     else:
         exporter = OtlpJsonFileExporter(spec[5:])
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+        provider.add_span_processor(_batch_processor(exporter, export_timeout_s))
     trace.set_tracer_provider(provider)
     return provider
+
+
+#: Seconds batches are dropped without trying after an OTLP export failed.
+_PAUSE_AFTER_FAILURE_S = 5.0
+_log = logging.getLogger("vyre_async.tracing")
+
+
+class _SkipAfterFailure(SpanExporter):
+    """Wrap an exporter: after a failed export, drop batches without trying for ``pause_s``.
+
+    The OTLP exporter spends its whole timeout on every batch while the
+    collector is unreachable; with a queue of batches to drain at shutdown that
+    added up to tens of seconds. Dropped batches are counted and logged.
+    """
+
+    def __init__(self, inner: SpanExporter, *, pause_s: float) -> None:
+        self.inner = inner
+        self.pause_s = pause_s
+        self.dropped_spans = 0
+        self._resume_at = 0.0
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Export through the wrapped exporter unless a recent export failed."""
+        with self._lock:
+            paused = time.monotonic() < self._resume_at
+            if paused:
+                self.dropped_spans += len(spans)
+        if paused:
+            return SpanExportResult.FAILURE
+        result = self.inner.export(spans)
+        if result is not SpanExportResult.SUCCESS:
+            with self._lock:
+                self._resume_at = time.monotonic() + self.pause_s
+            _log.warning(
+                "trace export failed; dropping span batches for the next %.0f s "
+                "(is the OTLP collector running and reachable?)",
+                self.pause_s,
+            )
+        return result
+
+    def shutdown(self) -> None:
+        """Shut the wrapped exporter down."""
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Flush the wrapped exporter."""
+        return self.inner.force_flush(timeout_millis)
+
+
+def _batch_processor(exporter: SpanExporter, export_timeout_s: float) -> BatchSpanProcessor:
+    """Return a batch processor whose export timeout is ``export_timeout_s``.
+
+    ``OTEL_BSP_EXPORT_TIMEOUT`` wins when set. (opentelemetry-sdk 1.45 stores
+    this timeout without applying it; the exporter's own timeout is the bound.)
+    """
+    timeout_ms = None if os.environ.get("OTEL_BSP_EXPORT_TIMEOUT") else export_timeout_s * 1000
+    return BatchSpanProcessor(exporter, export_timeout_millis=timeout_ms)
 
 
 def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:

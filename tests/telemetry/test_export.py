@@ -20,6 +20,8 @@ from typing import ClassVar
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from vyre_async.errors import ErrorCode, InvalidProgram
+
 SERVICE = textwrap.dedent(
     """
     import anyio, numpy as np
@@ -187,6 +189,8 @@ def test_bad_trace_spec_is_a_usage_error() -> None:
     assert out.returncode == 2 and "file:PATH" in out.stderr
     from vyre_async.tracing import configure_tracing
 
-    with pytest.raises(ValueError, match="file:PATH"):
+    with pytest.raises(ValueError, match="file:PATH") as info:
         configure_tracing("zipkin")
+    assert isinstance(info.value, InvalidProgram)  # a BackendError that is also a ValueError
+    assert info.value.code is ErrorCode.INVALID_PROGRAM and "Fix:" in str(info.value)
     assert configure_tracing("none") is None

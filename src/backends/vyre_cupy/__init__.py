@@ -3,13 +3,22 @@
 Importing this package never imports CuPy or touches a device: CuPy is
 imported when a backend is created (`create_backend`, or
 ``vyre_async.acquire_backend("cupy")``). See ``docs/cuda.md``.
+
+The names below load on first access (PEP 562), so importing this package —
+as listing backends does, to reach `vyre_cupy.registration` — imports none of
+the backend, code generator or compiler either.
 """
 
-from vyre_cupy.backend import CudaKernel, CupyBackend, create_backend
-from vyre_cupy.codegen import CODEGEN_VERSION, KernelParam, KernelSource, generate, sanitize
-from vyre_cupy.compile import NVRTC_OPTIONS, CompiledKernel
-from vyre_cupy.completion import CompletionBridge
-from vyre_cupy.device import DeviceInfo, capabilities_of
+# Private aliases only: the namespace holds nothing public but `__all__`'s names.
+import importlib as _importlib
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from vyre_cupy.backend import CudaKernel, CupyBackend, create_backend
+    from vyre_cupy.codegen import CODEGEN_VERSION, KernelParam, KernelSource, generate, sanitize
+    from vyre_cupy.compile import NVRTC_OPTIONS, CompiledKernel
+    from vyre_cupy.completion import CompletionBridge
+    from vyre_cupy.device import DeviceInfo, capabilities_of
 
 __all__ = [
     "CODEGEN_VERSION",
@@ -26,3 +35,35 @@ __all__ = [
     "generate",
     "sanitize",
 ]
+
+# Public name -> the submodule that defines it.
+_SOURCES = {
+    "CODEGEN_VERSION": "codegen",
+    "NVRTC_OPTIONS": "compile",
+    "CompiledKernel": "compile",
+    "CompletionBridge": "completion",
+    "CudaKernel": "backend",
+    "CupyBackend": "backend",
+    "DeviceInfo": "device",
+    "KernelParam": "codegen",
+    "KernelSource": "codegen",
+    "capabilities_of": "device",
+    "create_backend": "backend",
+    "generate": "codegen",
+    "sanitize": "codegen",
+}
+
+
+def __getattr__(name: str) -> object:
+    """Import and return the public ``name`` from its submodule on first access."""
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f"{__name__}.{source}"), name)
+    globals()[name] = value  # later lookups skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    """List the module's attributes with every public name, loaded or not."""
+    return sorted(set(globals()) | set(__all__))

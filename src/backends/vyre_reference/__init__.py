@@ -3,12 +3,21 @@
 `execute(program, inputs)` runs every lane of the grid at once with numpy
 arrays and masks and returns the outputs; see ``docs/reference-engine.md``.
 `ReferenceBackend` (id ``"reference"``) serves it through the driver contract.
+
+The names below load on first access (PEP 562), so importing this package —
+as listing backends does, to reach `vyre_reference.registration` — imports
+none of the engine.
 """
 
-from vyre_reference.backend import ReferenceBackend
-from vyre_reference.cancel import Cancelled
-from vyre_reference.compile import CompiledProgram, cache_clear, cache_info, compile_program
-from vyre_reference.engine import execute, run_plan
+# Private aliases only: the namespace holds nothing public but `__all__`'s names.
+import importlib as _importlib
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from vyre_reference.backend import ReferenceBackend
+    from vyre_reference.cancel import Cancelled
+    from vyre_reference.compile import CompiledProgram, cache_clear, cache_info, compile_program
+    from vyre_reference.engine import execute, run_plan
 
 __all__ = [
     "Cancelled",
@@ -20,3 +29,30 @@ __all__ = [
     "execute",
     "run_plan",
 ]
+
+# Public name -> the submodule that defines it.
+_SOURCES = {
+    "Cancelled": "cancel",
+    "CompiledProgram": "compile",
+    "ReferenceBackend": "backend",
+    "cache_clear": "compile",
+    "cache_info": "compile",
+    "compile_program": "compile",
+    "execute": "engine",
+    "run_plan": "engine",
+}
+
+
+def __getattr__(name: str) -> object:
+    """Import and return the public ``name`` from its submodule on first access."""
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f"{__name__}.{source}"), name)
+    globals()[name] = value  # later lookups skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    """List the module's attributes with every public name, loaded or not."""
+    return sorted(set(globals()) | set(__all__))
