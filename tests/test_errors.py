@@ -27,6 +27,7 @@ def test_codes_are_the_contract_values() -> None:
         "DeviceLost": 1008,
         "DispatchTimeout": 1009,
         "BackendNotFound": 1010,
+        "BackendClosed": 1011,
         "Unknown": 1999,
     }
     assert ErrorCode.INVALID_PROGRAM is ErrorCode.InvalidProgram

@@ -138,6 +138,22 @@ def test_acquire_builds_once_per_process() -> None:
 
 
 @pytest.mark.usefixtures("isolated")
+@pytest.mark.anyio
+async def test_acquire_after_close_builds_a_fresh_backend() -> None:
+    """0.1.0 returned the closed instance forever, so its BackendClosed Fix did not work."""
+    register_backend(BackendRegistration(id="bytes-test", factory=BytesBackend))
+    first = acquire_backend("bytes-test")
+    async with first:
+        assert acquire_backend("bytes-test") is first
+    assert first.closed
+    second = acquire_backend("bytes-test")
+    assert second is not first and not second.closed
+    assert acquire_backend("bytes-test") is second
+    await second.aclose()
+    assert acquire_backend("bytes-test") is not second
+
+
+@pytest.mark.usefixtures("isolated")
 def test_unknown_id_lists_the_installed_ones() -> None:
     register_backend(BackendRegistration(id="bytes-test", factory=BytesBackend))
     with pytest.raises(BackendNotFound, match="Fix:") as info:

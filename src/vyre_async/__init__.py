@@ -9,6 +9,7 @@ from vyre_async.cache import DiskPipelineCache, MemoryPipelineCache, PipelineIde
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import (
+    BackendClosed,
     BackendError,
     BackendNotFound,
     CooperativeResidencyExceeded,
@@ -47,6 +48,7 @@ __all__ = [
     "Access",
     "BackendCapabilities",
     "BackendError",
+    "BackendClosed",
     "BackendNotFound",
     "BackendRegistration",
     "BufferDecl",

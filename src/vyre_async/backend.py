@@ -10,6 +10,7 @@ start the work and settle the `PendingDispatch` when it ends.
 from __future__ import annotations
 
 import abc
+import math
 import threading
 import time
 import warnings
@@ -29,7 +30,13 @@ from vyre_async.cache.identity import PipelineIdentity, pipeline_identity, polic
 from vyre_async.cache.memory import CacheStats, MemoryPipelineCache
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
-from vyre_async.errors import BackendError, InvalidProgram, KernelCompileFailed, UnsupportedFeature
+from vyre_async.errors import (
+    BackendClosed,
+    BackendError,
+    InvalidProgram,
+    KernelCompileFailed,
+    UnsupportedFeature,
+)
 from vyre_async.execution import ExecutionDecision, annotate_mode
 from vyre_async.ir.expr import Atomic, Bin, Un
 from vyre_async.ir.ops import AtomicOp, BinOp, UnOp
@@ -56,6 +63,8 @@ CORE_OPS: frozenset[str] = frozenset(
 )
 
 _DEFAULT_CONFIG = DispatchConfig()
+#: Default seconds `VyreBackend.shutdown` waits for work it cannot stop at once.
+CLOSE_TIMEOUT_S = 5.0
 
 
 class _Unstarted:
@@ -97,6 +106,11 @@ class VyreBackend(abc.ABC):
         prefetch: Record every dispatch's shape and compile the predicted next
             pipeline in the background (`vyre_async.prefetch`); ``backend.prefetcher``
             is None when False.
+        close_timeout: Seconds `shutdown` waits for work it cannot stop at once
+            before giving up on it (failing its dispatches with `BackendClosed`).
+
+    Raises:
+        InvalidProgram: an argument is out of range.
     """
 
     id: ClassVar[str]
@@ -108,10 +122,36 @@ class VyreBackend(abc.ABC):
         pipeline_cache_capacity: int = 256,
         disk_cache: DiskPipelineCache | None = None,
         prefetch: bool = True,
+        close_timeout: float = CLOSE_TIMEOUT_S,
     ) -> None:
         backend_id = getattr(type(self), "id", None)
         if not isinstance(backend_id, str) or not backend_id:
             raise TypeError(f"{type(self).__name__} must set a class attribute id = '<name>'")
+        if (
+            isinstance(pipeline_cache_capacity, bool)
+            or not isinstance(pipeline_cache_capacity, int)
+            or pipeline_cache_capacity < 1
+        ):
+            raise InvalidProgram(
+                f"pipeline_cache_capacity must be an int >= 1, got {pipeline_cache_capacity!r}",
+                fix="pass e.g. pipeline_cache_capacity=256",
+            )
+        if disk_cache is not None and not isinstance(disk_cache, DiskPipelineCache):
+            raise InvalidProgram(
+                f"disk_cache must be a DiskPipelineCache or None, got {disk_cache!r}",
+                fix="pass disk_cache=DiskPipelineCache() (or a directory: DiskPipelineCache(path))",
+            )
+        if (
+            isinstance(close_timeout, bool)
+            or not isinstance(close_timeout, int | float)
+            or not 0 <= close_timeout < math.inf
+        ):
+            raise InvalidProgram(
+                f"close_timeout must be a finite number of seconds >= 0, got {close_timeout!r}",
+                fix=f"pass e.g. close_timeout={CLOSE_TIMEOUT_S}",
+            )
+        #: Seconds `shutdown` waits for work it cannot stop at once.
+        self.close_timeout = float(close_timeout)
         self.pipelines: MemoryPipelineCache[CompiledPipeline] = MemoryPipelineCache(
             pipeline_cache_capacity
         )
@@ -125,6 +165,9 @@ class VyreBackend(abc.ABC):
         self._compiling_lock = threading.Lock()
         #: Shape-prediction prefetcher (None when built with ``prefetch=False``).
         self.prefetcher: Prefetcher | None = Prefetcher(self) if prefetch else None
+        self._closed = False
+        # (max_storage_buffer_bytes, max_workgroup_size, max_workgroup_lanes), read once.
+        self._limits: tuple[int, tuple[int, int, int], int] | None = None
 
     # Description ----------------------------------------------------------------
     def supported_ops(self) -> frozenset[str]:
@@ -173,14 +216,45 @@ class VyreBackend(abc.ABC):
         return None
 
     async def shutdown(self) -> None:
-        """Release devices and workers. Default: nothing to do."""
-        return None
+        """Stop work and release devices and workers; called once by `aclose`.
+
+        A backend stops what it can at its next safe point, settles every
+        dispatch it has not finished with `BackendClosed`, waits a bounded time
+        for the rest and never hangs. Default: marks the backend closed.
+        """
+        self._closed = True
 
     async def aclose(self) -> None:
-        """Shut the backend down: stop the prefetcher, then `shutdown`."""
+        """Close the backend: refuse new work, stop the prefetcher, then `shutdown`.
+
+        From then on every operation raises `BackendClosed`; calling it again
+        does nothing. Dispatches still running are stopped where the backend
+        can stop them and fail with `BackendClosed`: await the ones you need
+        (or `flush`) before closing.
+        """
+        if self._closed:
+            return
+        self._closed = True
         if self.prefetcher is not None:
             self.prefetcher.close()
         await self.shutdown()
+
+    @property
+    def closed(self) -> bool:
+        """True once the backend was closed (`aclose`, `shutdown`, the end of ``async with``)."""
+        return self._closed
+
+    def check_open(self) -> None:
+        """Raise `BackendClosed` if the backend was closed (for backend authors' own operations).
+
+        Raises:
+            BackendClosed: the backend was closed.
+        """
+        if self._closed:
+            raise BackendClosed(
+                f"backend {self.id!r} was closed; it runs nothing more",
+                backend_id=self.id,
+            )
 
     async def __aenter__(self) -> VyreBackend:
         await self.prepare()
@@ -212,6 +286,7 @@ class VyreBackend(abc.ABC):
 
     # Resident buffers ------------------------------------------------------------
     def _no_resident(self, what: str) -> UnsupportedFeature:
+        self.check_open()
         return UnsupportedFeature(
             f"backend {self.id!r} has no resident buffers ({what} is not supported)",
             fix="pass numpy arrays as dispatch inputs instead of resident buffers",
@@ -243,12 +318,16 @@ class VyreBackend(abc.ABC):
         raise self._no_resident("download")
 
     def free(self, buffer: ResidentBuffer) -> None:
-        """Release a resident buffer.
+        """Release a resident buffer (allowed after close: releasing never fails for that).
 
         Raises:
             UnsupportedFeature: by default.
         """
-        raise self._no_resident("free")
+        raise UnsupportedFeature(
+            f"backend {self.id!r} has no resident buffers (free is not supported)",
+            fix="pass numpy arrays as dispatch inputs instead of resident buffers",
+            feature="resident buffers",
+        )
 
     # Pipelines --------------------------------------------------------------------
     def build_pipeline(self, program: Program, config: DispatchConfig) -> Any:
@@ -307,11 +386,13 @@ class VyreBackend(abc.ABC):
         """Return ``program`` compiled for this backend (memory cache → disk cache → build).
 
         Raises:
-            InvalidProgram: the program does not validate.
+            InvalidProgram: the program does not validate, or ``config`` is not a
+                `DispatchConfig`.
             UnsupportedFeature: the program uses an operation this backend lacks.
             KernelCompileFailed: the backend's compiler rejected it.
+            BackendClosed: the backend was closed.
         """
-        cfg = config or _DEFAULT_CONFIG
+        cfg = _as_config(config, _DEFAULT_CONFIG)
         pipeline, _ = self._pipeline_for(program, cfg)
         if pipeline.program != program or pipeline.config != cfg:
             # One compiled kernel serves programs that differ only in buffer counts
@@ -333,6 +414,8 @@ class VyreBackend(abc.ABC):
     def _pipeline_for(
         self, program: Program, config: DispatchConfig
     ) -> tuple[CompiledPipeline, bool]:
+        if self._closed:
+            self.check_open()
         if not isinstance(program, Program):
             raise InvalidProgram(
                 f"dispatch expects a Program, got {type(program).__name__}",
@@ -470,15 +553,19 @@ class VyreBackend(abc.ABC):
             config: Dispatch options; defaults to ``DispatchConfig()``.
 
         Raises:
-            InvalidProgram: invalid program, wrong input count/size/dtype, or a
-                config the program cannot run with.
+            InvalidProgram: invalid program, inputs that are not a list with one
+                item per input buffer, wrong input size/dtype, a buffer over the
+                backend's ``max_storage_buffer_bytes``, or a config that is not a
+                `DispatchConfig` or that the program cannot run with.
             UnsupportedFeature: the config or program needs a feature this
-                backend lacks.
+                backend lacks (a ``workgroup_override`` over its limits included).
+            BackendClosed: the backend was closed.
+            DeviceOutOfMemory: the host could not hold a copy of the inputs.
         """
-        cfg = config or _DEFAULT_CONFIG
         called = time.monotonic()  # the timeout counts from here, compilation included
         trace = telemetry.start_dispatch()
         try:
+            cfg = _as_config(config, _DEFAULT_CONFIG)
             started, started_ns = time.perf_counter(), time.time_ns()
             pipeline, hit = self._pipeline_for(program, cfg)
             compile_s = 0.0 if hit else time.perf_counter() - started
@@ -546,17 +633,23 @@ class VyreBackend(abc.ABC):
             except BaseException as exc:
                 telemetry.fail_before_launch(trace, exc, self.id, program or pipeline.program)
                 raise
-        cfg = config or pipeline.config
+        if self._closed:
+            self.check_open()
+        cfg = _as_config(config, pipeline.config)
         if cfg is not pipeline.config and policy_digest(cfg) != policy_digest(pipeline.config):
             raise InvalidProgram(
                 "this pipeline was compiled for another ulp_budget/workgroup_override",
                 fix="compile a pipeline for this config: backend.compile(program, config)",
             )
-        self._check_config(cfg)
+        if cfg.speculation == "force" or cfg.cooperative or cfg.persistent_thread == "force":
+            self._check_config(cfg)
         program = program or pipeline.program
         check_input_count(program, inputs)
+        limit = (self._limits or self._read_limits())[0]
+        if limit and program._memo.get("storage_checked") != limit:
+            self._check_static_sizes(program, limit)
         prepared = tuple(
-            self._prepare_input(decl, value)
+            self._prepare_input(decl, value, limit)
             for decl, value in zip(program.inputs, inputs, strict=True)
         )
         plan = plan_dispatch(
@@ -565,6 +658,8 @@ class VyreBackend(abc.ABC):
             grid_override=cfg.grid_override,
             workgroup_override=cfg.workgroup_override,
         )
+        if cfg.workgroup_override is not None:
+            self._check_workgroup(plan.geometry.workgroup)
         if cfg.max_output_bytes is not None and plan.bytes_out > cfg.max_output_bytes:
             raise InvalidProgram(
                 f"the outputs would take {plan.bytes_out} bytes, over max_output_bytes="
@@ -590,7 +685,7 @@ class VyreBackend(abc.ABC):
             compile_s=compile_s,
         )
         telemetry.attach(trace, launch, cache_hit=cache_hit)
-        prefetcher = self.prefetcher
+        prefetcher = self.prefetcher if cfg.speculation != "disable" else None
         if prefetcher is None:
             if batch is not None:
                 batch.append((launch, None))
@@ -607,9 +702,10 @@ class VyreBackend(abc.ABC):
             prefetcher.schedule(job)
         return result
 
-    def _prepare_input(self, decl: Any, value: object) -> np.ndarray | ResidentBuffer:
+    def _prepare_input(self, decl: Any, value: object, limit: int) -> np.ndarray | ResidentBuffer:
+        """Check one input (and copy a host one); ``limit``: largest buffer in bytes, 0 = none."""
         if isinstance(value, ResidentBuffer):
-            value.native(self.id)  # ownership and liveness
+            value.native(self)  # ownership (this instance) and liveness
             if value.dtype is not decl.dtype:
                 raise InvalidProgram(
                     f"resident buffer #{value.id} holds {value.dtype.value}; buffer "
@@ -623,9 +719,69 @@ class VyreBackend(abc.ABC):
                     fix=f"pass a buffer of exactly {decl.count} elements",
                 )
             return value
+        if limit:  # checked before anything is copied: a huge (broadcast) input fails fast
+            if isinstance(value, np.ndarray):
+                nbytes = 4 * value.size
+            elif isinstance(value, bytes | bytearray | memoryview):
+                nbytes = memoryview(value).nbytes
+            else:
+                nbytes = 0  # normalize_input says what is wrong with it
+            if nbytes > limit:
+                raise InvalidProgram(
+                    f"input for buffer {decl.name!r} has {nbytes} bytes, over backend "
+                    f"{self.id!r}'s largest buffer ({limit} bytes)",
+                    fix=f"split the data into dispatches of at most {limit // 4} elements",
+                )
         return normalize_input(decl, value)
 
+    def _read_limits(self) -> tuple[int, tuple[int, int, int], int]:
+        limits = self._limits
+        if limits is None:
+            caps = self.capabilities()
+            limits = (
+                caps.max_storage_buffer_bytes,
+                caps.max_workgroup_size,
+                caps.max_workgroup_lanes,
+            )
+            self._limits = limits
+        return limits
+
+    def _storage_limit(self) -> int:
+        return self._read_limits()[0]
+
+    def _check_static_sizes(self, program: Program, limit: int) -> None:
+        """Refuse buffers whose declared size is over ``limit`` bytes (memoised on the program)."""
+        for decl in program.buffers:
+            if decl.count * 4 > limit:
+                raise InvalidProgram(
+                    f"buffer {decl.name!r} declares {decl.count} elements ({decl.count * 4} "
+                    f"bytes), over backend {self.id!r}'s largest buffer ({limit} bytes)",
+                    fix=f"declare at most {limit // 4} elements per buffer and split the work",
+                )
+        program._memo["storage_checked"] = limit
+
+    def _check_workgroup(self, workgroup: tuple[int, int, int]) -> None:
+        """Refuse a workgroup over the backend's reported limits (not reported: IR limits only)."""
+        _, per_axis, lanes = self._read_limits()
+        if lanes <= 1:  # the conservative default record: nothing reported
+            return
+        total = workgroup[0] * workgroup[1] * workgroup[2]
+        if total > lanes or any(w > m for w, m in zip(workgroup, per_axis, strict=True)):
+            raise UnsupportedFeature(
+                f"workgroup_override {workgroup} exceeds backend {self.id!r}'s limits "
+                f"(at most {per_axis} per axis, {lanes} lanes)",
+                fix="choose a workgroup within backend.capabilities().max_workgroup_size",
+                feature="workgroup size",
+            )
+
     def _check_config(self, config: DispatchConfig) -> None:
+        if config.speculation == "force" and self.prefetcher is None:
+            raise UnsupportedFeature(
+                f"backend {self.id!r} was built with prefetch=False, so it cannot honour "
+                'DispatchConfig(speculation="force")',
+                fix='use speculation="auto", or build the backend with prefetch=True',
+                feature="speculation",
+            )
         if not config.cooperative and config.persistent_thread != "force":
             return
         caps = self.capabilities()
@@ -643,4 +799,17 @@ class VyreBackend(abc.ABC):
             )
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} id={self.id!r} version={self.version!r}>"
+        state = " closed" if self._closed else ""
+        return f"<{type(self).__name__} id={self.id!r} version={self.version!r}{state}>"
+
+
+def _as_config(config: object, default: DispatchConfig) -> DispatchConfig:
+    """Return ``config`` (``default`` for None), refusing anything that is not a config."""
+    if config is None:
+        return default
+    if isinstance(config, DispatchConfig):
+        return config
+    raise InvalidProgram(
+        f"config must be a DispatchConfig or None, got a {type(config).__name__}",
+        fix="pass DispatchConfig(...), e.g. DispatchConfig(timeout=1.0)",
+    )

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Literal
 
 from vyre_async.errors import InvalidProgram
+from vyre_async.ir.limits import MAX_WORKGROUP_LANES
 from vyre_async.plan import normalize_axes
 
 __all__ = ["DispatchConfig", "Mode"]
@@ -22,21 +23,27 @@ class DispatchConfig:
     """Options for one dispatch. Derive variants with `dataclasses.replace`.
 
     Attributes:
-        profile: Free-form tag of the conformance or stress profile, for reports.
+        profile: Free-form tag of the conformance or stress profile; recorded on
+            the dispatch span as ``vyre.profile``.
         ulp_budget: Largest ULP difference tolerated on transcendental F32 ops
             (``None`` = the default budget of 2). Part of the pipeline cache key.
         timeout: Seconds from ``dispatch()`` (queueing included) after which the
-            result raises `DispatchTimeout`. ``None`` waits forever.
+            result raises `DispatchTimeout`. ``None`` (or ``math.inf``) waits forever;
+            any positive number is accepted, however large.
         label: Debug label, shown in spans and errors.
         max_output_bytes: Largest total output size accepted; larger raises
             `InvalidProgram` before launch.
-        workgroup_override: Replaces the program's workgroup shape. Part of the
-            pipeline cache key.
+        workgroup_override: Replaces the program's workgroup shape (at most 1024
+            lanes, the IR's limit; a dispatch also checks it against the backend's
+            ``max_workgroup_size``). Part of the pipeline cache key.
         grid_override: Workgroups per axis; inferred when ``None``.
         fixpoint_iterations: Launch this many times back to back with buffers
             carried over (``None`` = 1; 0 is rejected).
-        speculation: Speculative pipeline pre-specialisation: ``"auto"``,
-            ``"force"`` or ``"disable"``.
+        speculation: Shape-prediction prefetch (`vyre_async.prefetch`) for this
+            dispatch: ``"auto"`` records its shape and compiles the predicted next
+            pipeline in the background when the backend has a prefetcher;
+            ``"disable"`` does neither; ``"force"`` is ``"auto"`` but raises
+            `UnsupportedFeature` on a backend built with ``prefetch=False``.
         persistent_thread: Persistent-kernel execution: ``"auto"``, ``"force"`` or
             ``"disable"``.
         cooperative: Request a cooperative (grid-sync) launch; rejected with
@@ -93,6 +100,13 @@ class DispatchConfig:
         if wg is not None and min(wg) < 1:
             raise _bad(
                 f"workgroup_override axes must be >= 1, got {wg}", "workgroup_override=(64, 1, 1)"
+            )
+        if wg is not None and wg[0] * wg[1] * wg[2] > MAX_WORKGROUP_LANES:
+            raise _bad(
+                f"workgroup_override {wg} has {wg[0] * wg[1] * wg[2]} lanes per workgroup, over "
+                f"the IR's limit of {MAX_WORKGROUP_LANES} (a backend may allow fewer: "
+                "backend.capabilities().max_workgroup_size)",
+                "workgroup_override=(256, 1, 1)",
             )
         if self.fixpoint_iterations is not None and (
             isinstance(self.fixpoint_iterations, bool)

@@ -2,15 +2,18 @@
 
 Every message reads "what happened, with the observed values" followed by
 ``Fix: <one action>``. Context travels in attributes, and every exception
-pickles (errors cross process boundaries in the distributed backend).
+pickles, so errors can cross process boundaries (worker processes, a future
+distributed backend) unchanged.
 """
 
 from __future__ import annotations
 
+import math
 from enum import IntEnum
 from typing import Any
 
 __all__ = [
+    "BackendClosed",
     "BackendError",
     "BackendNotFound",
     "CooperativeResidencyExceeded",
@@ -26,6 +29,7 @@ __all__ = [
     "UnknownError",
     "UnsupportedFeature",
     "error_for_code",
+    "host_out_of_memory",
 ]
 
 
@@ -46,6 +50,7 @@ class ErrorCode(IntEnum):
     DeviceLost = 1008
     DispatchTimeout = 1009
     BackendNotFound = 1010
+    BackendClosed = 1011
     Unknown = 1999
 
     DEVICE_OUT_OF_MEMORY = 1001
@@ -58,6 +63,7 @@ class ErrorCode(IntEnum):
     DEVICE_LOST = 1008
     DISPATCH_TIMEOUT = 1009
     BACKEND_NOT_FOUND = 1010
+    BACKEND_CLOSED = 1011
     UNKNOWN = 1999
 
 
@@ -111,7 +117,11 @@ class UnsupportedFeature(BackendError):
 
 
 class PoisonedLock(BackendError):
-    """An internal lock was left inconsistent by a failure in another task."""
+    """An internal lock was left inconsistent by a failure in another task.
+
+    Reserved for backends that guard shared state with locks a failure can
+    leave half-updated; the built-in backends never raise it.
+    """
 
     code = ErrorCode.POISONED_LOCK
     default_fix = "shut the backend down and acquire it again"
@@ -142,7 +152,11 @@ class InvalidProgram(BackendError, ValueError):
 
 
 class CooperativeResidencyExceeded(BackendError):
-    """A cooperative (grid-sync) launch needs more resident workgroups than the device holds."""
+    """A cooperative (grid-sync) launch needs more resident workgroups than the device holds.
+
+    Raised only by backends with ``grid_sync``; the built-in backends have none
+    and reject ``DispatchConfig(cooperative=True)`` with `UnsupportedFeature`.
+    """
 
     code = ErrorCode.COOPERATIVE_RESIDENCY_EXCEEDED
     default_fix = "lower the grid size or the per-workgroup resources of the program"
@@ -152,7 +166,9 @@ class DeviceLost(BackendError):
     """The device stopped responding or was reset; in-flight work is lost."""
 
     code = ErrorCode.DEVICE_LOST
-    default_fix = "call backend.try_recover() or acquire the backend again"
+    default_fix = (
+        "close the backend and create a new one (after a CUDA sticky error, restart the process)"
+    )
 
 
 class DispatchTimeout(BackendError, TimeoutError):
@@ -167,6 +183,16 @@ class BackendNotFound(BackendError, LookupError):
 
     code = ErrorCode.BACKEND_NOT_FOUND
     default_fix = "install the package that provides the backend, or use one of the listed ids"
+
+
+class BackendClosed(BackendError):
+    """An operation was asked of a backend that was closed (`VyreBackend.aclose`)."""
+
+    code = ErrorCode.BACKEND_CLOSED
+    default_fix = (
+        "acquire a fresh backend: vyre_async.acquire_backend(id) builds a new one after "
+        "close, or construct a new instance"
+    )
 
 
 class UnknownError(BackendError):
@@ -191,6 +217,7 @@ _BY_CODE: dict[ErrorCode, type[BackendError]] = {
         DeviceLost,
         DispatchTimeout,
         BackendNotFound,
+        BackendClosed,
         UnknownError,
     )
 }
@@ -203,3 +230,17 @@ def error_for_code(code: ErrorCode | int) -> type[BackendError]:
         ValueError: ``code`` is not a known `ErrorCode`.
     """
     return _BY_CODE[ErrorCode(code)]
+
+
+def host_out_of_memory(nbytes: float, doing: str) -> DeviceOutOfMemory:
+    """Return the error for host memory running out while ``doing`` (about ``nbytes`` needed).
+
+    Backends raise it ``from`` the `MemoryError` they caught: the reference
+    backend's "device" is host memory, and every backend stages inputs there.
+    """
+    size = f"about {nbytes / 2**30:.2f} GiB" if math.isfinite(nbytes) else "more memory"
+    return DeviceOutOfMemory(
+        f"the host ran out of memory {doing} ({size} needed)",
+        fix="dispatch smaller inputs, free resident buffers, or free host memory",
+        nbytes=nbytes,
+    )

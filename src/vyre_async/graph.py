@@ -57,9 +57,15 @@ from vyre_async import telemetry
 from vyre_async._version import __version__
 from vyre_async.annotations import AttributeValue, dispatch_attributes
 from vyre_async.config import DispatchConfig
-from vyre_async.errors import BackendError, InvalidProgram, UnsupportedFeature
+from vyre_async.errors import (
+    BackendError,
+    InvalidProgram,
+    UnsupportedFeature,
+    host_out_of_memory,
+)
 from vyre_async.execution import ExecutionDecision, choose_execution_mode
 from vyre_async.ir.expr import Atomic
+from vyre_async.ir.limits import MAX_BUFFER_ELEMENTS
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.ir.validate import validate_or_raise
@@ -104,10 +110,17 @@ class GraphResource:
     initial: np.ndarray | None
 
     def contents(self) -> np.ndarray:
-        """Return a new array with the initial contents."""
-        if self.initial is None:
-            return np.zeros(self.count, self.dtype.numpy)
-        return self.initial.copy()
+        """Return a new array with the initial contents.
+
+        Raises:
+            DeviceOutOfMemory: the host could not hold it.
+        """
+        try:
+            if self.initial is None:
+                return np.zeros(self.count, self.dtype.numpy)
+            return self.initial.copy()
+        except MemoryError as exc:
+            raise host_out_of_memory(4 * self.count, f"creating resource {self.name!r}") from exc
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -333,7 +346,7 @@ class ArmGraph:
         Args:
             name: Unique resource name.
             dtype: Element type (`DType` or ``"u32"``, ``"i32"``, ``"f32"``, ``"bool"``).
-            count: Element count (>= 1).
+            count: Element count (1 to 2**32 - 1: buffers are indexed with u32).
             initial: Initial contents (``count`` elements of the dtype; copied), or
                 None for zeros.
 
@@ -356,10 +369,15 @@ class ArmGraph:
                 f"resource {name!r} has unknown dtype {dtype!r}",
                 fix="use one of 'u32', 'i32', 'f32', 'bool'",
             ) from None
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        if (
+            isinstance(count, bool)
+            or not isinstance(count, int)
+            or not 1 <= count <= MAX_BUFFER_ELEMENTS
+        ):
             raise InvalidProgram(
-                f"resource {name!r} count must be an int >= 1, got {count!r}",
-                fix="pass the number of elements",
+                f"resource {name!r} count must be an int in 1..{MAX_BUFFER_ELEMENTS}, "
+                f"got {count!r}",
+                fix="pass the number of elements (split larger data over several resources)",
             )
         data = None
         if initial is not None:

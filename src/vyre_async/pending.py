@@ -22,11 +22,13 @@ from typing import Any
 import anyio
 import numpy as np
 
-from vyre_async.errors import BackendError, DispatchFailed, DispatchTimeout
+from vyre_async.errors import BackendError, DispatchFailed, DispatchTimeout, InvalidProgram
 
 __all__ = ["DispatchCompleter", "DispatchTiming", "PendingDispatch", "ResultAlreadyTaken"]
 
 Outputs = list[np.ndarray]
+#: Longest single blocking wait; longer waits loop (platform clocks overflow near 2**63 ns).
+_MAX_WAIT_STEP = 86_400.0
 _PENDING, _DONE, _TIMED_OUT = "pending", "done", "timed_out"
 
 
@@ -186,23 +188,23 @@ class PendingDispatch:
         """Block until the outputs are ready and return them (for synchronous code).
 
         Args:
-            timeout: Seconds to wait. Expiring raises the builtin `TimeoutError`
-                and takes nothing, so the result can still be awaited later.
+            timeout: Seconds to wait (any non-negative number, however large;
+                ``None`` waits as long as the dispatch's own deadline allows).
+                Expiring raises the builtin `TimeoutError` and takes nothing, so
+                the result can still be awaited later.
 
         Raises:
+            InvalidProgram: ``timeout`` is not a number (or is NaN).
             DispatchTimeout: the dispatch's own deadline passed.
             ResultAlreadyTaken: the result was already taken.
             RuntimeError: called from inside a running event loop before the
                 result is ready (that would freeze the loop).
             BackendError: the dispatch failed.
         """
+        limit = _wait_limit(timeout)
         if not self._settled.is_set() and not self.done():
             _refuse_blocking_in_loop()
-            limit = math.inf if timeout is None else max(0.0, timeout)
-            remaining = self._remaining()
-            if not self._settled.wait(
-                None if min(limit, remaining) == math.inf else min(limit, remaining)
-            ):
+            if not _wait(self._settled, min(limit, self._remaining())):
                 if self._past_deadline():
                     self._expire()
                 else:
@@ -397,6 +399,35 @@ class DispatchCompleter:
             wrapped.__cause__ = error
             error = wrapped
         return self.pending._settle(_DONE, None, error, None)
+
+
+def _wait_limit(timeout: object) -> float:
+    """Return ``result(timeout=...)`` as seconds (inf for None), or raise a clear error."""
+    if timeout is None:
+        return math.inf
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or (isinstance(timeout, float) and math.isnan(timeout))
+    ):
+        raise InvalidProgram(
+            f"result(timeout=...) must be a number of seconds or None, got {timeout!r}",
+            fix="pass e.g. pending.result(timeout=1.0)",
+        )
+    return max(0.0, float(timeout))
+
+
+def _wait(event: threading.Event, seconds: float) -> bool:
+    """Wait up to ``seconds`` (inf: forever) for ``event``, in steps the platform accepts."""
+    if seconds == math.inf:
+        return event.wait()
+    deadline = time.monotonic() + seconds
+    while True:
+        step = min(deadline - time.monotonic(), _MAX_WAIT_STEP)
+        if event.wait(max(0.0, step)):
+            return True
+        if time.monotonic() >= deadline:
+            return False
 
 
 def _run_callback(fn: Callable[[PendingDispatch], None], pending: PendingDispatch) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vyre_async.errors import InvalidProgram
+from vyre_async.errors import InvalidProgram, host_out_of_memory
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.ir.walk import uses_atomics
@@ -91,7 +91,12 @@ def normalize_axes(value: int | Sequence[int], what: str) -> tuple[int, int, int
     Raises:
         InvalidProgram: the value is not 1 to 3 non-negative integers.
     """
-    axes = (value,) if isinstance(value, int | np.integer) else tuple(value)
+    if isinstance(value, int | np.integer):
+        axes: tuple[object, ...] = (value,)
+    elif isinstance(value, tuple | list):
+        axes = tuple(value)
+    else:  # floats, strings, None inside, generators: say what is accepted
+        axes = ()
     if not 1 <= len(axes) <= 3 or any(
         isinstance(a, bool) or not isinstance(a, int | np.integer) or a < 0 for a in axes
     ):
@@ -99,7 +104,7 @@ def normalize_axes(value: int | Sequence[int], what: str) -> tuple[int, int, int
             f"{what} must be an int or 1 to 3 non-negative ints, got {value!r}",
             fix=f"pass {what} like 64 or (8, 8, 1)",
         )
-    x, y, z = (*(int(a) for a in axes), 1, 1)[:3]
+    x, y, z = (*(int(a) for a in axes), 1, 1)[:3]  # type: ignore[call-overload]
     return (x, y, z)
 
 
@@ -127,29 +132,33 @@ def normalize_input(decl: BufferDecl, value: object) -> np.ndarray:
             size that differs from the buffer's static count, or not an array/bytes.
     """
     want = decl.dtype.numpy
-    if isinstance(value, bytes | bytearray | memoryview):
-        raw = memoryview(value).cast("B")
-        if raw.nbytes % 4:
-            raise InvalidProgram(
-                f"input for buffer {decl.name!r} has {raw.nbytes} bytes, not a multiple of 4",
-                fix="pass whole 32-bit little-endian words",
-            )
-        array = np.frombuffer(raw, dtype=want).copy()
-    elif isinstance(value, np.ndarray):
-        if decl.dtype is DType.BOOL and value.dtype == np.bool_:
-            array = value.astype(want).reshape(-1)
-        elif value.dtype.newbyteorder("<") != want or value.dtype.kind != want.kind:
-            raise InvalidProgram(
-                f"input for buffer {decl.name!r} ({decl.dtype.value}) has dtype {value.dtype}",
-                fix=f"convert it first: array.astype(numpy.{want.name})",
-            )
+    try:
+        if isinstance(value, bytes | bytearray | memoryview):
+            raw = memoryview(value).cast("B")
+            if raw.nbytes % 4:
+                raise InvalidProgram(
+                    f"input for buffer {decl.name!r} has {raw.nbytes} bytes, not a multiple of 4",
+                    fix="pass whole 32-bit little-endian words",
+                )
+            array = np.frombuffer(raw, dtype=want).copy()
+        elif isinstance(value, np.ndarray):
+            if decl.dtype is DType.BOOL and value.dtype == np.bool_:
+                array = value.astype(want).reshape(-1)
+            elif value.dtype.newbyteorder("<") != want or value.dtype.kind != want.kind:
+                raise InvalidProgram(
+                    f"input for buffer {decl.name!r} ({decl.dtype.value}) has dtype {value.dtype}",
+                    fix=f"convert it first: array.astype(numpy.{want.name})",
+                )
+            else:
+                array = np.array(value, dtype=want, copy=True, order="C").reshape(-1)
         else:
-            array = np.array(value, dtype=want, copy=True, order="C").reshape(-1)
-    else:
-        raise InvalidProgram(
-            f"input for buffer {decl.name!r} is a {type(value).__name__}",
-            fix="pass a numpy array or a bytes-like object",
-        )
+            raise InvalidProgram(
+                f"input for buffer {decl.name!r} is a {type(value).__name__}",
+                fix="pass a numpy array or a bytes-like object",
+            )
+    except MemoryError as exc:
+        size = value.size * 4 if isinstance(value, np.ndarray) else len(memoryview(value).cast("B"))  # type: ignore[arg-type]
+        raise host_out_of_memory(size, f"copying the input for buffer {decl.name!r}") from exc
     if decl.count and array.size != decl.count:
         raise InvalidProgram(
             f"input for buffer {decl.name!r} has {array.size} elements; the buffer declares "
@@ -160,18 +169,27 @@ def normalize_input(decl: BufferDecl, value: object) -> np.ndarray:
 
 
 def check_input_count(program: Program, inputs: Sequence[object]) -> None:
-    """Check that ``inputs`` is a sequence with one item per input buffer of ``program``.
+    """Check that ``inputs`` is a list or tuple with one item per input buffer of ``program``.
 
     Raises:
-        InvalidProgram: a single array was passed instead of a list, or the count differs.
+        InvalidProgram: a single array (or None, a generator, a dict...) was passed
+            instead of a list, or the count differs.
     """
     decls = program.inputs
-    if isinstance(inputs, np.ndarray | bytes | bytearray | memoryview):
-        raise InvalidProgram(
-            "inputs must be a sequence with one item per input buffer, got a single "
-            f"{type(inputs).__name__}",
-            fix="wrap it in a list: dispatch(program, [array])",
-        )
+    if not isinstance(inputs, list | tuple):  # the common case costs one isinstance
+        if isinstance(inputs, np.ndarray | bytes | bytearray | memoryview):
+            raise InvalidProgram(
+                "inputs must be a sequence with one item per input buffer, got a single "
+                f"{type(inputs).__name__}",
+                fix="wrap it in a list: dispatch(program, [array])",
+            )
+        if not isinstance(inputs, Sequence) or isinstance(inputs, str):
+            raise InvalidProgram(
+                "inputs must be a list or tuple with one item per input buffer, got a "
+                f"{type(inputs).__name__}",
+                fix="pass a list in binding order: dispatch(program, [a, b]) "
+                "(dispatch(program, []) for a program without inputs)",
+            )
     if len(inputs) != len(decls):
         names = ", ".join(f"{d.name}:{d.dtype.value}" for d in decls) or "none"
         raise InvalidProgram(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from vyre_async.errors import BackendError, BackendNotFound, UnsupportedFeature
+from vyre_async.errors import BackendError, BackendNotFound, InvalidProgram, UnsupportedFeature
 
 if TYPE_CHECKING:
     from vyre_async.backend import VyreBackend
@@ -54,10 +54,20 @@ class BackendRegistration:
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
-            raise ValueError(f"backend id must be a non-empty str, got {self.id!r}")
+            raise InvalidProgram(
+                f"backend id must be a non-empty str, got {self.id!r}",
+                fix='name the backend, e.g. id="mybackend"',
+            )
         if isinstance(self.factory, str) and ":" not in self.factory:
-            raise ValueError(
-                f"backend {self.id!r}: factory {self.factory!r} must look like 'module:callable'"
+            raise InvalidProgram(
+                f"backend {self.id!r}: factory {self.factory!r} must look like 'module:callable'",
+                fix='write the factory as "package.module:callable"',
+            )
+        if not isinstance(self.factory, str) and not callable(self.factory):
+            raise InvalidProgram(
+                f"backend {self.id!r}: factory must be a 'module:callable' path or a callable, "
+                f"got {self.factory!r}",
+                fix="pass the backend class or a function that builds it",
             )
 
     def load_factory(self) -> Callable[[], Any]:
@@ -82,11 +92,20 @@ def register_backend(registration: BackendRegistration, *, replace: bool = False
     """Register a backend in this process, without an entry point (tests, embedding).
 
     Raises:
-        ValueError: the id is already registered in-process and ``replace`` is False.
+        InvalidProgram: ``registration`` is not a `BackendRegistration`, or its id
+            is already registered in-process and ``replace`` is False.
     """
+    if not isinstance(registration, BackendRegistration):
+        raise InvalidProgram(
+            f"register_backend expects a BackendRegistration, got {registration!r}",
+            fix='pass BackendRegistration(id="...", factory=...)',
+        )
     with _lock:
         if registration.id in _local and not replace:
-            raise ValueError(f"backend {registration.id!r} is already registered")
+            raise InvalidProgram(
+                f"backend {registration.id!r} is already registered",
+                fix="pass replace=True to replace it, or register under another id",
+            )
         _local[registration.id] = registration
         _instances.pop(registration.id, None)
 
@@ -125,6 +144,9 @@ def registered_backends() -> list[BackendRegistration]:
 def acquire_backend(backend_id: str) -> VyreBackend:
     """Return the backend ``backend_id``, building it on first use (once per process).
 
+    The instance is shared by every caller until it is closed (``aclose``, the
+    end of ``async with``); the next call after that builds a fresh one.
+
     Raises:
         BackendNotFound: no installed backend has that id; the message lists the ids.
         UnsupportedFeature: the backend cannot start here (no device, no driver);
@@ -132,7 +154,7 @@ def acquire_backend(backend_id: str) -> VyreBackend:
     """
     with _lock:
         backend = _instances.get(backend_id)
-        if backend is not None:
+        if backend is not None and not backend.closed:
             return backend
         registrations = {r.id: r for r in registered_backends()}
         registration = registrations.get(backend_id)

@@ -1,14 +1,23 @@
-"""`ResidentBuffer`: a handle to memory that lives on a backend between dispatches."""
+"""`ResidentBuffer`: a handle to memory that lives on a backend between dispatches.
+
+Also the argument checks every backend's ``upload`` and ``alloc`` share
+(`upload_request`, `alloc_request`), so a bad dtype, count or size is the same
+clear error on every backend.
+"""
 
 from __future__ import annotations
 
 import itertools
+import operator
 from typing import Any
 
-from vyre_async.errors import InvalidProgram
-from vyre_async.ir.types import DType
+import numpy as np
 
-__all__ = ["ResidentBuffer"]
+from vyre_async.errors import InvalidProgram, host_out_of_memory
+from vyre_async.ir.types import Access, BufferDecl, DType
+from vyre_async.plan import normalize_input
+
+__all__ = ["ResidentBuffer", "alloc_request", "upload_request"]
 
 _ids = itertools.count(1)
 
@@ -18,16 +27,17 @@ class ResidentBuffer:
 
     Created by ``backend.upload`` or ``backend.alloc``; pass it as a dispatch input
     instead of an array to avoid a copy; read it with ``backend.download``;
-    release it with ``backend.free``. A handle is only valid on the backend that
-    made it.
+    release it with ``backend.free``. A handle belongs to the backend *instance*
+    that made it: another instance, even of the same backend id, refuses it.
     """
 
-    __slots__ = ("_freed", "_native", "backend_id", "count", "dtype", "id", "label")
+    __slots__ = ("_freed", "_native", "_owner", "backend_id", "count", "dtype", "id", "label")
 
     def __init__(
-        self, *, backend_id: str, dtype: DType, count: int, native: Any, label: str | None = None
+        self, *, owner: Any, dtype: DType, count: int, native: Any, label: str | None = None
     ) -> None:
-        self.backend_id = backend_id
+        self._owner = owner
+        self.backend_id: str = owner.id
         self.dtype = dtype
         self.count = count
         self.label = label
@@ -45,17 +55,27 @@ class ResidentBuffer:
         """True once the buffer was freed."""
         return self._freed
 
-    def native(self, backend_id: str) -> Any:
-        """Return the backend's own storage object (for the owning backend only).
+    def belongs_to(self, backend: object) -> bool:
+        """Return True when ``backend`` (an instance) made this buffer."""
+        return backend is self._owner
+
+    def native(self, backend: object) -> Any:
+        """Return the backend's own storage object (for the owning backend instance only).
+
+        Args:
+            backend: The backend instance asking (``self`` inside a backend).
 
         Raises:
-            InvalidProgram: the buffer belongs to another backend or was freed.
+            InvalidProgram: the buffer belongs to another backend instance or was freed.
         """
-        if backend_id != self.backend_id:
+        if backend is not self._owner:
+            other = getattr(backend, "id", type(backend).__name__)
+            where = "another instance of that backend" if other == self.backend_id else repr(other)
             raise InvalidProgram(
-                f"resident buffer #{self.id} belongs to backend {self.backend_id!r}, "
-                f"not {backend_id!r}",
-                fix="download it and pass the array, or upload it to this backend",
+                f"resident buffer #{self.id} belongs to a {self.backend_id!r} backend instance, "
+                f"not to {where}",
+                fix="download it from the backend that made it and pass the array, or upload "
+                "it to this backend",
             )
         if self._freed:
             raise InvalidProgram(
@@ -72,3 +92,91 @@ class ResidentBuffer:
         name = f" {self.label!r}" if self.label else ""
         shape = f"{self.dtype.value}[{self.count}]"
         return f"<ResidentBuffer #{self.id}{name} {shape} on {self.backend_id}{state}>"
+
+
+def _dtype(value: object) -> DType:
+    if isinstance(value, DType):
+        return value
+    if isinstance(value, str):
+        try:
+            return DType(value)
+        except ValueError:
+            pass
+    names = ", ".join(repr(d.value) for d in DType)
+    raise InvalidProgram(
+        f"{value!r} is not a buffer dtype (choices: {names})",
+        fix='pass a DType or one of its names, e.g. alloc("u32", 1024)',
+    )
+
+
+def _check_size(count: int, max_bytes: int, what: str) -> None:
+    if max_bytes and 4 * count > max_bytes:
+        raise InvalidProgram(
+            f"{what} of {count} elements ({4 * count} bytes) is larger than the backend's "
+            f"largest buffer, {max_bytes} bytes",
+            fix=f"use at most {max_bytes // 4} elements per buffer (split the data)",
+        )
+
+
+def alloc_request(dtype: object, count: object, *, max_bytes: int) -> tuple[DType, int]:
+    """Check ``backend.alloc`` arguments; return the dtype and the element count.
+
+    Args:
+        dtype: A `DType` or its name (``"u32"``).
+        count: Elements, an int >= 0.
+        max_bytes: The backend's ``max_storage_buffer_bytes`` (0: not reported, no limit).
+
+    Raises:
+        InvalidProgram: an unknown dtype, a count that is not an int >= 0, or a
+            buffer over ``max_bytes``.
+    """
+    kind = _dtype(dtype)
+    if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 0:
+        raise InvalidProgram(
+            f"alloc needs an element count that is an int >= 0, got {count!r}",
+            fix="pass a whole number of elements, e.g. alloc('u32', 1024)",
+        )
+    elements = operator.index(count)
+    _check_size(elements, max_bytes, "a buffer")
+    return kind, elements
+
+
+def upload_request(data: object, *, label: str | None, max_bytes: int) -> tuple[DType, np.ndarray]:
+    """Check ``backend.upload`` data; return its dtype and a private, flat host copy.
+
+    numpy arrays keep their dtype (uint32, int32, float32, bool); bytes-like
+    data holds little-endian u32 words.
+
+    Args:
+        data: What the caller passed.
+        label: The buffer's label (shown in errors).
+        max_bytes: The backend's ``max_storage_buffer_bytes`` (0: no limit).
+
+    Raises:
+        InvalidProgram: an unsupported dtype or type, bytes not made of 4-byte
+            words, or data over ``max_bytes`` (checked before anything is copied).
+        DeviceOutOfMemory: the host could not hold the copy.
+    """
+    if isinstance(data, np.ndarray):
+        dtype = _array_dtype(data)
+        _check_size(data.size, max_bytes, "upload")
+        try:
+            return dtype, np.array(data, dtype=dtype.numpy, copy=True).reshape(-1)
+        except MemoryError as exc:
+            raise host_out_of_memory(4 * data.size, "copying the upload") from exc
+    if isinstance(data, bytes | bytearray | memoryview):
+        _check_size(memoryview(data).nbytes // 4, max_bytes, "upload")
+    decl = BufferDecl(label or "upload", 0, Access.READ, DType.U32)
+    return DType.U32, normalize_input(decl, data)
+
+
+def _array_dtype(array: np.ndarray) -> DType:
+    for dtype in (DType.U32, DType.I32, DType.F32):
+        if array.dtype == dtype.numpy:
+            return dtype
+    if array.dtype == np.bool_:
+        return DType.BOOL
+    raise InvalidProgram(
+        f"cannot upload an array of dtype {array.dtype}",
+        fix="convert it to uint32, int32, float32 or bool first",
+    )

@@ -220,6 +220,10 @@ class ShadowBackend(VyreBackend):
         sample_rate: Fraction of dispatches compared, 0.0 to 1.0.
         on_divergence: Called with each `Divergence` (from a worker thread).
         seed: Seed of the sampling generator, for reproducible tests.
+
+    Raises:
+        InvalidProgram: ``sample_rate`` is not a number in 0..1, a backend
+            argument is not a backend, or ``on_divergence`` is not callable.
     """
 
     id = "shadow"
@@ -233,8 +237,26 @@ class ShadowBackend(VyreBackend):
         on_divergence: Any = None,
         seed: int | None = None,
     ) -> None:
-        if not 0.0 <= sample_rate <= 1.0:
-            raise ValueError(f"sample_rate must be within 0..1, got {sample_rate}")
+        if (
+            isinstance(sample_rate, bool)
+            or not isinstance(sample_rate, int | float)
+            or not 0.0 <= sample_rate <= 1.0
+        ):
+            raise InvalidProgram(
+                f"sample_rate must be a number within 0..1, got {sample_rate!r}",
+                fix="pass e.g. sample_rate=0.01 (1 % of dispatches compared)",
+            )
+        for name, value in (("primary", primary), ("reference", reference)):
+            if not isinstance(value, VyreBackend):
+                raise InvalidProgram(
+                    f"ShadowBackend {name} must be a backend, got a {type(value).__name__}",
+                    fix=f'pass a backend, e.g. acquire_backend("reference") as {name}',
+                )
+        if on_divergence is not None and not callable(on_divergence):
+            raise InvalidProgram(
+                f"on_divergence must be callable or None, got {on_divergence!r}",
+                fix="pass a function taking a Divergence",
+            )
         super().__init__()
         self.primary = primary
         self.reference = reference
@@ -259,7 +281,14 @@ class ShadowBackend(VyreBackend):
     def dispatch(
         self, program: Program, inputs: Sequence[InputLike], config: DispatchConfig | None = None
     ) -> PendingDispatch:
-        """Dispatch on the primary; compare a sample against the reference in the background."""
+        """Dispatch on the primary; compare a sample against the reference in the background.
+
+        Raises:
+            BackendClosed: this wrapper was closed (closing it leaves the primary
+                and the reference open: it does not own them).
+            BackendError: whatever the primary's ``dispatch`` raises.
+        """
+        self.check_open()
         with self._lock:
             self.stats.dispatches += 1
             sampled = self._random.random() < self.sample_rate
@@ -267,8 +296,8 @@ class ShadowBackend(VyreBackend):
             return self.primary.dispatch(program, inputs, config)
         with self._lock:
             self.stats.sampled += 1
+        primary = self.primary.dispatch(program, inputs, config)  # checks the arguments
         kept = [np.array(x, copy=True) if isinstance(x, np.ndarray) else x for x in inputs]
-        primary = self.primary.dispatch(program, inputs, config)
         try:
             shadow = self.reference.dispatch(program, kept, config)
         except Exception as exc:  # the shadow must never fail the request

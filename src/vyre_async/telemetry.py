@@ -296,6 +296,8 @@ def attach(started: DispatchTrace | None, launch: Launch, *, cache_hit: bool) ->
         attributes["vyre.pipeline.cache_hit"] = cache_hit
         if launch.config.label:
             attributes["vyre.label"] = launch.config.label
+        if launch.config.profile:
+            attributes["vyre.profile"] = launch.config.profile
         if extra:
             attributes.update(extra)
             context["attributes_sent"] = dict(extra)

@@ -16,6 +16,7 @@ import pytest
 from tests.conformance.corpus import Case, cases
 from vyre_async import (
     Access,
+    BackendClosed,
     BufferDecl,
     DispatchConfig,
     DispatchTimeout,
@@ -27,6 +28,7 @@ from vyre_async import (
     ResultAlreadyTaken,
     UnsupportedFeature,
     VyreBackend,
+    acquire_backend,
 )
 from vyre_async.ir import Assign, If, Let, Load, Loop, Store, Var, gid, u32
 from vyre_async.programs import elementwise_xor, standard_workloads
@@ -343,3 +345,71 @@ async def test_load_10000_dispatches_from_200_tasks(backend: VyreBackend) -> Non
         f"peak RSS growth {growth / 2**20:.1f} MiB"
     )
     assert growth < 256 * 2**20
+
+
+async def test_a_closed_backend_refuses_every_operation(backend: VyreBackend) -> None:
+    """0.1.0 raised InvalidProgram (a program error) and still uploaded after close."""
+    xor = elementwise_xor(64)
+    a = np.arange(64, dtype=np.uint32)
+    pipeline = backend.compile(xor)
+    assert (await backend.dispatch(xor, [a, a]))[0].tolist() == [0] * 64
+    try:
+        resident: ResidentBuffer | None = backend.upload(a)
+    except UnsupportedFeature:
+        resident = None
+    await backend.aclose()
+    assert backend.closed
+    operations = {
+        "dispatch": lambda: backend.dispatch(xor, [a, a]),
+        "pipeline.dispatch": lambda: pipeline.dispatch([a, a]),
+        "dispatch_batch": lambda: pipeline.dispatch_batch([[a, a]]),
+        "compile": lambda: backend.compile(elementwise_xor(32)),
+        "upload": lambda: backend.upload(a),
+        "alloc": lambda: backend.alloc("u32", 4),
+    }
+    if resident is not None:
+        operations["download"] = lambda: backend.download(resident)
+    for name, operation in operations.items():
+        with pytest.raises(BackendClosed) as info:
+            operation()
+        assert info.value.code == 1011, name
+        assert "\nFix: " in str(info.value), name
+    with pytest.raises(BackendClosed):
+        await backend.compile_async(xor)
+    await backend.aclose()  # closing twice is harmless
+    if resident is not None:
+        backend.free(resident)  # releasing after close is allowed
+    fresh = acquire_backend(backend.id)  # the Fix works: a new instance
+    assert fresh is not backend and not fresh.closed
+    assert (await fresh.dispatch(xor, [a, a]))[0].tolist() == [0] * 64
+
+
+async def test_a_resident_buffer_of_another_instance_is_refused(backend: VyreBackend) -> None:
+    a = np.arange(64, dtype=np.uint32)
+    try:
+        mine = backend.upload(a)
+    except UnsupportedFeature:
+        pytest.skip(f"backend {backend.id!r} has no resident buffers")
+    other = type(backend)()
+    try:
+        with pytest.raises(InvalidProgram, match="another instance") as info:
+            other.dispatch(_copy_program(64), [mine])
+        assert "\nFix: " in str(info.value)
+        with pytest.raises(InvalidProgram, match="another instance"):
+            other.download(mine)
+    finally:
+        await other.aclose()
+
+
+async def test_closing_ends_a_dispatch_that_would_run_for_hours(backend: VyreBackend) -> None:
+    """A runaway kernel kept aclose() waiting forever on 0.1.0."""
+    backend.close_timeout = 1.0
+    runaway = spin()
+    backend.compile(runaway)
+    pending = backend.dispatch(runaway, [np.array([0xFFFF_FFFF], np.uint32)])
+    await anyio.sleep(0.05)
+    with anyio.fail_after(backend.close_timeout + 20):
+        await backend.aclose()
+        with pytest.raises(BackendClosed) as info:
+            await pending
+    assert "\nFix: " in str(info.value)

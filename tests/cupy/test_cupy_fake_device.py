@@ -27,6 +27,7 @@ from tests.cupy.conftest import Toolchain, installed
 from tests.cupy.device_programs import accumulate, gate
 from tests.cupy.fake_cupy import FakeDevice
 from vyre_async import (
+    BackendClosed,
     DeviceLost,
     DeviceOutOfMemory,
     DiskPipelineCache,
@@ -256,7 +257,7 @@ async def test_shutdown_finishes_work_and_refuses_more(fake: FakeDevice) -> None
     await backend.shutdown()
     assert all(p.done() for p in pendings)
     assert not backend._bridge.running
-    with pytest.raises(InvalidProgram):
+    with pytest.raises(BackendClosed):
         backend.dispatch(program, [a, a])
 
 
@@ -296,7 +297,7 @@ async def test_cancelling_waiters_releases_everything(backend: CupyBackend) -> N
             scope.cancel()
         # The victims' kernels are still spinning (the gate is shut): open it, so they end
         # and the survivors queued behind them on the same streams run.
-        ctypes.memmove(flag.native(backend.id).ptr, np.ones(1, np.uint32).ctypes.data, 4)
+        ctypes.memmove(flag.native(backend).ptr, np.ones(1, np.uint32).ctypes.data, 4)
     assert len(scopes) == 100 and cancelled == 100
     assert survivors_ok == 100
     await backend.flush()  # the cancelled dispatches' device work ended and was released
@@ -322,7 +323,7 @@ async def test_empty_buffers_and_results_discarded_after_a_timeout(backend: Cupy
     with pytest.raises(DispatchTimeout) as info:
         await pending
     assert "gated" in str(info.value) and "Fix:" in str(info.value)
-    ctypes.memmove(flag.native(backend.id).ptr, np.ones(1, np.uint32).ctypes.data, 4)
+    ctypes.memmove(flag.native(backend).ptr, np.ones(1, np.uint32).ctypes.data, 4)
     await backend.flush()  # the kernel ended; its result was dropped and its memory released
     assert backend.in_flight == 0 and max(backend._streams.busy()) == 0
     backend.free(flag)
@@ -417,3 +418,39 @@ def test_calibrate_measures_launch_modes_compile_and_copies(
     assert decision.reuse.reason != "uncalibrated"
     print(format_calibration(record))
     anyio.run(backend.shutdown)
+
+
+@pytest.fixture
+def own_backend(fake: FakeDevice) -> Iterator[CupyBackend]:
+    """A fake-device backend of the test's own, which the test closes."""
+    backend = create_backend(disk_cache=None)
+    yield backend
+    if not backend.closed:
+        anyio.run(backend.aclose)
+
+
+async def test_a_closed_backend_refuses_every_operation(own_backend: CupyBackend) -> None:
+    await contract.test_a_closed_backend_refuses_every_operation(own_backend)
+
+
+async def test_a_resident_buffer_of_another_instance_is_refused(own_backend: CupyBackend) -> None:
+    await contract.test_a_resident_buffer_of_another_instance_is_refused(own_backend)
+
+
+async def test_closing_gives_up_on_a_kernel_it_cannot_stop(own_backend: CupyBackend) -> None:
+    """A kernel cannot be stopped: close waits close_timeout, then fails its dispatch."""
+    own_backend.close_timeout = 0.2
+    flag = own_backend.upload(np.zeros(1, np.uint32))
+    await anyio.to_thread.run_sync(own_backend.download, flag)
+    pending = own_backend.dispatch(gate(), [flag])  # spins until the flag is set
+    await anyio.sleep(0.05)
+    assert not pending.done()
+    try:
+        with anyio.fail_after(20):
+            await own_backend.aclose()
+        with pytest.raises(BackendClosed, match="still ran on the GPU"):
+            await pending
+        with pytest.raises(BackendClosed):
+            own_backend.dispatch(gate(), [flag])
+    finally:  # let the abandoned kernel end, so the emulator thread stops spinning
+        ctypes.memmove(flag.native(own_backend).ptr, np.ones(1, np.uint32).ctypes.data, 4)

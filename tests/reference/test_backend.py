@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import threading
 
-import anyio
-import anyio.lowlevel
 import numpy as np
 import pytest
 
-from vyre_async import DispatchConfig, InvalidProgram, acquire_backend
+from vyre_async import BackendClosed, DispatchConfig, InvalidProgram, acquire_backend
 from vyre_async.ir import (
     Access,
     Assign,
@@ -79,16 +77,19 @@ def test_resident_inputs_are_checked() -> None:
         backend.dispatch(_accumulate(), [floats, ints])
     assert "Fix:" in str(info.value)
     other = ReferenceBackend()
-    foreign = other.upload(np.zeros(64, U))
-    foreign.backend_id = "bytes-test"  # as if made by another backend
-    with pytest.raises(InvalidProgram, match="belongs to backend"):
+    foreign = other.upload(np.zeros(64, U))  # same backend id, another instance
+    with pytest.raises(InvalidProgram, match="another instance") as info:
         backend.dispatch(_accumulate(), [foreign, ints])
+    assert "Fix:" in str(info.value)
+    for refused in (backend.download, backend.free):
+        with pytest.raises(InvalidProgram, match="another instance"):
+            refused(foreign)
     with pytest.raises(InvalidProgram, match="dtype complex128"):
         backend.upload(np.zeros(4, complex))
     with pytest.raises(InvalidProgram, match="multiple of 4"):
         backend.upload(b"abc")
     assert backend.upload(b"\x01\x00\x00\x00").count == 1
-    with pytest.raises(InvalidProgram, match="count >= 0"):
+    with pytest.raises(InvalidProgram, match="int >= 0"):
         backend.alloc("u32", -1)
 
 
@@ -137,15 +138,34 @@ def test_engine_failures_become_dispatch_failed(monkeypatch: pytest.MonkeyPatch)
 
 
 @pytest.mark.anyio
-async def test_shutdown_finishes_work_then_refuses_more() -> None:
+async def test_shutdown_after_flush_keeps_results_then_refuses_more() -> None:
     backend = ReferenceBackend(inline_ns=0)
     async with backend:
         pending = backend.dispatch(elementwise_xor(4096), [np.ones(4096, U)] * 2)
         await backend.flush()
         assert pending.done()
-    with pytest.raises(InvalidProgram, match="shut down"):
+    assert (await pending)[0].tolist() == [0] * 4096  # finished before the close: kept
+    with pytest.raises(BackendClosed):
         backend.dispatch(elementwise_xor(64), [np.ones(64, U)] * 2)
-    await anyio.lowlevel.checkpoint()
+    assert backend.in_flight == 0
+
+
+def test_resident_buffers_of_another_instance_cannot_lose_updates() -> None:
+    """0.1.0 accepted a buffer made by another instance: 100 increments gave 63."""
+    first, second = ReferenceBackend(inline_ns=0), ReferenceBackend(inline_ns=0)
+    acc = first.upload(np.zeros(64, U))
+    ones = np.ones(64, U)
+    pendings = []
+    for i in range(100):
+        owner = first if i % 2 == 0 else second
+        try:
+            pendings.append(owner.dispatch(_accumulate(), [ones, acc]))
+        except InvalidProgram as exc:
+            assert owner is second and "another instance" in str(exc)
+    for pending in pendings:
+        pending.result()
+    assert len(pendings) == 50
+    assert first.download(acc).tolist() == [50] * 64  # every accepted increment, in order
 
 
 def test_a_done_callback_may_download_what_its_dispatch_wrote() -> None:
@@ -170,3 +190,83 @@ def test_a_done_callback_may_download_what_its_dispatch_wrote() -> None:
     assert seen[0][1] == [1, 2, 3]
     assert pending.result()[0][:3].tolist() == [1, 2, 3]
     backend.free(x)
+
+
+def _empty_loop(trips: int) -> Program:
+    """A literal-bound loop with an empty body: 0.1.0 estimated it as free and ran it inline."""
+    return Program(
+        [BufferDecl("out", 0, Access.WRITE, DType.U32, 1)],
+        1,
+        [Loop("i", u32(0), u32(trips), []), Store("out", 0, u32(7))],
+        op_id="test.empty_loop",
+    )
+
+
+def test_an_empty_literal_loop_never_runs_inline() -> None:
+    """2**21 empty iterations blocked dispatch() (the event loop) for 1.2 s on 0.1.0."""
+    backend = ReferenceBackend()
+    pending = backend.dispatch(_empty_loop(1 << 21), [])
+    assert not pending.done()  # ~1 s of engine time: inline, it would be done already
+    assert backend.in_flight == 1
+    assert pending.result(timeout=60)[0].tolist() == [7]
+
+
+def _deep(depth: int) -> object:
+    expr: object = gid()
+    for _ in range(depth):
+        expr = expr + expr  # type: ignore[operator]
+    return expr
+
+
+@pytest.mark.parametrize(
+    ("body", "bounded"),
+    [
+        ([Loop("i", u32(0), u32(1 << 21), [])], False),  # the empty loop: 2 s of engine time
+        ([Loop("i", u32(0), u32(1 << 12), [Loop("j", u32(0), u32(1 << 12), [])])], False),
+        ([Store("out", gid(), _deep(12))], False),  # one statement, 8191 expression nodes
+        ([Store("out", gid(), u32(1))], True),
+        ([Loop("i", u32(0), u32(3), [Store("out", gid(), Var("i"))])], True),
+    ],
+)
+def test_the_inline_estimate_counts_iterations_and_expressions(
+    body: list[object], bounded: bool
+) -> None:
+    from vyre_reference.backend import HANDOFF_NS, _static_cost
+
+    fixed_ns, _, _ = _static_cost(tuple(body))  # type: ignore[arg-type]
+    assert (fixed_ns < HANDOFF_NS) is bounded
+
+
+def test_host_memory_running_out_is_device_out_of_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import vyre_reference.backend as module
+    from vyre_async import DeviceOutOfMemory
+
+    def exhausted(*args: object, **kwargs: object) -> list[np.ndarray]:
+        raise MemoryError
+
+    monkeypatch.setattr(module, "run_plan", exhausted)
+    with pytest.raises(DeviceOutOfMemory) as info:
+        ReferenceBackend().dispatch_sync(histogram(), [np.zeros(8, U), np.zeros(256, U)])
+    assert "Fix:" in str(info.value) and "bug" not in str(info.value)
+
+
+def test_sizes_over_the_largest_buffer_fail_before_anything_is_allocated() -> None:
+    """alloc(2**40) and 2**31-element broadcast inputs raised a raw MemoryError on 0.1.0."""
+    backend = ReferenceBackend()
+    limit = backend.capabilities().max_storage_buffer_bytes
+    with pytest.raises(InvalidProgram, match="largest buffer"):
+        backend.alloc("u32", 2**40)
+    with pytest.raises(InvalidProgram, match="largest buffer"):
+        backend.alloc("u32", limit // 4 + 1)
+    huge = np.broadcast_to(np.uint32(1), (2**31,))  # 8 GiB once copied; no memory yet
+    with pytest.raises(InvalidProgram, match="largest buffer"):
+        backend.dispatch(elementwise_xor(2**31), [huge, huge])
+    with pytest.raises(InvalidProgram, match="largest buffer"):
+        backend.upload(huge)
+    big_output = Program(
+        [BufferDecl("out", 0, Access.WRITE, DType.U32, 2**31)], 64, [Store("out", gid(), u32(1))]
+    )
+    with pytest.raises(InvalidProgram, match="largest buffer"):
+        backend.dispatch(big_output, [])

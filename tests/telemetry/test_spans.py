@@ -15,7 +15,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from tests.driver.fakes import DelayBackend
-from vyre_async import DispatchConfig, DispatchTimeout, InvalidProgram
+from vyre_async import (
+    BackendClosed,
+    DispatchConfig,
+    DispatchTimeout,
+    InvalidProgram,
+    Launch,
+    PendingDispatch,
+    UnsupportedFeature,
+)
 from vyre_async.annotations import dispatch_attributes
 from vyre_async.programs import elementwise_xor
 from vyre_async.telemetry import SECONDS_BUCKETS, prometheus_text
@@ -67,7 +75,7 @@ async def test_1000_concurrent_dispatches_give_1000_correctly_parented_spans(
 async def test_attributes_are_present_and_typed(
     spans: InMemorySpanExporter, backend: DelayBackend
 ) -> None:
-    await backend.dispatch(XOR, INPUTS, DispatchConfig(label="typed"))
+    await backend.dispatch(XOR, INPUTS, DispatchConfig(label="typed", profile="soak"))
     (span,) = _dispatch_spans(spans)
     a = span.attributes or {}
     assert a["vyre.backend.id"] == "delay-test"
@@ -80,6 +88,7 @@ async def test_attributes_are_present_and_typed(
     assert a["vyre.device.time_s"] == pytest.approx(0.0005)
     assert a["vyre.stream"] == 1
     assert a["vyre.label"] == "typed"
+    assert a["vyre.profile"] == "soak"
     assert span.status.status_code is StatusCode.UNSET
 
 
@@ -219,14 +228,32 @@ def test_dispatch_attributes_block_lands_on_the_spans_inside_it(
 async def test_an_error_after_the_span_opened_ends_that_one_span(
     spans: InMemorySpanExporter,
 ) -> None:
-    """enqueue refusing the launch (a shut-down backend) ends the span attach opened."""
-    backend = ReferenceBackend()
-    await backend.shutdown()
-    with pytest.raises(InvalidProgram, match="shut down"):
+    """enqueue refusing the launch (after attach opened the span) ends that one span."""
+
+    class Refusing(ReferenceBackend):
+        def enqueue(self, launch: Launch) -> PendingDispatch:
+            raise UnsupportedFeature("this device refuses every launch", fix="test double")
+
+    backend = Refusing()
+    with pytest.raises(UnsupportedFeature, match="refuses"):
         backend.dispatch(XOR, INPUTS)
     (span,) = _dispatch_spans(spans)
     assert span.end_time is not None and span.status.status_code is StatusCode.ERROR
     assert span.attributes is not None
     assert tuple(span.attributes["vyre.launch.grid"]) == (1, 1, 1)  # type: ignore[arg-type]
-    assert span.attributes["vyre.error.code"] == int(InvalidProgram.code)
+    assert span.attributes["vyre.error.code"] == int(UnsupportedFeature.code)
     assert [e.name for e in span.events] == ["exception"]
+    await anyio.lowlevel.checkpoint()
+
+
+async def test_a_dispatch_on_a_closed_backend_is_an_error_span(
+    spans: InMemorySpanExporter,
+) -> None:
+    backend = ReferenceBackend()
+    await backend.aclose()
+    with pytest.raises(BackendClosed):
+        backend.dispatch(XOR, INPUTS)
+    (span,) = _dispatch_spans(spans)
+    assert span.end_time is not None and span.status.status_code is StatusCode.ERROR
+    assert span.attributes is not None
+    assert span.attributes["vyre.error.code"] == int(BackendClosed.code)

@@ -35,6 +35,7 @@ from vyre_async.calibration import Calibration, measure_batch_costs, measure_hos
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import (
+    BackendClosed,
     BackendError,
     DeviceLost,
     DispatchFailed,
@@ -44,11 +45,10 @@ from vyre_async.errors import (
 )
 from vyre_async.execution import ExecutionDecision, annotate_mode
 from vyre_async.ir.program import Program
-from vyre_async.ir.types import Access, BufferDecl, DType
+from vyre_async.ir.types import Access, DType
 from vyre_async.pending import PendingDispatch
 from vyre_async.pipeline import Launch
-from vyre_async.plan import normalize_input
-from vyre_async.resident import ResidentBuffer
+from vyre_async.resident import ResidentBuffer, alloc_request, upload_request
 from vyre_cupy.batch import (
     PRIVATE_ARENA,
     CapturedGraph,
@@ -179,7 +179,11 @@ class CupyBackend(VyreBackend):
 
     # Description ----------------------------------------------------------------
     def capabilities(self) -> BackendCapabilities:
-        """Report the device's limits; ``async_compute`` is the only native feature claimed."""
+        """Report the device's limits and native features (`vyre_cupy.device.capabilities_of`).
+
+        ``async_compute`` (concurrent streams), ``persistent_threads`` (the batch
+        kernel) and ``graph_replay`` (CUDA graphs) are claimed; nothing is emulated.
+        """
         return self._caps
 
     def device_fingerprint(self) -> str:
@@ -242,6 +246,8 @@ class CupyBackend(VyreBackend):
     def _close_now(self) -> None:
         """Finish submitted work and release streams and threads, from plain code."""
         self._closed = True
+        if self.prefetcher is not None:
+            self.prefetcher.close()
         self._bridge.wait_idle(timeout=60)
         self._bridge.close()
         self._streams.close()
@@ -306,7 +312,7 @@ class CupyBackend(VyreBackend):
         """Enqueue upload → launch → readback on a pooled stream; return at once.
 
         Raises:
-            InvalidProgram: the backend was shut down.
+            BackendClosed: the backend was closed.
             DeviceLost: an earlier sticky CUDA error made the device unusable.
             UnsupportedFeature: the grid or workgroup exceeds the device's limits.
         """
@@ -343,7 +349,7 @@ class CupyBackend(VyreBackend):
         (``vyre.batch.mode.reason``).
 
         Raises:
-            InvalidProgram: the backend was shut down.
+            BackendClosed: the backend was closed.
             DeviceLost: an earlier sticky CUDA error made the device unusable.
             UnsupportedFeature: the grid or workgroup exceeds the device's limits.
         """
@@ -446,7 +452,7 @@ class CupyBackend(VyreBackend):
         for slot, item in zip(layout.slots, items, strict=True):
             if slot.source is Source.DEVICE:
                 assert isinstance(item, ResidentBuffer) and slot.offset is not None
-                source = item.native(self.id)
+                source = item.native(self)
                 rt.memcpyAsync(
                     base + slot.offset, source.ptr, slot.nbytes, rt.memcpyDeviceToDevice, sp
                 )
@@ -454,7 +460,7 @@ class CupyBackend(VyreBackend):
             rt.memsetAsync(base + layout.zero_offset, 0, layout.zero_bytes, sp)
         events[1].record(stream)
         args = [
-            np.uint64(_pointer(slot, item, base, self.id))
+            np.uint64(_pointer(slot, item, base, self))
             for slot, item in zip(layout.slots, items, strict=True)
         ]
         args.append(np.uint64(base))
@@ -466,7 +472,7 @@ class CupyBackend(VyreBackend):
         for slot, item in zip(layout.slots, items, strict=True):
             if slot.source is Source.DEVICE and _writes(slot, item):
                 assert isinstance(item, ResidentBuffer) and slot.offset is not None
-                target = item.native(self.id)
+                target = item.native(self)
                 rt.memcpyAsync(
                     target.ptr, base + slot.offset, slot.nbytes, rt.memcpyDeviceToDevice, sp
                 )
@@ -483,7 +489,7 @@ class CupyBackend(VyreBackend):
                 assert isinstance(item, ResidentBuffer)
                 rt.memcpyAsync(
                     readback.ptr + slot.readback,
-                    item.native(self.id).ptr,
+                    item.native(self).ptr,
                     slot.nbytes,
                     rt.memcpyDeviceToHost,
                     sp,
@@ -518,7 +524,7 @@ class CupyBackend(VyreBackend):
         uses: dict[int, tuple[_DeviceBuffer, bool]] = {}
         for slot, item in zip(layout.slots, items, strict=True):
             if isinstance(item, ResidentBuffer):
-                buf = item.native(self.id)
+                buf = item.native(self)
                 written = _writes(slot, item)
                 previous = uses.get(id(buf))
                 uses[id(buf)] = (buf, written or (previous is not None and previous[1]))
@@ -567,10 +573,7 @@ class CupyBackend(VyreBackend):
             _log.error("CUDA device %s is lost: %s", self.info.name, error)
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise InvalidProgram(
-                "the cupy backend was shut down", fix="acquire or create a new backend"
-            )
+        self.check_open()
         if self._lost is not None:
             raise DeviceLost(
                 f"the CUDA device is lost after an earlier error: {self._lost.message}",
@@ -582,30 +585,29 @@ class CupyBackend(VyreBackend):
         """Copy ``data`` to a new device buffer (asynchronously; later dispatches are ordered).
 
         Raises:
-            InvalidProgram: unsupported dtype, or bytes not made of 4-byte words.
-            DeviceOutOfMemory: the device has no room for it.
+            InvalidProgram: unsupported dtype or type, bytes not made of 4-byte
+                words, or data over the device's largest buffer.
+            DeviceOutOfMemory: the device (or the host, for the copy) has no room for it.
+            BackendClosed: the backend was closed.
         """
         self._check_open()
-        if isinstance(data, np.ndarray):
-            dtype = _dtype_of(data)
-            array = np.ascontiguousarray(data, dtype=dtype.numpy).reshape(-1)
-        else:
-            dtype = DType.U32
-            array = normalize_input(BufferDecl(label or "upload", 0, Access.READ, dtype), data)
+        limit = self._caps.max_storage_buffer_bytes
+        dtype, array = upload_request(data, label=label, max_bytes=limit)
         return self._resident_op(dtype, array.size, label, array)
 
     def alloc(self, dtype: DType | str, count: int, *, label: str | None = None) -> ResidentBuffer:
         """Allocate a zero-filled device buffer of ``count`` elements.
 
         Raises:
-            InvalidProgram: a negative count.
+            InvalidProgram: an unknown dtype, a count that is not an int >= 0, or a
+                buffer over the device's largest buffer.
             DeviceOutOfMemory: the device has no room for it.
+            BackendClosed: the backend was closed.
         """
         self._check_open()
-        kind = DType(dtype)
-        if count < 0:
-            raise InvalidProgram(f"cannot allocate {count} elements", fix="pass a count >= 0")
-        return self._resident_op(kind, count, label, None)
+        limit = self._caps.max_storage_buffer_bytes
+        kind, elements = alloc_request(dtype, count, max_bytes=limit)
+        return self._resident_op(kind, elements, label, None)
 
     def _resident_op(
         self, dtype: DType, count: int, label: str | None, array: np.ndarray | None
@@ -640,9 +642,7 @@ class CupyBackend(VyreBackend):
                 self._note(exc, error)
                 raise error from exc
             raise
-        resident = ResidentBuffer(
-            backend_id=self.id, dtype=dtype, count=count, native=buf, label=label
-        )
+        resident = ResidentBuffer(owner=self, dtype=dtype, count=count, native=buf, label=label)
         self._resident[resident.id] = resident
         return resident
 
@@ -650,9 +650,11 @@ class CupyBackend(VyreBackend):
         """Copy a resident buffer back to a new host array (blocks until earlier writes finish).
 
         Raises:
-            InvalidProgram: the buffer belongs to another backend or was freed.
+            InvalidProgram: the buffer belongs to another backend instance or was freed.
+            BackendClosed: the backend was closed.
         """
-        buf: _DeviceBuffer = buffer.native(self.id)
+        self.check_open()
+        buf: _DeviceBuffer = buffer.native(self)
         self._check_open()
         cp, rt = self._cupy, self._rt
         self._use_device()
@@ -684,9 +686,10 @@ class CupyBackend(VyreBackend):
         """Release a resident buffer; in-flight work using it keeps it alive until it ends.
 
         Raises:
-            InvalidProgram: the buffer belongs to another backend or was already freed.
+            InvalidProgram: the buffer belongs to another backend instance or was
+                already freed (freeing after close is allowed).
         """
-        buffer.native(self.id)
+        buffer.native(self)
         buffer._release()
         self._resident.pop(buffer.id, None)
 
@@ -704,10 +707,40 @@ class CupyBackend(VyreBackend):
             delay = min(delay * 2, 0.01)
 
     async def shutdown(self) -> None:
-        """Finish submitted work, stop the completion thread and drop the streams."""
+        """Refuse new work, let submitted work finish (bounded), then release the device side.
+
+        A running GPU kernel cannot be stopped: `shutdown` waits for submitted
+        work at most ``close_timeout`` seconds (without blocking the event loop).
+        Work still running after that has its dispatches failed with
+        `BackendClosed`; its device memory stays referenced by the completion
+        thread (a daemon, which never keeps the process alive) until it ends.
+        """
         self._closed = True
-        await self.flush()
-        self._bridge.close()
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+        deadline = anyio.current_time() + self.close_timeout
+        delay = 0.0002
+        while self._bridge.in_flight and anyio.current_time() < deadline:
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 0.01)
+        if self._bridge.in_flight:
+            stuck = self._bridge.abandon(
+                BackendClosed(
+                    f"the cupy backend was closed while a dispatch still ran on the GPU after "
+                    f"{self.close_timeout} s; its result was discarded",
+                    fix="await the dispatches you need (or backend.flush()) before closing, "
+                    "or raise close_timeout",
+                )
+            )
+            _log.warning(
+                "cupy backend closed with %d unfinished GPU operation(s) after %.1f s; "
+                "their dispatches failed with BackendClosed",
+                stuck,
+                self.close_timeout,
+            )
+            self._bridge.close(timeout=0)
+        else:
+            self._bridge.close()
         self._streams.close()
         self._events.clear()
 
@@ -726,6 +759,9 @@ class _Copy:
     def ready(self) -> bool:
         """Return True once the copy finished."""
         return bool(self.done.done)
+
+    def abandon(self, error: BaseException) -> None:
+        """The backend closed before the copy ended: nothing waits on it."""
 
     def finish(self, error: BaseException | None) -> None:
         """Release the staging memory and the stream lease; log a device error."""
@@ -757,9 +793,9 @@ def _writes(slot: Any, item: Any) -> bool:
     return isinstance(item, ResidentBuffer) and slot.readback is not None
 
 
-def _pointer(slot: Any, item: Any, base: int, backend_id: str) -> int:
+def _pointer(slot: Any, item: Any, base: int, backend: CupyBackend) -> int:
     if slot.source is Source.DIRECT:
-        return int(item.native(backend_id).ptr)
+        return int(item.native(backend).ptr)
     return base + int(slot.offset)
 
 
@@ -773,16 +809,4 @@ def _timeout(launch: Launch, *, started: bool = False) -> DispatchTimeout:
     return DispatchTimeout(
         f"dispatch {name} " + what.format(launch.config.timeout),
         fix="raise DispatchConfig.timeout or split the work into smaller dispatches",
-    )
-
-
-def _dtype_of(array: np.ndarray) -> DType:
-    for dtype in (DType.U32, DType.I32, DType.F32):
-        if array.dtype == dtype.numpy:
-            return dtype
-    if array.dtype == np.bool_:
-        return DType.BOOL
-    raise InvalidProgram(
-        f"cannot upload an array of dtype {array.dtype}",
-        fix="convert it to uint32, int32, float32 or bool first",
     )

@@ -318,6 +318,11 @@ class Flight:
         """Return True once the completion event fired (``cudaEventQuery``)."""
         return bool(self.events[3].done)
 
+    def abandon(self, error: BaseException) -> None:
+        """Fail every dispatch of the flight with ``error`` (the backend closed before it ended)."""
+        for launch in self.launches:
+            launch.completer.fail(error)
+
     def finish(self, error: BaseException | None) -> None:
         """Copy each dispatch's outputs out and settle it (or fail them); release resources."""
         from vyre_cupy.backend import _timeout

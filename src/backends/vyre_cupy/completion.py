@@ -43,6 +43,9 @@ class Watch(Protocol):
     def finish(self, error: BaseException | None) -> None:
         """Settle the work; ``error`` is what ``ready`` raised, if anything."""
 
+    def abandon(self, error: BaseException) -> None:
+        """Settle what waits on the work with ``error`` now; `finish` still runs when it ends."""
+
 
 class CompletionBridge:
     """One daemon thread that finishes every submitted `Watch` once it is ready.
@@ -122,6 +125,21 @@ class CompletionBridge:
         """
         with self._lock:
             return self._idle.wait_for(lambda: self._count == 0, timeout)
+
+    def abandon(self, error: BaseException) -> int:
+        """Call ``abandon(error)`` on every watch not finished yet; return how many there are.
+
+        The watches stay queued: each is still finished (its resources released)
+        when its work ends.
+        """
+        with self._lock:
+            watches = [watch for queue in self._queues.values() for watch in queue]
+        for watch in watches:
+            try:
+                watch.abandon(error)
+            except Exception as exc:  # a bug in one watch must not stop the others
+                _report(exc)
+        return len(watches)
 
     def close(self, timeout: float | None = None) -> None:
         """Refuse new work, let in-flight work finish, and stop the thread."""

@@ -1,17 +1,26 @@
 """`ReferenceBackend`: the numpy engine behind the driver contract (id ``"reference"``).
 
 Tiny dispatches (estimated below the cost of a thread hand-off) run inline in
-``dispatch()``; everything else runs on a bounded worker pool (2 threads by
-default: numpy holds the GIL between operations and the event loop must stay
-responsive). Resident buffers are host arrays owned by the backend.
+``dispatch()``; everything else runs on a bounded pool of daemon worker threads
+(2 by default: numpy holds the GIL between operations and the event loop must
+stay responsive). The estimate cannot be fooled into running unbounded work
+inline: every loop iteration, statement and expression node costs something,
+and a loop whose trip count is not a literal always goes to the pool.
+
+Closing (`aclose`, the end of ``async with``) stops running dispatches at the
+engine's next safe point and fails them with `BackendClosed`; interpreter exit
+does the same, so a runaway kernel never keeps the process alive. Resident
+buffers are host arrays owned by the backend instance that made them.
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
 import math
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+import weakref
 from typing import Any
 
 import anyio
@@ -22,57 +31,84 @@ from vyre_async.backend import VyreBackend
 from vyre_async.calibration import Calibration, measure_host_costs
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
-from vyre_async.errors import BackendError, DispatchFailed, DispatchTimeout, InvalidProgram
-from vyre_async.ir.expr import Const
+from vyre_async.errors import (
+    BackendClosed,
+    BackendError,
+    DispatchFailed,
+    DispatchTimeout,
+    InvalidProgram,
+    host_out_of_memory,
+)
+from vyre_async.ir.expr import Atomic, Const
 from vyre_async.ir.limits import MAX_WORKGROUP_BYTES, MAX_WORKGROUP_LANES
 from vyre_async.ir.program import Program
 from vyre_async.ir.stmt import Block, If, Loop, Stmt
-from vyre_async.ir.types import Access, BufferDecl, DType
+from vyre_async.ir.types import Access, DType
+from vyre_async.ir.walk import child_exprs, stmt_exprs
 from vyre_async.pending import PendingDispatch
 from vyre_async.pipeline import Launch
-from vyre_async.plan import normalize_input
-from vyre_async.resident import ResidentBuffer
+from vyre_async.resident import ResidentBuffer, alloc_request, upload_request
 from vyre_reference.cancel import Cancelled
 from vyre_reference.compile import compile_program
 from vyre_reference.engine import run_plan
+from vyre_reference.workers import WorkerPool
 
 __all__ = ["ReferenceBackend"]
+
+_log = logging.getLogger("vyre_async.reference")
 
 #: Estimated cost (ns) of handing a dispatch to a worker thread and waking the loop.
 HANDOFF_NS = 60_000
 #: How often a worker waiting on an earlier dispatch checks for a stop request.
 _ORDER_POLL_S = 0.005
-#: Rough cost model of the engine: per statement executed, and per lane-statement.
+#: Cost model of the engine (measured on numpy 2, rounded up): per statement
+#: executed, per expression node evaluated, per loop iteration (even an empty
+#: one), per lane-statement, and per lane of an atomic (colliding lanes retry).
 _STMT_NS = 4_000
+_EXPR_NS = 1_000
+_ITERATION_NS = 1_000
 _LANE_STMT_NS = 2
+_ATOMIC_LANE_NS = 200
+#: Seconds interpreter exit waits for running dispatches to stop.
+_EXIT_TIMEOUT_S = 2.0
 
 
 class ReferenceBackend(VyreBackend):
     """The exact oracle backend, on numpy (CPU).
 
     Args:
-        max_workers: Worker threads for dispatches too large to run inline.
+        max_workers: Worker threads for dispatches too large to run inline (>= 1).
         inline_ns: Dispatches estimated below this many nanoseconds run inside
             ``dispatch()`` itself (0 disables inline execution).
-        **kwargs: Passed to `VyreBackend` (pipeline cache capacity).
+        **kwargs: Passed to `VyreBackend` (pipeline cache capacity, ``close_timeout``:
+            how long `shutdown` waits for running dispatches to reach a safe
+            point; worker threads are daemons and never keep the process alive).
+
+    Raises:
+        InvalidProgram: an argument is out of range.
     """
 
     id = "reference"
     version = __version__
 
-    def __init__(self, *, max_workers: int = 2, inline_ns: int = HANDOFF_NS, **kwargs: Any) -> None:
-        if max_workers < 1:
-            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+    def __init__(
+        self,
+        *,
+        max_workers: int = 2,
+        inline_ns: int = HANDOFF_NS,
+        **kwargs: Any,
+    ) -> None:
+        _check_int("max_workers", max_workers, 1, "max_workers=2")
+        _check_int("inline_ns", inline_ns, 0, f"inline_ns={HANDOFF_NS}")
         super().__init__(**kwargs)
         self.max_workers = max_workers
         self.inline_ns = inline_ns
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: WorkerPool | None = None
         self._pool_lock = threading.Lock()
-        self._in_flight: set[Future[None]] = set()
+        self._running: set[_Job] = set()  # queued or running on the pool
         self._resident: dict[int, ResidentBuffer] = {}
         self._orders: dict[int, _BufferOrder] = {}  # resident buffer id -> its last users
         self._order_lock = threading.Lock()
-        self._closed = False
 
     # Description ----------------------------------------------------------------
     def capabilities(self) -> BackendCapabilities:
@@ -115,13 +151,16 @@ class ReferenceBackend(VyreBackend):
 
     # Dispatch ---------------------------------------------------------------------
     def _estimate_ns(self, launch: Launch) -> float:
+        """Upper-bound estimate of the launch's engine time (inf when not bounded statically)."""
         program = launch.plan.program
-        steps = program._memo.get("reference.steps")
-        if steps is None:
-            steps = _static_steps(program.body)
-            program._memo["reference.steps"] = steps
+        cost = program._memo.get("reference.cost")
+        if cost is None:
+            cost = _static_cost(program.body)
+            program._memo["reference.cost"] = cost
+        fixed_ns, lane_steps, atomics = cost
         lanes = launch.plan.geometry.lanes
-        return float(launch.config.iterations * steps * (_STMT_NS + lanes * _LANE_STMT_NS))
+        per_launch = fixed_ns + lanes * (lane_steps * _LANE_STMT_NS + atomics * _ATOMIC_LANE_NS)
+        return float(launch.config.iterations * per_launch)
 
     def enqueue(self, launch: Launch) -> PendingDispatch:
         """Run the launch inline when tiny and unblocked, else on the worker pool.
@@ -129,50 +168,47 @@ class ReferenceBackend(VyreBackend):
         Dispatches that share a resident buffer take effect in submission order:
         one that writes it waits for earlier readers and writers, one that reads
         it waits for earlier writers (in the worker, never in the event loop).
+
+        Raises:
+            BackendClosed: the backend was closed.
         """
-        if self._closed:
-            raise InvalidProgram(
-                "the reference backend was shut down", fix="acquire or create a new backend"
-            )
+        self.check_open()
         tiny = launch.plan.geometry.lanes == 0 or self._estimate_ns(launch) < self.inline_ns
         natives = [
-            item.native(self.id) if isinstance(item, ResidentBuffer) else item
+            item.native(self) if isinstance(item, ResidentBuffer) else item
             for item in launch.inputs
         ]
-        done: threading.Event | None = None
         if not any(isinstance(item, ResidentBuffer) for item in launch.inputs):
-            future = None if tiny else self._submit(launch, natives, (), None)
-        else:
-            # Registering and queueing happen under one lock, so the pool (FIFO) never
-            # holds a dispatch ahead of an earlier one it waits for.
-            with self._order_lock:
-                waits, done = self._order(launch)
-                future = None if tiny and not waits else self._submit(launch, natives, waits, done)
-        if future is None:
-            self._run(launch, None, natives, (), done)
+            if tiny:
+                self._run(launch, None, natives, (), None)
+            else:
+                self._submit(_Job(self, launch, natives, (), None))
             return launch.pending
-        with self._pool_lock:
-            self._in_flight.add(future)
-        future.add_done_callback(self._forget)
+        # Registering and queueing happen under one lock, so the pool (FIFO) never
+        # holds a dispatch ahead of an earlier one it waits for.
+        with self._order_lock:
+            waits, done = self._order(launch)
+            if tiny and not waits:
+                job = None
+            else:
+                job = _Job(self, launch, natives, waits, done)
+                self._submit(job)
+        if job is None:
+            self._run(launch, None, natives, (), done)
         return launch.pending
 
-    def _submit(
-        self,
-        launch: Launch,
-        natives: list[np.ndarray],
-        waits: tuple[threading.Event, ...],
-        done: threading.Event | None,
-    ) -> Future[None]:
-        try:
-            return self._executor().submit(self._run, launch, time.time_ns(), natives, waits, done)
-        except BaseException as exc:
-            if done is not None:
-                done.set()  # never leave later dispatches waiting on one that never ran
-            if isinstance(exc, RuntimeError):  # the pool shut down meanwhile
-                raise InvalidProgram(
-                    "the reference backend was shut down", fix="acquire or create a new backend"
-                ) from exc
-            raise
+    def _submit(self, job: _Job) -> None:
+        with self._pool_lock:
+            if not self._closed:
+                if self._pool is None:
+                    self._pool = WorkerPool(self.max_workers, name="vyre-reference")
+                    _live.add(self)
+                self._running.add(job)
+                self._pool.submit(job)
+                return
+        if job.done is not None:  # closed meanwhile: later users of its buffers must not
+            job.done.set()  # wait on it (dispatch() raises, so nobody holds its pending)
+        self.check_open()
 
     def _order(self, launch: Launch) -> tuple[tuple[threading.Event, ...], threading.Event]:
         """Register ``launch`` on its resident buffers; return what it waits for, and its done.
@@ -198,19 +234,9 @@ class ReferenceBackend(VyreBackend):
                 order.readers.append(done)
         return tuple(waits), done
 
-    def _executor(self) -> ThreadPoolExecutor:
+    def _forget(self, job: _Job) -> None:
         with self._pool_lock:
-            if self._closed:
-                raise RuntimeError("the reference backend was shut down")
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    max_workers=self.max_workers, thread_name_prefix="vyre-reference"
-                )
-            return self._pool
-
-    def _forget(self, future: Future[None]) -> None:
-        with self._pool_lock:
-            self._in_flight.discard(future)
+            self._running.discard(job)
 
     def _run(
         self,
@@ -246,7 +272,7 @@ class ReferenceBackend(VyreBackend):
                 if completer.stop_requested.is_set():
                     break
         if completer.stop_requested.is_set():
-            completer.fail(_timeout(launch))  # dropped if already settled: nothing runs
+            completer.fail(self._stopped(launch))  # dropped if already settled: nothing runs
             return
         completer.mark_started()
         started_ns = time.time_ns()
@@ -269,10 +295,19 @@ class ReferenceBackend(VyreBackend):
             if done is not None:  # its buffers are final: later users may start (and a
                 done.set()  # done-callback may download them) before it resolves
         except Cancelled:
-            completer.fail(_timeout(launch))
+            completer.fail(self._stopped(launch))
             return
         except BackendError as exc:
             completer.fail(exc)
+            return
+        except MemoryError as exc:
+            error = host_out_of_memory(
+                math.inf,
+                f"running {launch.plan.program.op_id or 'a dispatch'} over "
+                f"{launch.plan.geometry.lanes} lanes",
+            )
+            error.__cause__ = exc
+            completer.fail(error)
             return
         except Exception as exc:
             completer.fail(
@@ -286,6 +321,16 @@ class ReferenceBackend(VyreBackend):
         device_s = time.perf_counter() - start
         completer.record_phase("vyre.launch", started_ns, time.time_ns())
         completer.resolve(outputs, device_s=device_s, compile_s=launch.compile_s)
+
+    def _stopped(self, launch: Launch) -> BackendError:
+        """The error of a launch stopped at a safe point: closed backend, else its timeout."""
+        if self._closed:
+            return BackendClosed(
+                f"dispatch {launch.config.label or launch.plan.program.op_id or ''} was stopped: "
+                "the reference backend was closed while it was queued or running",
+                fix="await the dispatches you need (or backend.flush()) before closing the backend",
+            )
+        return _timeout(launch)
 
     def _write_back(
         self, launch: Launch, natives: list[np.ndarray], outputs: list[np.ndarray]
@@ -301,21 +346,32 @@ class ReferenceBackend(VyreBackend):
 
     # Resident buffers -------------------------------------------------------------
     def upload(self, data: np.ndarray | bytes, *, label: str | None = None) -> ResidentBuffer:
-        """Copy ``data`` (a numpy array, or bytes holding u32 words) into a resident buffer."""
-        if isinstance(data, np.ndarray):
-            dtype = _dtype_of(data)
-            array = np.array(data, dtype=dtype.numpy, copy=True).reshape(-1)
-        else:
-            dtype = DType.U32
-            array = normalize_input(BufferDecl(label or "upload", 0, Access.READ, dtype), data)
+        """Copy ``data`` (a numpy array, or bytes holding u32 words) into a resident buffer.
+
+        Raises:
+            InvalidProgram: an unsupported dtype or type, or data over 4 GiB.
+            DeviceOutOfMemory: the host could not hold the copy.
+            BackendClosed: the backend was closed.
+        """
+        self.check_open()
+        dtype, array = upload_request(data, label=label, max_bytes=self._storage_limit())
         return self._keep(dtype, array, label)
 
     def alloc(self, dtype: DType | str, count: int, *, label: str | None = None) -> ResidentBuffer:
-        """Allocate a zero-filled resident buffer of ``count`` elements."""
-        kind = DType(dtype)
-        if count < 0:
-            raise InvalidProgram(f"cannot allocate {count} elements", fix="pass a count >= 0")
-        array = np.zeros(count, kind.numpy)
+        """Allocate a zero-filled resident buffer of ``count`` elements.
+
+        Raises:
+            InvalidProgram: an unknown dtype, a count that is not an int >= 0, or
+                a buffer over 4 GiB.
+            DeviceOutOfMemory: the host could not allocate it.
+            BackendClosed: the backend was closed.
+        """
+        self.check_open()
+        kind, elements = alloc_request(dtype, count, max_bytes=self._storage_limit())
+        try:
+            array = np.zeros(elements, kind.numpy)
+        except MemoryError as exc:
+            raise host_out_of_memory(4 * elements, "allocating a resident buffer") from exc
         return self._keep(kind, array, label)
 
     def download(self, buffer: ResidentBuffer) -> np.ndarray:
@@ -323,21 +379,30 @@ class ReferenceBackend(VyreBackend):
 
         Blocks the calling thread until the last dispatch submitted to write the
         buffer has written it (a dispatch's done-callbacks already see its writes).
+
+        Raises:
+            InvalidProgram: the buffer belongs to another backend instance or was freed.
+            BackendClosed: the backend was closed (also while waiting).
         """
-        native = buffer.native(self.id)
+        self.check_open()
+        native = buffer.native(self)
         with self._order_lock:
             order = self._orders.get(buffer.id)
             last_write = None if order is None else order.last_write
         if last_write is not None:
-            last_write.wait()
+            while not last_write.wait(_ORDER_POLL_S):
+                self.check_open()
         return np.array(native, copy=True)
 
     def free(self, buffer: ResidentBuffer) -> None:
-        """Release a resident buffer (freeing twice is an error).
+        """Release a resident buffer (freeing twice is an error; allowed after close).
 
         Dispatches already queued with it keep its memory and run as submitted.
+
+        Raises:
+            InvalidProgram: the buffer belongs to another backend instance or was freed.
         """
-        buffer.native(self.id)
+        buffer.native(self)
         buffer._release()
         self._resident.pop(buffer.id, None)
         with self._order_lock:
@@ -345,7 +410,7 @@ class ReferenceBackend(VyreBackend):
 
     def _keep(self, dtype: DType, array: np.ndarray, label: str | None) -> ResidentBuffer:
         buffer = ResidentBuffer(
-            backend_id=self.id, dtype=dtype, count=array.size, native=array, label=label
+            owner=self, dtype=dtype, count=array.size, native=array, label=label
         )
         self._resident[buffer.id] = buffer
         return buffer
@@ -358,27 +423,122 @@ class ReferenceBackend(VyreBackend):
     @property
     def in_flight(self) -> int:
         """Dispatches queued or running on the worker pool."""
-        return len(self._in_flight)
+        return len(self._running)
 
     # Lifecycle --------------------------------------------------------------------
     async def flush(self) -> None:
         """Wait (without blocking the loop) until every queued dispatch has run."""
-        while True:
-            with self._pool_lock:
-                pending = list(self._in_flight)
-            if not pending:
-                return
-            await anyio.to_thread.run_sync(_wait_all, pending)
+        delay = 0.0005
+        while self._running:
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 0.01)
 
     async def shutdown(self) -> None:
-        """Finish queued work and stop the worker threads; the backend refuses new work."""
+        """Stop: refuse new work, stop queued and running dispatches, release the workers.
+
+        Running dispatches stop at the engine's next safe point (between
+        statements and loop iterations) and fail with `BackendClosed`, as do
+        queued ones. Waits at most ``close_timeout`` seconds (without blocking
+        the event loop); a dispatch still running after that is failed with
+        `BackendClosed` and left to its daemon thread, with a warning logged.
+        """
         if self.prefetcher is not None:
             self.prefetcher.close()
+        pool = self._stop_all()
+        if pool is None:
+            return
+        deadline = time.monotonic() + self.close_timeout
+        delay = 0.0005
+        while self._running and time.monotonic() < deadline:
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 0.01)
+        self._abandon(pool, self.close_timeout)
+
+    def _stop_all(self) -> WorkerPool | None:
+        """Mark closed, drop queued jobs and ask running ones to stop; return the pool."""
         with self._pool_lock:
             self._closed = True
             pool, self._pool = self._pool, None
+            running = list(self._running)
+        if pool is None:
+            return None
+        for job in pool.close():
+            job.drop()
+        for job in running:
+            job.launch.completer.stop_requested.set()
+        return pool
+
+    def _abandon(self, pool: WorkerPool, waited: float) -> None:
+        """Fail what is still running after ``waited`` seconds; its daemon thread is left."""
+        with self._pool_lock:
+            stuck = list(self._running)
+        for job in stuck:
+            job.launch.completer.fail(self._stopped(job.launch))
+        if stuck or not pool.join(0.05):
+            _log.warning(
+                "reference backend closed with %d dispatch(es) still running after %.1f s; "
+                "they were failed with BackendClosed and their daemon threads abandoned",
+                len(stuck),
+                waited,
+            )
+
+    def _stop_at_exit(self) -> None:
+        """Interpreter exit: stop running work and give it a bounded time to reach a safe point."""
+        pool = self._stop_all()
         if pool is not None:
-            await anyio.to_thread.run_sync(pool.shutdown, True)
+            pool.join(_EXIT_TIMEOUT_S)
+
+
+class _Job:
+    """One launch queued on the worker pool."""
+
+    __slots__ = ("backend", "done", "launch", "natives", "queued_ns", "waits")
+
+    def __init__(
+        self,
+        backend: ReferenceBackend,
+        launch: Launch,
+        natives: list[np.ndarray],
+        waits: tuple[threading.Event, ...],
+        done: threading.Event | None,
+    ) -> None:
+        self.backend = backend
+        self.launch = launch
+        self.natives = natives
+        self.waits = waits
+        self.done = done
+        self.queued_ns = time.time_ns()
+
+    def run(self) -> None:
+        try:
+            self.backend._run(self.launch, self.queued_ns, self.natives, self.waits, self.done)
+        finally:
+            self.backend._forget(self)
+
+    def drop(self) -> None:
+        try:
+            self.launch.completer.fail(self.backend._stopped(self.launch))
+        finally:
+            if self.done is not None:
+                self.done.set()  # later users of its buffers must not wait on it
+            self.backend._forget(self)
+
+
+#: Backends that have started worker threads (stopped at interpreter exit).
+_live: weakref.WeakSet[ReferenceBackend] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_live_backends() -> None:
+    for backend in list(_live):
+        backend._stop_at_exit()
+
+
+def _check_int(name: str, value: object, minimum: int, example: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidProgram(
+            f"{name} must be an int >= {minimum}, got {value!r}", fix=f"pass e.g. {example}"
+        )
 
 
 class _BufferOrder:
@@ -391,26 +551,49 @@ class _BufferOrder:
         self.readers: list[threading.Event] = []
 
 
-def _static_steps(statements: tuple[Stmt, ...]) -> float:
-    """Statements executed per lane, multiplying literal loop trip counts; inf if unknown."""
-    total = 0.0
+def _static_cost(statements: tuple[Stmt, ...]) -> tuple[float, float, float]:
+    """Return an upper bound of one launch's cost: (fixed ns, lane-steps, atomic evaluations).
+
+    Every statement and expression node counts (both branches of an ``If``);
+    a loop with literal bounds counts its trip count times (one iteration's
+    floor plus its body), so an empty loop is not free; a loop whose bounds
+    are not literals is unbounded (inf) and never runs inline.
+    """
+    fixed = steps = atomics = 0.0
     for stmt in statements:
-        total += 1
+        nodes, atoms = _expr_nodes(stmt)
+        fixed += _STMT_NS + nodes * _EXPR_NS
+        steps += 1 + nodes
+        atomics += atoms
         match stmt:
             case If(then=then, orelse=orelse):
-                total += _static_steps(then) + _static_steps(orelse)
+                for branch in (then, orelse):
+                    f, s, a = _static_cost(branch)
+                    fixed, steps, atomics = fixed + f, steps + s, atomics + a
             case Block(body=inner):
-                total += _static_steps(inner)
+                f, s, a = _static_cost(inner)
+                fixed, steps, atomics = fixed + f, steps + s, atomics + a
             case Loop(start=Const() as lo, end=Const() as hi, body=inner):
-                total += max(0, int(hi.value) - int(lo.value)) * _static_steps(inner)
+                trips = max(0, int(hi.value) - int(lo.value))
+                f, s, a = _static_cost(inner)
+                fixed += trips * (_ITERATION_NS + f)
+                steps += trips * (1 + s)
+                atomics += trips * a
             case Loop():
-                return math.inf
-    return total
+                return math.inf, math.inf, math.inf
+    return fixed, steps, atomics
 
 
-def _wait_all(futures: list[Future[None]]) -> None:
-    for future in futures:
-        future.exception()
+def _expr_nodes(stmt: Stmt) -> tuple[int, int]:
+    """Count the expression nodes of ``stmt`` itself (not nested statements) and its atomics."""
+    nodes = atoms = 0
+    stack = list(stmt_exprs(stmt))
+    while stack:
+        expr = stack.pop()
+        nodes += 1
+        atoms += isinstance(expr, Atomic)
+        stack.extend(child_exprs(expr))
+    return nodes, atoms
 
 
 def _timeout(launch: Launch) -> DispatchTimeout:
@@ -419,16 +602,4 @@ def _timeout(launch: Launch) -> DispatchTimeout:
         f"past its timeout of {launch.config.timeout} s",
         fix="raise DispatchConfig.timeout or split the work into smaller dispatches",
         timeout=launch.config.timeout,
-    )
-
-
-def _dtype_of(array: np.ndarray) -> DType:
-    for dtype in (DType.U32, DType.I32, DType.F32):
-        if array.dtype == dtype.numpy:
-            return dtype
-    if array.dtype == np.bool_:
-        return DType.BOOL
-    raise InvalidProgram(
-        f"cannot upload an array of dtype {array.dtype}",
-        fix="convert it to uint32, int32, float32 or bool first",
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "MAX_BUFFERS",
+    "MAX_BUFFER_ELEMENTS",
     "MAX_EXPR_DEPTH",
     "MAX_NAME_BYTES",
     "MAX_NODES",
@@ -18,6 +19,8 @@ MAX_STMT_DEPTH = 64
 MAX_EXPR_DEPTH = 128
 #: Most statement + expression nodes in one program.
 MAX_NODES = 100_000
+#: Most elements of one buffer (indices and `BufLen` are u32).
+MAX_BUFFER_ELEMENTS = 0xFFFF_FFFF
 #: Most buffers in one program.
 MAX_BUFFERS = 256
 #: Longest buffer, variable or op-id name, in UTF-8 bytes.

@@ -1,0 +1,177 @@
+"""Bad arguments of any kind are `BackendError`s with a Fix, never raw builtin errors.
+
+Each case raised a raw ``TypeError``, ``AttributeError``, ``ValueError`` or
+``OverflowError`` on 0.1.0 (or ran work it should have refused).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from tests.driver.fakes import BytesBackend
+from vyre_async import (
+    BackendError,
+    DispatchConfig,
+    InvalidProgram,
+    ShadowBackend,
+    UnsupportedFeature,
+)
+from vyre_async.capabilities import BackendCapabilities
+from vyre_async.graph import ArmGraph
+from vyre_async.ir import Access, Assign, BufferDecl, DType, Let, Load, Loop, Program, Var, u32
+from vyre_async.programs import elementwise_xor
+from vyre_reference import ReferenceBackend
+
+U = np.uint32
+XOR = elementwise_xor(64)
+A = np.arange(64, dtype=U)
+
+
+def _backend() -> ReferenceBackend:
+    return ReferenceBackend(prefetch=False)
+
+
+BAD_CALLS: dict[str, Callable[[], object]] = {
+    "dispatch(p, None)": lambda: _backend().dispatch(XOR, None),  # type: ignore[arg-type]
+    "dispatch(p, generator)": lambda: _backend().dispatch(XOR, (x for x in [A, A])),  # type: ignore[arg-type]
+    "dispatch(p, dict)": lambda: _backend().dispatch(XOR, {"a": A, "b": A}),  # type: ignore[arg-type]
+    "dispatch(p, 'ab')": lambda: _backend().dispatch(XOR, "ab"),  # type: ignore[arg-type]
+    "dispatch config dict": lambda: _backend().dispatch(XOR, [A, A], {"timeout": 1}),  # type: ignore[arg-type]
+    "pipeline.dispatch config dict": lambda: (
+        _backend()
+        .compile(XOR)
+        .dispatch(
+            [A, A],
+            {"timeout": 1},  # type: ignore[arg-type]
+        )
+    ),
+    "compile config str": lambda: _backend().compile(XOR, "fast"),  # type: ignore[arg-type]
+    "grid_override=2.0": lambda: DispatchConfig(grid_override=2.0),  # type: ignore[arg-type]
+    "grid_override='8'": lambda: DispatchConfig(grid_override="8"),  # type: ignore[arg-type]
+    "workgroup_override=(2**31,1,1)": lambda: DispatchConfig(workgroup_override=(2**31, 1, 1)),
+    "alloc('f64', 4)": lambda: _backend().alloc("f64", 4),
+    "alloc(None, 4)": lambda: _backend().alloc(None, 4),  # type: ignore[arg-type]
+    "alloc('u32', 1.5)": lambda: _backend().alloc("u32", 1.5),  # type: ignore[arg-type]
+    "alloc('u32', '4')": lambda: _backend().alloc("u32", "4"),  # type: ignore[arg-type]
+    "upload([1, 2])": lambda: _backend().upload([1, 2]),  # type: ignore[arg-type]
+    "upload(complex)": lambda: _backend().upload(np.zeros(2, complex)),
+    "ShadowBackend(sample_rate='1')": lambda: ShadowBackend(
+        _backend(),
+        _backend(),
+        sample_rate="1",  # type: ignore[arg-type]
+    ),
+    "ShadowBackend(sample_rate=2)": lambda: ShadowBackend(_backend(), _backend(), sample_rate=2),
+    "ShadowBackend(primary=None)": lambda: ShadowBackend(None, _backend()),  # type: ignore[arg-type]
+    "ReferenceBackend(max_workers=0)": lambda: ReferenceBackend(max_workers=0),
+    "ReferenceBackend(max_workers='2')": lambda: ReferenceBackend(max_workers="2"),  # type: ignore[arg-type]
+    "ReferenceBackend(inline_ns=-1)": lambda: ReferenceBackend(inline_ns=-1),
+    "ReferenceBackend(close_timeout=inf)": lambda: ReferenceBackend(close_timeout=math.inf),
+    "ReferenceBackend(pipeline_cache_capacity=0)": lambda: ReferenceBackend(
+        pipeline_cache_capacity=0
+    ),
+    "ReferenceBackend(disk_cache='/tmp')": lambda: ReferenceBackend(disk_cache="/tmp"),  # type: ignore[arg-type]
+    "result(timeout='1')": lambda: _backend().dispatch(XOR, [A, A]).result(timeout="1"),  # type: ignore[arg-type]
+    "result(timeout=nan)": lambda: _backend().dispatch(XOR, [A, A]).result(timeout=math.nan),
+    "graph resource 2**40": lambda: ArmGraph().resource("r", "u32", 2**40),
+    "graph resource dtype f64": lambda: ArmGraph().resource("r", "f64", 4),
+}
+
+
+@pytest.mark.parametrize("call", list(BAD_CALLS.values()), ids=list(BAD_CALLS))
+def test_bad_arguments_raise_backend_errors_with_a_fix(call: Callable[[], object]) -> None:
+    with pytest.raises(BackendError) as info:
+        call()
+    assert "\nFix: " in str(info.value)
+    assert isinstance(info.value, InvalidProgram | UnsupportedFeature)
+
+
+def _slow_program() -> Program:
+    return Program(
+        [
+            BufferDecl("n", 0, Access.UNIFORM, DType.U32, 1),
+            BufferDecl("out", 1, Access.WRITE, DType.U32, 1),
+        ],
+        1,
+        [Let("a", u32(0)), Loop("i", u32(0), Load("n", u32(0)), [Assign("a", Var("a") + 1)])],
+        op_id="test.slow",
+    )
+
+
+@pytest.mark.parametrize("timeout", [1e10, 1e300, math.inf])
+def test_huge_timeouts_wait_like_no_timeout(timeout: float) -> None:
+    """DispatchConfig(timeout=1e10) or result(timeout=1e10) raised a raw OverflowError."""
+    backend = ReferenceBackend(inline_ns=0)
+    n = [np.array([20_000], U)]
+    config = DispatchConfig(timeout=timeout)
+    assert backend.dispatch(_slow_program(), n, config).result()[0].tolist() == [0]
+    assert backend.dispatch(_slow_program(), n).result(timeout=timeout)[0].tolist() == [0]
+
+
+@pytest.mark.anyio
+async def test_huge_timeouts_can_be_awaited() -> None:
+    backend = ReferenceBackend(inline_ns=0)
+    pending = backend.dispatch(
+        _slow_program(), [np.array([20_000], U)], DispatchConfig(timeout=1e10)
+    )
+    with anyio.fail_after(30):
+        assert (await pending)[0].tolist() == [0]
+
+
+class Limited(BytesBackend):
+    """A backend whose device takes at most 256 lanes per workgroup and 1 KiB buffers."""
+
+    def capabilities(self) -> BackendCapabilities:
+        return BackendCapabilities(
+            max_workgroup_size=(256, 4, 1), max_workgroup_lanes=256, max_storage_buffer_bytes=1024
+        )
+
+
+def test_workgroup_override_is_checked_against_the_backend() -> None:
+    """(2**31, 1, 1) ran for 4.4 s on the reference backend in 0.1.0."""
+    backend = Limited()
+    ok = backend.dispatch(XOR, [A, A], DispatchConfig(workgroup_override=(128, 1, 1)))
+    assert ok.result()[0].size == 64
+    for shape in [(512, 1, 1), (64, 8, 1), (1, 1, 2)]:
+        with pytest.raises(UnsupportedFeature, match="max_workgroup_size") as info:
+            config = DispatchConfig(workgroup_override=shape, grid_override=1)
+            backend.dispatch(XOR, [A, A], config)
+        assert info.value.feature == "workgroup size"  # type: ignore[attr-defined]
+    reference = ReferenceBackend()
+    with pytest.raises(UnsupportedFeature):
+        config = DispatchConfig(workgroup_override=(1, 1, 128), grid_override=1)
+        reference.dispatch(XOR, [A, A], config)
+
+
+def test_max_storage_buffer_bytes_is_enforced_before_copying() -> None:
+    backend = Limited()
+    small = np.zeros(256, U)  # exactly 1 KiB
+    assert backend.dispatch(elementwise_xor(256), [small, small]).result()[0].size == 256
+    with pytest.raises(InvalidProgram, match="largest buffer"):
+        backend.dispatch(elementwise_xor(257), [np.zeros(257, U)] * 2)
+    with pytest.raises(InvalidProgram, match="largest buffer"):
+        backend.dispatch(elementwise_xor(300), [b"\0" * 1200] * 2)
+
+
+def test_speculation_disable_skips_shape_prediction_and_force_needs_a_prefetcher() -> None:
+    backend = ReferenceBackend()
+    assert backend.prefetcher is not None
+    backend.dispatch(XOR, [A, A], DispatchConfig(speculation="disable")).result()
+    assert backend.prefetcher.stats().dispatches == 0
+    backend.dispatch(XOR, [A, A], DispatchConfig(speculation="force")).result()
+    assert backend.prefetcher.stats().dispatches == 1
+    without = ReferenceBackend(prefetch=False)
+    with pytest.raises(UnsupportedFeature, match="prefetch") as info:
+        without.dispatch(XOR, [A, A], DispatchConfig(speculation="force"))
+    assert "Fix:" in str(info.value)
+    assert without.dispatch(XOR, [A, A]).result()[0].size == 64
+
+
+def test_every_bad_call_is_listed_once() -> None:
+    names: list[Any] = list(BAD_CALLS)
+    assert len(names) == len(set(names)) >= 25
