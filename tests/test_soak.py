@@ -1,0 +1,292 @@
+"""Soak: valid and hostile work interleaved from many tasks, bounded in time (CI: ~50 s).
+
+Forty tasks draw, at random and for ``VYRE_SOAK_SECONDS`` in all (split between
+asyncio and trio), one of:
+
+- a standard workload with fresh random inputs, checked byte for byte against
+  its numpy oracle;
+- a hostile call (wrong types, sizes, dtypes, configs, owners, a closed backend,
+  an invalid program, oversize inputs), which must raise a `BackendError` whose
+  message ends with a ``Fix:``;
+- a long dispatch whose await is cancelled, or which runs into its timeout;
+- an increment of a resident buffer the task owns (READ_WRITE, checked at the end);
+- corrupting an on-disk pipeline cache entry (truncation, garbage, a foreign
+  header, deletion), then compiling from that cache in a fresh backend, which
+  must recompile with a warning.
+
+Asserted: no wrong result, every failure a `BackendError` with a Fix, nothing
+hangs (a hard deadline), and nothing leaks: no dispatch left in flight, no
+extra threads, resident buffers freed, RSS growth bounded.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import random
+import threading
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+import pytest
+
+from tests.contract.test_contract import spin
+from tests.driver.fakes import BytesBackend
+from vyre_async import (
+    BackendClosed,
+    BackendError,
+    DispatchConfig,
+    DispatchTimeout,
+    ResidentBuffer,
+)
+from vyre_async.cache.disk import DiskPipelineCache, PipelineCacheWarning
+from vyre_async.ir import Access, BufferDecl, DType, Load, Program, Store, gid, u32
+from vyre_async.programs import Workload, elementwise_xor, standard_workloads
+from vyre_reference import ReferenceBackend
+
+pytestmark = pytest.mark.anyio
+
+SOAK_SECONDS = float(os.environ.get("VYRE_SOAK_SECONDS", "50"))
+TASKS = 40
+U = np.uint32
+
+
+def _rss_bytes() -> int:
+    with open(f"/proc/{os.getpid()}/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _threads() -> int:
+    """Threads other than trio's own cache (anyio's test runner drives trio in guest mode)."""
+    return sum(not t.name.startswith("Trio thread") for t in threading.enumerate())
+
+
+def _increment() -> Program:
+    """``acc[i] += 1`` on a READ_WRITE buffer."""
+    return Program(
+        [BufferDecl("acc", 0, Access.READ_WRITE, DType.U32)],
+        64,
+        [Store("acc", gid(), Load("acc", gid()) + u32(1))],
+        op_id="soak.increment",
+    )
+
+
+class Soak:
+    """Shared state of one soak run."""
+
+    def __init__(self, backend: ReferenceBackend, cache_root: Path, seed: int) -> None:
+        self.backend = backend
+        self.workloads = standard_workloads()
+        self.saxpy = next(w.program for w in self.workloads if w.name == "saxpy")
+        self.closed = ReferenceBackend(prefetch=False)
+        self.stranger = ReferenceBackend(prefetch=False)
+        self.foreign = self.stranger.upload(np.zeros(64, U))
+        self.cache = DiskPipelineCache(cache_root)
+        self.cache_programs = [w.program for w in self.workloads]  # distinct kernels
+        self.rng = random.Random(seed)
+        self.counts: Counter[str] = Counter()
+        self.errors: list[str] = []
+
+    def fail(self, what: str) -> None:
+        self.errors.append(what)
+
+    def check_error(self, what: str, exc: BaseException) -> None:
+        if not isinstance(exc, BackendError):
+            self.fail(f"{what}: raw {type(exc).__name__}: {exc}")
+        elif "\nFix: " not in str(exc):
+            self.fail(f"{what}: {type(exc).__name__} without a Fix: {exc}")
+
+    # One step of each kind -------------------------------------------------------
+    async def valid(self, np_rng: np.random.Generator) -> None:
+        workload: Workload = self.rng.choice(self.workloads)
+        inputs = workload.make_inputs(np_rng)
+        config = DispatchConfig(grid_override=workload.grid, label=workload.name)
+        outputs = await self.backend.dispatch(workload.program, inputs, config)
+        for got, want in zip(outputs, workload.expected(inputs), strict=True):
+            if got.tobytes() != np.asarray(want, got.dtype).tobytes():
+                self.fail(f"wrong result from {workload.name}")
+        self.counts["valid"] += 1
+
+    def hostile(self) -> None:
+        xor = elementwise_xor(64)
+        a = np.arange(64, dtype=U)
+        huge = np.broadcast_to(U(1), (2**31,))
+        f = np.ones(64, np.float32)
+        calls: dict[str, Callable[[], object]] = {
+            "None inputs": lambda: self.backend.dispatch(xor, None),  # type: ignore[arg-type]
+            "generator inputs": lambda: self.backend.dispatch(xor, iter([a, a])),  # type: ignore[arg-type]
+            "one input": lambda: self.backend.dispatch(xor, [a]),
+            "wrong dtype": lambda: self.backend.dispatch(xor, [a.astype(np.float32), a]),
+            "wrong size": lambda: self.backend.dispatch(self.saxpy, [f, f, np.ones(2, np.float32)]),
+            "odd bytes": lambda: self.backend.dispatch(xor, [b"abc", a]),
+            "dict config": lambda: self.backend.dispatch(xor, [a, a], {"timeout": 1}),  # type: ignore[arg-type]
+            "float grid": lambda: DispatchConfig(grid_override=2.5),  # type: ignore[arg-type]
+            "huge workgroup": lambda: DispatchConfig(workgroup_override=(2**31, 1, 1)),
+            "negative timeout": lambda: DispatchConfig(timeout=-1),
+            "bad dtype": lambda: self.backend.alloc("f64", 4),
+            "bad count": lambda: self.backend.alloc("u32", 1.5),  # type: ignore[arg-type]
+            "huge alloc": lambda: self.backend.alloc("u32", 2**40),
+            "huge input": lambda: self.backend.dispatch(elementwise_xor(2**31), [huge, huge]),
+            "foreign buffer": lambda: self.backend.dispatch(_increment(), [self.foreign]),
+            "closed dispatch": lambda: self.closed.dispatch(xor, [a, a]),
+            "closed upload": lambda: self.closed.upload(a),
+            "invalid program": lambda: self.backend.dispatch(
+                Program([BufferDecl("out", 0, Access.WRITE, DType.U32, 0)], 64, []), []
+            ),
+            "not a program": lambda: self.backend.dispatch("xor", [a, a]),  # type: ignore[arg-type]
+            "bad result timeout": lambda: self.backend.dispatch(xor, [a, a]).result(
+                timeout="soon"  # type: ignore[arg-type]
+            ),
+        }
+        name, call = self.rng.choice(list(calls.items()))
+        try:
+            call()
+        except Exception as exc:
+            self.check_error(name, exc)
+            if name.startswith("closed") and not isinstance(exc, BackendClosed):
+                self.fail(f"{name}: {type(exc).__name__}, not BackendClosed")
+            self.counts["hostile"] += 1
+        else:
+            self.fail(f"hostile call {name!r} was accepted")
+
+    async def cancelled(self) -> None:
+        pending = self.backend.dispatch(spin(), [np.array([self.rng.randint(2_000, 60_000)], U)])
+        with anyio.move_on_after(self.rng.uniform(0.0, 0.01)):
+            (out,) = await pending
+            n = int(out[0])  # finished before the cancel: check the sum mod 2**32
+            self.counts["finished_before_cancel"] += int(n >= 0)
+            return
+        self.counts["cancelled"] += 1
+
+    async def timed_out(self) -> None:
+        n = self.rng.randint(50_000, 400_000)
+        config = DispatchConfig(timeout=self.rng.uniform(0.001, 0.02), label="soak.timeout")
+        try:
+            (out,) = await self.backend.dispatch(spin(), [np.array([n], U)], config)
+        except DispatchTimeout as exc:
+            self.check_error("timeout", exc)
+            self.counts["timed_out"] += 1
+        else:
+            want = (n * (n - 1) // 2) % 2**32
+            if int(out[0]) != want:
+                self.fail(f"spin({n}) gave {int(out[0])}, want {want}")
+            self.counts["beat_timeout"] += 1
+
+    async def increment(self, mine: ResidentBuffer, done: list[int]) -> None:
+        await self.backend.dispatch(_increment(), [mine])
+        done[0] += 1
+        self.counts["increments"] += 1
+
+    def corrupt_and_reload(self) -> None:
+        program = self.rng.choice(self.cache_programs)
+        writer = BytesBackend(disk_cache=self.cache, prefetch=False)
+        writer.compile(program)
+        path = self.cache.path_for(writer.pipeline_identity(program).hex)
+        damage = self.rng.choice(["truncate", "garbage", "foreign", "delete", "none"])
+        if damage != "none" and path.exists():
+            data = path.read_bytes()
+            if damage == "truncate":
+                path.write_bytes(data[: self.rng.randint(0, len(data) - 1)])
+            elif damage == "garbage":
+                path.write_bytes(os.urandom(len(data)))
+            elif damage == "foreign":
+                path.write_bytes(b"NOPE" + data[4:])
+            else:
+                path.unlink()
+        reader = BytesBackend(disk_cache=self.cache, prefetch=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pipeline = reader.compile(program)
+        if pipeline.program != program:
+            self.fail("a corrupted cache entry produced another program's pipeline")
+        damaged = damage in ("truncate", "garbage", "foreign")
+        warned = any(issubclass(w.category, PipelineCacheWarning) for w in caught)
+        if damaged and not warned:
+            self.fail(f"a {damage} cache entry was not reported")
+        if (reader.builds, reader.loads) != ((1, 0) if damage != "none" else (0, 1)):
+            self.fail(f"{damage}: builds={reader.builds} loads={reader.loads}")
+        self.counts[f"cache_{damage}"] += 1
+
+
+async def _soak(seconds: float, cache_root: Path, seed: int) -> tuple[Soak, float]:
+    backend = ReferenceBackend(max_workers=2)
+    soak = Soak(backend, cache_root, seed)
+    await soak.closed.aclose()
+    deadline = time.monotonic() + seconds
+    increments: list[tuple[ResidentBuffer, list[int]]] = []
+
+    async def worker(index: int) -> None:
+        np_rng = np.random.default_rng(seed * 1000 + index)
+        mine = backend.alloc("u32", 64, label=f"soak-{index}")
+        done = [0]
+        increments.append((mine, done))
+        while time.monotonic() < deadline:
+            kind = soak.rng.choices(
+                ["valid", "hostile", "cancel", "timeout", "increment", "cache"],
+                weights=[40, 25, 10, 8, 12, 5],
+            )[0]
+            try:
+                if kind == "valid":
+                    await soak.valid(np_rng)
+                elif kind == "hostile":
+                    soak.hostile()
+                elif kind == "cancel":
+                    await soak.cancelled()
+                elif kind == "timeout":
+                    await soak.timed_out()
+                elif kind == "increment":
+                    await soak.increment(mine, done)
+                else:
+                    soak.corrupt_and_reload()
+            except Exception as exc:  # every step handles its own expected errors
+                soak.fail(f"{kind}: unexpected {type(exc).__name__}: {exc}")
+            await anyio.lowlevel.checkpoint()
+
+    started = time.monotonic()
+    with anyio.fail_after(seconds + 60):  # a hang fails the soak instead of freezing CI
+        async with anyio.create_task_group() as tg:
+            for index in range(TASKS):
+                tg.start_soon(worker, index)
+        await backend.flush()
+    for mine, done in increments:
+        values = backend.download(mine)
+        if not (values == done[0]).all():
+            soak.fail(f"resident buffer holds {values[0]}, want {done[0]} increments")
+        backend.free(mine)
+    if backend.resident_count != 0 or backend.in_flight != 0:
+        soak.fail(f"left {backend.resident_count} buffers, {backend.in_flight} in flight")
+    await backend.aclose()
+    await soak.stranger.aclose()
+    return soak, time.monotonic() - started
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc for RSS")
+async def test_soak_mixed_valid_and_hostile_work(tmp_path: Path, anyio_backend: str) -> None:
+    seconds = SOAK_SECONDS * (0.6 if anyio_backend == "asyncio" else 0.4)
+    gc.collect()
+    threads_before = _threads()
+    rss_before = _rss_bytes()
+    soak, elapsed = await _soak(seconds, tmp_path / "cache", seed=7)
+    gc.collect()
+    growth = _rss_bytes() - rss_before
+    summary = ", ".join(f"{k} {v}" for k, v in sorted(soak.counts.items()))
+    print(f"\nsoak ({anyio_backend}, {elapsed:.1f} s): {summary}; RSS +{growth / 2**20:.1f} MiB")
+    assert soak.errors == [], sorted(set(soak.errors))[:20]
+    assert soak.counts["valid"] > 0 and soak.counts["hostile"] > 0
+    assert soak.counts["cancelled"] + soak.counts["timed_out"] > 0
+    assert sum(v for k, v in soak.counts.items() if k.startswith("cache_")) > 0
+    assert elapsed < seconds + 30  # stopped when asked: nothing ran on unbounded
+    for _ in range(100):  # daemon workers exit once their pool is closed (ms)
+        if _threads() <= threads_before:
+            break
+        await anyio.sleep(0.05)
+    assert _threads() <= threads_before, [t.name for t in threading.enumerate()]
+    assert growth < 256 * 2**20
+    assert not math.isnan(elapsed)
