@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import stat
+import subprocess
 import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +27,7 @@ from vyre_async.calibration import (
     Calibration,
     CalibrationStore,
     calibration_for,
+    calibration_key,
     default_calibration_root,
     format_calibration,
 )
@@ -323,3 +331,307 @@ def test_dispatch_batch_on_the_reference_backend_is_plain() -> None:
         attrs = pending.context["attributes"]
         assert attrs["vyre.policy.execution_mode"] == "plain"
         assert attrs["vyre.policy.execution_mode.reason"] == "unsupported_by_backend"
+
+
+# The store owns only its own files ----------------------------------------------------------
+
+posix_only = pytest.mark.skipif(
+    sys.platform == "win32", reason="POSIX file types, modes, symlinks and signals"
+)
+IDS = ("capable-test", "1.0", "gpu-a")  # GPU_LIKE's device
+
+
+def _record_json(fingerprint: str, **changes: Any) -> bytes:
+    """Return the JSON of GPU_LIKE measured on device ``fingerprint`` (and ``changes``)."""
+    data = {**replace(GPU_LIKE, device_fingerprint=fingerprint).to_json(), **changes}
+    return json.dumps(data, indent=2, sort_keys=True).encode()
+
+
+def _key(fingerprint: str) -> str:
+    return calibration_key("capable-test", "1.0", fingerprint)
+
+
+def _snapshot(root: Path) -> dict[str, tuple[str, object]]:
+    """Return every path under ``root`` (symlinks not followed) with its type and content."""
+    found: dict[str, tuple[str, object]] = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder) / name
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                found[str(path.relative_to(root))] = ("link", os.readlink(path))
+            elif stat.S_ISDIR(st.st_mode):
+                found[str(path.relative_to(root))] = ("dir", stat.S_IMODE(st.st_mode))
+            elif stat.S_ISREG(st.st_mode):
+                found[str(path.relative_to(root))] = ("file", path.read_bytes())
+            else:
+                found[str(path.relative_to(root))] = ("special", stat.S_IFMT(st.st_mode))
+    return found
+
+
+def _users_files(tmp_path: Path) -> Path:
+    """Make a directory of a user's files, some named or shaped like calibration records."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "data.json").write_bytes(b'{"user": "data"}')
+    (root / "notes.txt").write_bytes(b"notes")
+    (root / "settings.json").write_bytes(_record_json("gpu-copy"))  # a valid record, user's name
+    # A valid record under the name of another device's key (wrong name).
+    (root / f"{_key('gpu-z')}.json").write_bytes(_record_json("gpu-a"))
+    # Record-like names, wrong content.
+    (root / f"{_key('gpu-text')}.json").write_bytes(b"not json at all")
+    (root / f"{_key('gpu-obj')}.json").write_bytes(b'{"format_version": 2, "launch_ns": 1}')
+    (root / f"{_key('gpu-list')}.json").write_bytes(b"[1, 2, 3]")
+    # A valid record whose name is upper-case hex: not a name the store writes.
+    (root / f"{_key('gpu-upper').upper()}.json").write_bytes(_record_json("gpu-upper"))
+    # Directories: one named like a record, one holding a record.
+    (root / f"{_key('gpu-dir')}.json").mkdir()
+    (root / f"{_key('gpu-dir')}.json" / "inner.json").write_bytes(_record_json("gpu-dir"))
+    (root / "sub").mkdir()
+    (root / "sub" / f"{_key('gpu-sub')}.json").write_bytes(_record_json("gpu-sub"))
+    if sys.platform != "win32":
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        (outside / "record.json").write_bytes(_record_json("gpu-link"))
+        (root / f"{_key('gpu-link')}.json").symlink_to(outside / "record.json")
+        (root / "link.json").symlink_to(outside / "record.json")
+    return root
+
+
+def test_entries_read_only_the_stores_records(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = _users_files(tmp_path)
+    before = _snapshot(root)
+    outside = _snapshot(tmp_path / "outside") if sys.platform != "win32" else {}
+    store = CalibrationStore(root)
+    gpu_b = replace(GPU_LIKE, device_fingerprint="gpu-b")
+    assert store.save(GPU_LIKE) and store.save(gpu_b)
+    with caplog.at_level(logging.WARNING, logger="vyre_async.calibration"):
+        assert store.entries() == [GPU_LIKE, gpu_b]
+    after = _snapshot(root)
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert set(after) - set(before) == {f"{GPU_LIKE.key()}.json", f"{gpu_b.key()}.json"}
+    if sys.platform != "win32":
+        assert _snapshot(tmp_path / "outside") == outside
+
+
+def test_clear_deletes_only_the_stores_records(tmp_path: Path) -> None:
+    root = _users_files(tmp_path)
+    before = _snapshot(root)
+    outside = _snapshot(tmp_path / "outside") if sys.platform != "win32" else {}
+    store = CalibrationStore(root)
+    assert store.save(GPU_LIKE) and store.save(replace(GPU_LIKE, device_fingerprint="gpu-b"))
+    # A record of the previous format version, under its own key, is the store's too.
+    old = {**json.loads(_record_json("gpu-old")), "format_version": 1}
+    del old["persistent_item_ns"]
+    (root / f"{_key('gpu-old')}.json").write_text(json.dumps(old))
+    assert store.clear() == 3
+    assert _snapshot(root) == before  # every other file byte-identical, nothing else gone
+    if sys.platform != "win32":
+        assert _snapshot(tmp_path / "outside") == outside
+    assert store.clear() == 0
+
+
+@posix_only
+def test_save_keeps_the_mode_of_existing_directories(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    assert CalibrationStore(shared).save(GPU_LIKE)
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
+    # The default root: an existing "calibration" folder keeps its mode as well.
+    monkeypatch.setenv("VYRE_CACHE_DIR", str(shared))
+    (shared / "calibration").mkdir()
+    os.chmod(shared / "calibration", 0o755)
+    assert CalibrationStore().save(GPU_LIKE)
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
+    assert stat.S_IMODE(os.stat(shared / "calibration").st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(shared / "calibration" / "v2").st_mode) == 0o700
+
+
+@posix_only
+def test_save_creates_missing_directories_private(tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o755)
+    root = tmp_path / "a" / "b" / "c"
+    old_umask = os.umask(0o022)
+    try:
+        assert CalibrationStore(root).save(GPU_LIKE)
+    finally:
+        os.umask(old_umask)
+    for folder in (tmp_path / "a", tmp_path / "a" / "b", root):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700, folder
+    assert stat.S_IMODE(os.stat(tmp_path).st_mode) == 0o755  # existed: untouched
+
+
+def _without_blocking(what: str, call: Callable[[], object], fifo: Path) -> object:
+    """Run ``call()`` in a thread; fail (not hang) if it blocks on ``fifo`` for 10 s."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # re-raised below, in the test's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    if thread.is_alive():
+        # Release the blocked reader so the suite goes on, then report the hang.
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(timeout=10)
+        pytest.fail(f"{what} blocked on a FIFO at a record path")
+    (result,) = outcome
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+@posix_only
+def test_a_fifo_at_a_record_path_reads_as_absent_without_blocking(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = CalibrationStore(tmp_path)
+    path = store.path_for(*IDS)
+    os.mkfifo(path)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="vyre_async.calibration"):
+        assert _without_blocking("load()", lambda: store.load(*IDS), path) is None
+        assert _without_blocking("entries()", store.entries, path) == []
+        assert _without_blocking("clear()", store.clear, path) == 0
+    assert time.monotonic() - started < 10
+    assert any("FIFO" in r.getMessage() for r in caplog.records)
+    assert stat.S_ISFIFO(os.lstat(path).st_mode)  # left in place
+
+
+@posix_only
+def test_a_symlink_at_a_record_path_is_not_followed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    target = tmp_path / "elsewhere.json"
+    target.write_bytes(_record_json("gpu-a"))  # a valid record of this very device
+    store = CalibrationStore(tmp_path / "root")
+    store.root.mkdir()
+    path = store.path_for(*IDS)
+    path.symlink_to(target)
+    with caplog.at_level(logging.WARNING, logger="vyre_async.calibration"):
+        assert store.load(*IDS) is None
+        assert store.entries() == []
+        assert store.clear() == 0
+        assert store.save(GPU_LIKE) is False  # not written through, nor replaced
+    assert any("symbolic link" in r.getMessage() for r in caplog.records)
+    assert path.is_symlink() and os.readlink(path) == str(target)
+    assert target.read_bytes() == _record_json("gpu-a")
+
+
+def test_an_oversized_file_at_a_record_path_is_not_read_nor_deleted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = CalibrationStore(tmp_path)
+    path = store.path_for(*IDS)
+    # Valid JSON of this device's record, padded past MAX_RECORD_BYTES (1 MiB).
+    padded = _record_json("gpu-a") + b" " * (1 << 20)
+    path.write_bytes(padded)
+    with caplog.at_level(logging.WARNING, logger="vyre_async.calibration"):
+        assert store.load(*IDS) is None
+        assert store.entries() == []
+    assert caplog.records
+    assert store.clear() == 0
+    assert path.read_bytes() == padded
+
+
+def test_deeply_nested_json_at_a_record_path_reads_as_absent(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = CalibrationStore(tmp_path)
+    path = store.path_for(*IDS)
+    path.write_bytes(b"[" * 100_000)
+    with caplog.at_level(logging.WARNING, logger="vyre_async.calibration"):
+        assert store.load(*IDS) is None  # a log line, not a RecursionError
+        assert store.entries() == []
+    assert caplog.records
+    assert store.clear() == 0 and path.exists()
+
+
+STALLED_SAVE = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    from vyre_async.calibration import Calibration, CalibrationStore
+
+    root, ready = Path(sys.argv[1]), Path(sys.argv[2])
+
+    def stall(src, dst):  # the temp file is written and fsynced: stop before the rename
+        ready.write_text(str(src))
+        time.sleep(600)
+
+    os.replace = stall
+    record = Calibration(
+        backend_id="stalled", backend_version="1", device_fingerprint="gpu-k", launch_ns=1
+    )
+    CalibrationStore(root).save(record)
+    """
+)
+
+
+def _stalled_save(tmp_path: Path, root: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start a real save() that stops right before its rename; return it and its temp file."""
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-c", STALLED_SAVE, str(root), str(ready)])
+    deadline = time.monotonic() + 60
+    while not ready.exists() or not ready.read_text():
+        assert proc.poll() is None, "the writer exited early"
+        assert time.monotonic() < deadline, "the writer never wrote its temp file"
+        time.sleep(0.02)
+    return proc, Path(ready.read_text())
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)  # reaped, so its pid no longer names a process
+
+
+@posix_only
+@pytest.mark.parametrize("reclaim", ["clear", "save"])
+def test_temp_file_of_a_killed_writer_is_reclaimed(tmp_path: Path, reclaim: str) -> None:
+    root = tmp_path / "root"
+    proc, temp = _stalled_save(tmp_path, root)
+    try:
+        store = CalibrationStore(root)
+        assert store.clear() == 0
+        assert temp.exists()  # its writer is alive: its write is in progress
+    finally:
+        _kill(proc)
+    assert temp.exists()
+    if reclaim == "clear":
+        assert store.clear() == 0
+    else:
+        assert store.save(GPU_LIKE)
+        assert store.entries() == [GPU_LIKE]
+    assert not temp.exists()
+    assert temp.parent == root and temp.name.startswith(f".calibration.{proc.pid}.")
+    assert sorted(p.name for p in root.iterdir()) == (
+        [] if reclaim == "clear" else [f"{GPU_LIKE.key()}.json"]
+    )
+
+
+def test_old_temp_files_are_reclaimed_and_foreign_ones_kept(tmp_path: Path) -> None:
+    store = CalibrationStore(tmp_path)
+    pid = os.getpid()  # alive: only age makes its temp files reclaimable
+    fresh = tmp_path / f".calibration.{pid}.{'1' * 16}.tmp"
+    old = tmp_path / f".calibration.{pid}.{'2' * 16}.tmp"
+    foreign = tmp_path / f".calibration.{pid}.{'3' * 16}.tmp"
+    fresh.write_bytes(_record_json("gpu-a")[:10])
+    old.write_bytes(b"")  # a writer that died before writing anything
+    foreign.write_bytes(b"a user's file")
+    two_hours_ago = time.time() - 7200
+    for path in (old, foreign):
+        os.utime(path, (two_hours_ago, two_hours_ago))
+    assert store.clear() == 0
+    assert not old.exists()
+    assert fresh.read_bytes() == _record_json("gpu-a")[:10]
+    assert foreign.read_bytes() == b"a user's file"

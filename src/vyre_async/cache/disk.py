@@ -46,6 +46,10 @@ live writer is left alone. Liveness is ``os.kill(pid, 0)`` on POSIX (a process
 of another user counts as alive); on Windows it is not probed, so only age
 reclaims temp files there. A writer in another pid namespace looks dead: if
 its temp file is reclaimed mid-write, its put fails with a warning.
+
+The file-system rules above (regular files only, private directories, temp
+files named with the writer's pid) are `vyre_async.cache.files`, shared with
+the calibration store.
 """
 
 from __future__ import annotations
@@ -53,8 +57,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import secrets
-import stat
 import struct
 import sys
 import threading
@@ -67,6 +69,18 @@ from typing import BinaryIO
 
 import blake3
 
+from vyre_async.cache.files import (
+    STALE_TEMP_SECONDS,
+    NotRegularFile,
+    create_temp,
+    make_private_dirs,
+    non_regular_occupant,
+    open_regular,
+    read_prefix,
+    temp_is_stale,
+    temp_name_pattern,
+    unlink_unchanged,
+)
 from vyre_async.errors import InvalidProgram
 
 __all__ = [
@@ -82,7 +96,6 @@ __all__ = [
 ENTRY_FORMAT_VERSION = 1
 DEFAULT_MAX_BYTES = 1 << 30
 MAX_ENTRY_BYTES = 256 << 20
-STALE_TEMP_SECONDS = 3600.0
 _MAGIC = b"VYPC"
 _KNOWN_VERSIONS = frozenset({ENTRY_FORMAT_VERSION})
 _HEADER = struct.Struct("<4sHH32sQ32s")  # magic, version, flags, key, payload length, checksum
@@ -91,12 +104,7 @@ _OWNER = struct.Struct("<4sHH32s")  # the leading part of the header that says w
 _SUBDIR_NAME = re.compile(r"[0-9a-f]{2}")
 _KEY = re.compile(r"[0-9a-f]{64}")
 _ENTRY_NAME = re.compile(r"([0-9a-f]{64})\.bin")
-_TEMP_NAME = re.compile(r"\.([0-9a-f]{16})\.([1-9][0-9]{0,9})\.[0-9a-f]{16}\.tmp")
-
-_O_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
-_O_BINARY: int = getattr(os, "O_BINARY", 0)
-_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _O_NOFOLLOW | _O_BINARY
-_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_BINARY
+_TEMP_NAME = temp_name_pattern(r"\.(?P<key>[0-9a-f]{16})")
 
 
 class PipelineCacheWarning(RuntimeWarning):
@@ -137,10 +145,6 @@ class _Owned:
     pid: int = 0  # temp files: the writer's process id
 
 
-class _NotRegularFile(OSError):
-    """Something other than a regular file (a symlink, FIFO, device...) is at an entry path."""
-
-
 def default_cache_root() -> Path:
     """Return the cache root: ``$VYRE_CACHE_DIR``, else the platform's user cache directory."""
     env = os.environ.get("VYRE_CACHE_DIR")
@@ -160,55 +164,6 @@ def _warn(message: str, stacklevel: int = 3) -> None:
     warnings.warn(message, PipelineCacheWarning, stacklevel=stacklevel)
 
 
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISLNK, "symbolic link"),
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-        (stat.S_ISSOCK, "socket"),
-        (stat.S_ISDIR, "directory"),
-    ):
-        if test(mode):
-            return name
-    return "special file"
-
-
-def _open_regular(path: Path) -> tuple[int, os.stat_result]:
-    """Open ``path`` for reading as a regular file, never following a symlink or waiting on a FIFO.
-
-    Raises:
-        _NotRegularFile: A symlink, FIFO, device, socket or directory is there.
-        OSError: It could not be opened (FileNotFoundError when nothing is there).
-    """
-    if not _O_NOFOLLOW and os.path.islink(path):
-        raise _NotRegularFile(f"{path} is a symbolic link")
-    try:
-        fd = os.open(path, _READ_FLAGS)
-    except OSError:
-        if os.path.islink(path):  # ELOOP (EMLINK on some BSDs) from O_NOFOLLOW
-            raise _NotRegularFile(f"{path} is a symbolic link") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _NotRegularFile(f"{path} is a {_kind(st.st_mode)}, not a regular file")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
-
-
-def _read_prefix(fd: int, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = os.read(fd, size - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
 def _is_entry_header(key: str) -> Callable[[bytes], bool]:
     def check(head: bytes) -> bool:
         if len(head) < _OWNER.size:
@@ -226,11 +181,11 @@ def _is_temp_header(head: bytes) -> bool:
 def _owned_stat(path: Path, owned: Callable[[bytes], bool]) -> os.stat_result | None:
     """Return the stat of ``path`` if it is a regular file whose first bytes pass ``owned``."""
     try:
-        fd, st = _open_regular(path)
+        fd, st = open_regular(path)
     except OSError:
         return None
     try:
-        return st if owned(_read_prefix(fd, _OWNER.size)) else None
+        return st if owned(read_prefix(fd, _OWNER.size)) else None
     except OSError:
         return None
     finally:
@@ -240,31 +195,7 @@ def _owned_stat(path: Path, owned: Callable[[bytes], bool]) -> os.stat_result | 
 def _unlink_owned(path: Path, owned: Callable[[bytes], bool]) -> bool:
     """Delete ``path`` only if it is, right now, a regular file the cache owns."""
     st = _owned_stat(path, owned)
-    if st is None:
-        return False
-    try:
-        now = os.lstat(path)
-        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-            return False  # replaced since it was checked
-        os.unlink(path)
-    except OSError:
-        return False
-    return True
-
-
-def _writer_alive(pid: int) -> bool:
-    """Return whether process ``pid`` may still be writing (True when it cannot be told)."""
-    if sys.platform == "win32":
-        return True  # os.kill would terminate the process; such temp files go by age
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OverflowError:
-        return False  # no process can have that id
-    except OSError:
-        return True  # PermissionError: it exists, owned by another user
-    return True
+    return st is not None and unlink_unchanged(path, st)
 
 
 def _list(directory: str | Path) -> list[os.DirEntry[str]]:
@@ -327,28 +258,6 @@ class DiskPipelineCache:
             )
         return self.root / key[:2] / f"{key}.bin"
 
-    @staticmethod
-    def _ensure_dir(directory: Path) -> None:
-        """Create ``directory`` and its missing parents, one level at a time, each 0700.
-
-        Directories that already exist are left as they are (mode included).
-        """
-        missing: list[Path] = []
-        current = directory
-        while not current.is_dir():
-            missing.append(current)
-            if current.parent == current:
-                break
-            current = current.parent
-        for created in reversed(missing):
-            try:
-                os.mkdir(created, 0o700)
-            except FileExistsError:
-                continue  # made meanwhile by another writer (or not a directory: reported next)
-            if sys.platform != "win32":
-                with contextlib.suppress(OSError):
-                    os.chmod(created, 0o700)  # mkdir's mode went through the umask
-
     # Read -----------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:
         """Return the payload stored under ``key``, or None on a miss.
@@ -365,11 +274,11 @@ class DiskPipelineCache:
         """
         path = self.path_for(key)
         try:
-            fd, _ = _open_regular(path)
+            fd, _ = open_regular(path)
         except FileNotFoundError:
             self.misses += 1
             return None
-        except _NotRegularFile as exc:
+        except NotRegularFile as exc:
             self._failed_read(f"pipeline cache entry {exc}; ignoring it and recompiling")
             return None
         except OSError as exc:
@@ -462,14 +371,14 @@ class DiskPipelineCache:
         )
         tmp: Path | None = None
         try:
-            self._ensure_dir(path.parent)
-            fd, tmp = self._create_temp(path.parent, key)
+            make_private_dirs(path.parent)
+            fd, tmp = create_temp(path.parent, f".{key[:16]}")
             with os.fdopen(fd, "wb") as fh:
                 fh.write(header)
                 fh.write(payload)
                 fh.flush()
                 os.fsync(fh.fileno())
-            occupant = self._occupant(path)
+            occupant = non_regular_occupant(path)
             if occupant is not None:
                 self.errors += 1
                 _warn(
@@ -491,26 +400,6 @@ class DiskPipelineCache:
                     os.unlink(tmp)
         self._evict()
         return True
-
-    @staticmethod
-    def _create_temp(directory: Path, key: str) -> tuple[int, Path]:
-        """Create this process's temp file for ``key``: ``.<key[:16]>.<pid>.<16 hex>.tmp``."""
-        for _ in range(8):
-            tmp = directory / f".{key[:16]}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
-            try:
-                return os.open(tmp, _TEMP_FLAGS, 0o600), tmp
-            except FileExistsError:
-                continue
-        raise FileExistsError(f"no free temp file name in {directory}")
-
-    @staticmethod
-    def _occupant(path: Path) -> str | None:
-        """Return what non-regular file sits at ``path``, or None (nothing, or a regular file)."""
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return None
-        return None if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
 
     # Ownership ------------------------------------------------------------------
     def _scan(self) -> tuple[list[_Owned], list[_Owned]]:
@@ -543,10 +432,10 @@ class DiskPipelineCache:
                         entries.append(_Owned(path, st.st_size, st.st_mtime))
                 elif (
                     temp is not None
-                    and temp[1][:2] == sub.name
+                    and temp["key"][:2] == sub.name
                     and _owned_stat(path, _is_temp_header) is not None
                 ):
-                    temps.append(_Owned(path, st.st_size, st.st_mtime, pid=int(temp[2])))
+                    temps.append(_Owned(path, st.st_size, st.st_mtime, pid=int(temp["pid"])))
         self._verified = verified
         return entries, temps
 
@@ -556,7 +445,7 @@ class DiskPipelineCache:
         now = time.time()
         kept: list[_Owned] = []
         for temp in temps:
-            stale = now - temp.mtime > STALE_TEMP_SECONDS or not _writer_alive(temp.pid)
+            stale = temp_is_stale(temp.pid, temp.mtime, now=now)
             if not (stale and _unlink_owned(temp.path, _is_temp_header)):
                 kept.append(temp)
         return kept
