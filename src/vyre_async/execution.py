@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from vyre_async.calibration import Calibration, calibration_for
 from vyre_async.config import DispatchConfig
-from vyre_async.errors import UnsupportedFeature
+from vyre_async.errors import InvalidProgram, UnsupportedFeature
 from vyre_async.policies._checks import non_negative_int
 from vyre_async.policies.launch import (
     CommandReuseVerdict,
@@ -191,11 +191,15 @@ def requested_mode(
     """Return ``decision`` with its mode replaced by the caller's ``mode`` (reason ``requested``).
 
     Raises:
-        ValueError: ``mode`` is not ``plain``, ``persistent`` or ``command_reuse``.
+        InvalidProgram: ``mode`` is not ``plain``, ``persistent`` or ``command_reuse``
+            (also a ``ValueError``).
         UnsupportedFeature: the backend has no such path, or the config disables it.
     """
     if mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, not {mode!r}")
+        raise InvalidProgram(
+            f"mode must be one of {_MODES}, not {mode!r}",
+            fix='pass mode="plain", "persistent" or "command_reuse" (or None for the policy)',
+        )
     caps = backend.capabilities()
     if mode == "persistent" and (
         not caps.persistent_threads or config.persistent_thread == "disable"

@@ -177,7 +177,15 @@ class PendingDispatch:
         Callbacks run in the thread that settles the dispatch (a worker or the
         caller); keep them short and thread-safe. Exceptions they raise are
         reported through `threading.excepthook` and do not affect the dispatch.
+
+        Raises:
+            InvalidProgram: ``fn`` is not callable.
         """
+        if not callable(fn):
+            raise InvalidProgram(
+                f"add_done_callback needs a callable, got {fn!r}",
+                fix="pass a function taking the PendingDispatch",
+            )
         with self._lock:
             if self._state is _PENDING:
                 self._callbacks.append(fn)

@@ -16,6 +16,7 @@ import numpy as np
 from vyre_async.annotations import dispatch_attributes
 from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.config import DispatchConfig
+from vyre_async.errors import InvalidProgram
 from vyre_async.execution import choose_execution_mode, requested_mode
 from vyre_async.ir.program import Program
 from vyre_async.pending import DispatchCompleter, PendingDispatch
@@ -122,11 +123,17 @@ class CompiledPipeline:
                 reason is then ``"requested"``): for benchmarks and calibration.
 
         Raises:
-            InvalidProgram: an input set does not fit the program (nothing is launched).
+            InvalidProgram: ``batch`` is not a list, an input set does not fit the
+                program (nothing is launched), or ``mode`` is not one of the three.
             UnsupportedFeature: the config asks for something the backend lacks, or
                 ``mode`` names a path the backend does not have.
-            ValueError: ``mode`` is not one of the three modes.
+            BackendClosed: the backend was closed.
         """
+        if not isinstance(batch, list | tuple):
+            raise InvalidProgram(
+                f"dispatch_batch takes a list of input lists, got a {type(batch).__name__}",
+                fix="pass [[a1, b1], [a2, b2], ...]: one list of inputs per dispatch",
+            )
         items = list(batch)
         decision = choose_execution_mode(
             self.backend,

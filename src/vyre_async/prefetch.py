@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from vyre_async import telemetry
 from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.config import DispatchConfig
+from vyre_async.errors import InvalidProgram
 from vyre_async.ir.program import Program
 from vyre_async.plan import LaunchGeometry
 from vyre_async.policies.shapes import (
@@ -117,7 +118,7 @@ class Prefetcher:
         idle_s: float = 2.0,
     ) -> None:
         if max_queue < 1:
-            raise ValueError(f"max_queue must be >= 1, got {max_queue}\nFix: pass max_queue=4")
+            raise InvalidProgram(f"max_queue must be >= 1, got {max_queue}", fix="pass max_queue=4")
         self.backend = backend
         self.max_queue = max_queue
         self.idle_s = idle_s

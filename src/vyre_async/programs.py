@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vyre_async.errors import InvalidProgram
 from vyre_async.ir import (
     Access,
     Assign,
@@ -100,10 +101,13 @@ def sum_reduction(n: int, *, workgroup: int = 256, items_per_lane: int = 1) -> P
     workgroup's sum, and with a single workgroup the total.
 
     Raises:
-        ValueError: ``workgroup`` is not a power of two in 2..1024.
+        InvalidProgram: ``workgroup`` is not a power of two in 2..1024 (a ``ValueError``).
     """
     if workgroup < 2 or workgroup > 1024 or workgroup & (workgroup - 1):
-        raise ValueError(f"workgroup must be a power of two in 2..1024, got {workgroup}")
+        raise InvalidProgram(
+            f"workgroup must be a power of two in 2..1024, got {workgroup}",
+            fix="pass workgroup=256 (or 2, 4, ... 1024)",
+        )
     span = workgroup * items_per_lane
     groups = max(1, math.ceil(n / span))
     base, acc, l0 = Var("base"), Var("acc"), lid()
@@ -201,10 +205,13 @@ def prefix_scan(n: int) -> Program:
     Hillis-Steele with two ping-pong workgroup buffers and a barrier per round.
 
     Raises:
-        ValueError: ``n`` is not in 1..1024.
+        InvalidProgram: ``n`` is not in 1..1024 (also a ``ValueError``).
     """
     if not 1 <= n <= 1024:
-        raise ValueError(f"prefix_scan handles 1..1024 elements in one workgroup, got {n}")
+        raise InvalidProgram(
+            f"prefix_scan handles 1..1024 elements in one workgroup, got {n}",
+            fix="scan at most 1024 elements per dispatch (scan blocks, then their sums)",
+        )
     width = 1 << max(0, (n - 1).bit_length())
     lane = Var("l")
     body: list[Stmt] = [Let("l", lid()), Store("ping", lane, Load("x", lane)), Barrier()]

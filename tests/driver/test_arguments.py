@@ -22,10 +22,11 @@ from vyre_async import (
     ShadowBackend,
     UnsupportedFeature,
 )
+from vyre_async.cache.memory import MemoryPipelineCache
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.graph import ArmGraph
 from vyre_async.ir import Access, Assign, BufferDecl, DType, Let, Load, Loop, Program, Var, u32
-from vyre_async.programs import elementwise_xor
+from vyre_async.programs import elementwise_xor, sum_reduction
 from vyre_reference import ReferenceBackend
 
 U = np.uint32
@@ -79,6 +80,18 @@ BAD_CALLS: dict[str, Callable[[], object]] = {
     "result(timeout='1')": lambda: _backend().dispatch(XOR, [A, A]).result(timeout="1"),  # type: ignore[arg-type]
     "result(timeout=nan)": lambda: _backend().dispatch(XOR, [A, A]).result(timeout=math.nan),
     "graph resource 2**40": lambda: ArmGraph().resource("r", "u32", 2**40),
+    "add_done_callback(None)": lambda: _backend().dispatch(XOR, [A, A]).add_done_callback(None),  # type: ignore[arg-type]
+    "dispatch_batch(None)": lambda: _backend().compile(XOR).dispatch_batch(None),  # type: ignore[arg-type]
+    "dispatch_batch(mode='fast')": lambda: (
+        _backend()
+        .compile(XOR)
+        .dispatch_batch(
+            [[A, A]],
+            mode="fast",  # type: ignore[arg-type]
+        )
+    ),
+    "MemoryPipelineCache(0)": lambda: MemoryPipelineCache(0),
+    "sum_reduction(workgroup=3)": lambda: sum_reduction(64, workgroup=3),
     "graph resource dtype f64": lambda: ArmGraph().resource("r", "f64", 4),
 }
 

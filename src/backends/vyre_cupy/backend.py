@@ -136,7 +136,10 @@ def create_backend(
     """
     cache = DiskPipelineCache() if disk_cache == "default" else disk_cache
     if isinstance(cache, str):
-        raise ValueError(f"disk_cache must be 'default', a DiskPipelineCache or None: {cache!r}")
+        raise InvalidProgram(
+            f"disk_cache must be 'default', a DiskPipelineCache or None, got {cache!r}",
+            fix="pass disk_cache=DiskPipelineCache(path) for another directory",
+        )
     return CupyBackend(device=device, streams=streams, disk_cache=cache, **kwargs)
 
 

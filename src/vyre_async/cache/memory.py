@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from vyre_async.cache.identity import PipelineIdentity, classify_miss
+from vyre_async.errors import InvalidProgram
 
 __all__ = ["CacheStats", "MemoryPipelineCache"]
 
@@ -40,8 +41,11 @@ class MemoryPipelineCache(Generic[T]):
     """
 
     def __init__(self, capacity: int = 256) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise InvalidProgram(
+                f"MemoryPipelineCache capacity must be an int >= 1, got {capacity!r}",
+                fix="pass e.g. capacity=256",
+            )
         self.capacity = capacity
         self._entries: OrderedDict[bytes, tuple[PipelineIdentity, T]] = OrderedDict()
         self._lock = threading.Lock()
