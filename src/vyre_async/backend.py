@@ -44,7 +44,7 @@ from vyre_async.ir.program import Program
 from vyre_async.ir.types import DType
 from vyre_async.ir.validate import validate_or_raise
 from vyre_async.ir.walk import iter_exprs
-from vyre_async.pending import PendingDispatch
+from vyre_async.pending import PendingDispatch, seconds
 from vyre_async.pipeline import CompiledPipeline, InputLike, Launch
 from vyre_async.plan import check_input_count, normalize_input, plan_dispatch
 from vyre_async.prefetch import Prefetcher, PrefetchJob
@@ -144,14 +144,14 @@ class VyreBackend(abc.ABC):
         if (
             isinstance(close_timeout, bool)
             or not isinstance(close_timeout, int | float)
-            or not 0 <= close_timeout < math.inf
+            or not 0 <= seconds(close_timeout) < math.inf
         ):
             raise InvalidProgram(
                 f"close_timeout must be a finite number of seconds >= 0, got {close_timeout!r}",
                 fix=f"pass e.g. close_timeout={CLOSE_TIMEOUT_S}",
             )
         #: Seconds `shutdown` waits for work it cannot stop at once.
-        self.close_timeout = float(close_timeout)
+        self.close_timeout = seconds(close_timeout)
         self.pipelines: MemoryPipelineCache[CompiledPipeline] = MemoryPipelineCache(
             pipeline_cache_capacity
         )
@@ -237,7 +237,8 @@ class VyreBackend(abc.ABC):
         self._closed = True
         if self.prefetcher is not None:
             self.prefetcher.close()
-        await self.shutdown()
+        with anyio.CancelScope(shield=True):  # bounded by close_timeout; release even when
+            await self.shutdown()  # the closing task is being cancelled
 
     @property
     def closed(self) -> bool:

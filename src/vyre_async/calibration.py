@@ -48,6 +48,7 @@ from vyre_async.cache.files import (
     non_regular_occupant,
     open_regular,
     read_prefix,
+    root_directory,
     temp_is_stale,
     temp_name_pattern,
     unlink_unchanged,
@@ -303,10 +304,13 @@ class CalibrationStore:
         root: Directory of the records; `default_calibration_root()` when None.
             `save` creates it (and its missing parents) with mode 0700; a
             directory that already exists keeps its mode.
+
+    Raises:
+        InvalidProgram: ``root`` is not None, a str or a path-like object.
     """
 
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
-        self.root = Path(root).expanduser() if root is not None else default_calibration_root()
+        self.root = root_directory(root, default_calibration_root, "CalibrationStore")
 
     def path_for(self, backend_id: str, backend_version: str, device_fingerprint: str) -> Path:
         """Return the file holding the record of that device: ``root/<calibration_key>.json``."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Literal
 
@@ -77,8 +76,7 @@ class DispatchConfig:
         if self.timeout is not None and (
             isinstance(self.timeout, bool)
             or not isinstance(self.timeout, int | float)
-            or not self.timeout > 0
-            or math.isnan(self.timeout)
+            or not self.timeout > 0  # False for NaN too
         ):
             raise _bad(
                 f"timeout must be a positive number of seconds, got {self.timeout!r}", "timeout=1.0"

@@ -24,7 +24,13 @@ import numpy as np
 
 from vyre_async.errors import BackendError, DispatchFailed, DispatchTimeout, InvalidProgram
 
-__all__ = ["DispatchCompleter", "DispatchTiming", "PendingDispatch", "ResultAlreadyTaken"]
+__all__ = [
+    "DispatchCompleter",
+    "DispatchTiming",
+    "PendingDispatch",
+    "ResultAlreadyTaken",
+    "seconds",
+]
 
 Outputs = list[np.ndarray]
 #: Longest single blocking wait; longer waits loop (platform clocks overflow near 2**63 ns).
@@ -114,7 +120,7 @@ class PendingDispatch:
             )
         self._created = time.monotonic() if created is None else created
         self._timeout = timeout
-        self._deadline = None if timeout is None else self._created + timeout
+        self._deadline = None if timeout is None else self._created + seconds(timeout)
         self._label = label
         self._lock = threading.Lock()
         self._settled = threading.Event()
@@ -316,12 +322,14 @@ class PendingDispatch:
         if state is _TIMED_OUT:
             self._stop.set()
         # Callbacks (span end, bookkeeping) run before waiters wake, so a caller that
-        # resumes sees them done.
-        for fn in callbacks:
-            _run_callback(fn, self)
-        self._settled.set()
-        for wake in wakers:
-            wake()
+        # resumes sees them done; waiters wake even if a callback raises SystemExit.
+        try:
+            for fn in callbacks:
+                _run_callback(fn, self)
+        finally:
+            self._settled.set()
+            for wake in wakers:
+                wake()
         return True
 
     def _host_timing(self) -> DispatchTiming:
@@ -422,7 +430,15 @@ def _wait_limit(timeout: object) -> float:
             f"result(timeout=...) must be a number of seconds or None, got {timeout!r}",
             fix="pass e.g. pending.result(timeout=1.0)",
         )
-    return max(0.0, float(timeout))
+    return max(0.0, seconds(timeout))
+
+
+def seconds(value: int | float) -> float:
+    """Return a number of seconds as a float; an int too large for a float is ``inf``."""
+    try:
+        return float(value)
+    except OverflowError:  # e.g. 10**400
+        return math.inf if value > 0 else -math.inf
 
 
 def _wait(event: threading.Event, seconds: float) -> bool:

@@ -134,7 +134,10 @@ def normalize_input(decl: BufferDecl, value: object) -> np.ndarray:
     want = decl.dtype.numpy
     try:
         if isinstance(value, bytes | bytearray | memoryview):
-            raw = memoryview(value).cast("B")
+            raw = memoryview(value)
+            if not raw.c_contiguous:  # a strided view: copy its bytes out in order
+                raw = memoryview(raw.tobytes())
+            raw = raw.cast("B")
             if raw.nbytes % 4:
                 raise InvalidProgram(
                     f"input for buffer {decl.name!r} has {raw.nbytes} bytes, not a multiple of 4",
@@ -157,7 +160,7 @@ def normalize_input(decl: BufferDecl, value: object) -> np.ndarray:
                 fix="pass a numpy array or a bytes-like object",
             )
     except MemoryError as exc:
-        size = value.size * 4 if isinstance(value, np.ndarray) else len(memoryview(value).cast("B"))  # type: ignore[arg-type]
+        size = 4 * value.size if isinstance(value, np.ndarray) else memoryview(value).nbytes  # type: ignore[arg-type]
         raise host_out_of_memory(size, f"copying the input for buffer {decl.name!r}") from exc
     if decl.count and array.size != decl.count:
         raise InvalidProgram(
@@ -249,7 +252,8 @@ def plan_dispatch(
         workgroup_override: Replaces the program's workgroup shape when given.
 
     Raises:
-        InvalidProgram: wrong number of inputs, or a grid that cannot be inferred.
+        InvalidProgram: wrong number of inputs, a grid that cannot be inferred, or
+            more than 2**32 lanes on an axis (``gid`` is a u32).
     """
     memo_key = (
         "plan",
@@ -277,6 +281,14 @@ def plan_dispatch(
         else normalize_axes(workgroup_override, "workgroup_override")
     )
     grid = infer_grid(program, counts, workgroup=workgroup, grid_override=grid_override)
+    for axis in range(3):
+        if grid[axis] * workgroup[axis] > _GID_LIMIT:
+            raise InvalidProgram(
+                f"grid {grid} x workgroup {workgroup} has {grid[axis] * workgroup[axis]} lanes "
+                f"on axis {axis}; global invocation ids are u32, so at most {_GID_LIMIT}",
+                fix="use a smaller grid_override (or spread the work over several axes "
+                "or dispatches)",
+            )
     plan = BindingPlan(
         program=program,
         geometry=LaunchGeometry(grid=grid, workgroup=workgroup),
@@ -295,6 +307,8 @@ def plan_dispatch(
 
 
 _PLAN_MEMO = 64
+#: Lanes per axis of one launch: ``gid`` is a u32 per axis.
+_GID_LIMIT = 1 << 32
 
 
 def _axes_key(value: int | Sequence[int] | None) -> object:

@@ -17,7 +17,7 @@ from vyre_async.errors import InvalidProgram, host_out_of_memory
 from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.plan import normalize_input
 
-__all__ = ["ResidentBuffer", "alloc_request", "upload_request"]
+__all__ = ["ResidentBuffer", "alloc_request", "check_buffer", "upload_request"]
 
 _ids = itertools.count(1)
 
@@ -92,6 +92,21 @@ class ResidentBuffer:
         name = f" {self.label!r}" if self.label else ""
         shape = f"{self.dtype.value}[{self.count}]"
         return f"<ResidentBuffer #{self.id}{name} {shape} on {self.backend_id}{state}>"
+
+
+def check_buffer(buffer: object, operation: str) -> ResidentBuffer:
+    """Return ``buffer`` if it is a `ResidentBuffer`, for ``download``/``free`` and the like.
+
+    Raises:
+        InvalidProgram: it is anything else.
+    """
+    if not isinstance(buffer, ResidentBuffer):
+        raise InvalidProgram(
+            f"{operation} takes a ResidentBuffer (from backend.upload or backend.alloc), "
+            f"got a {type(buffer).__name__}",
+            fix=f"pass the buffer upload() or alloc() returned to {operation}()",
+        )
+    return buffer
 
 
 def _dtype(value: object) -> DType:

@@ -100,6 +100,11 @@ def configure_tracing(
             f"got {export_timeout_s!r}",
             fix="pass export_timeout_s=2.0 (or another number of seconds above 0)",
         )
+    if not isinstance(spec, str):
+        raise InvalidProgram(
+            f"the trace spec must be a str, got {spec!r}",
+            fix="choose none, console, otlp or file:PATH (for example file:traces.jsonl)",
+        )
     if spec == "none":
         return None
     if spec not in ("console", "otlp") and not (spec.startswith("file:") and len(spec) > 5):

@@ -22,11 +22,14 @@ from vyre_async import (
     ShadowBackend,
     UnsupportedFeature,
 )
+from vyre_async.cache.disk import DiskPipelineCache
 from vyre_async.cache.memory import MemoryPipelineCache
+from vyre_async.calibration import CalibrationStore
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.graph import ArmGraph
 from vyre_async.ir import Access, Assign, BufferDecl, DType, Let, Load, Loop, Program, Var, u32
 from vyre_async.programs import elementwise_xor, sum_reduction
+from vyre_async.tracing import configure_tracing
 from vyre_reference import ReferenceBackend
 
 U = np.uint32
@@ -91,6 +94,21 @@ BAD_CALLS: dict[str, Callable[[], object]] = {
         )
     ),
     "MemoryPipelineCache(0)": lambda: MemoryPipelineCache(0),
+    "ReferenceBackend(close_timeout=10**400)": lambda: ReferenceBackend(close_timeout=10**400),
+    "download(5)": lambda: _backend().download(5),  # type: ignore[arg-type]
+    "free('buffer')": lambda: _backend().free("buffer"),  # type: ignore[arg-type]
+    "DiskPipelineCache(123)": lambda: DiskPipelineCache(123),  # type: ignore[arg-type]
+    "CalibrationStore(123)": lambda: CalibrationStore(123),  # type: ignore[arg-type]
+    "configure_tracing(None)": lambda: configure_tracing(None),  # type: ignore[arg-type]
+    "grid_override=(2**31,)*3": lambda: _backend().dispatch(
+        XOR, [A, A], DispatchConfig(grid_override=(2**31,) * 3)
+    ),
+    "grid_override=(2**40,1,1)": lambda: _backend().dispatch(
+        XOR, [A, A], DispatchConfig(grid_override=(2**40, 1, 1))
+    ),
+    "reference lanes over MAX_LANES": lambda: _backend().dispatch(
+        XOR, [A, A], DispatchConfig(grid_override=(2**26, 2**5, 1))
+    ),
     "sum_reduction(workgroup=3)": lambda: sum_reduction(64, workgroup=3),
     "graph resource dtype f64": lambda: ArmGraph().resource("r", "f64", 4),
 }
@@ -116,11 +134,11 @@ def _slow_program() -> Program:
     )
 
 
-@pytest.mark.parametrize("timeout", [1e10, 1e300, math.inf])
+@pytest.mark.parametrize("timeout", [1e10, 1e300, math.inf, 10**400])
 def test_huge_timeouts_wait_like_no_timeout(timeout: float) -> None:
     """DispatchConfig(timeout=1e10) or result(timeout=1e10) raised a raw OverflowError."""
     backend = ReferenceBackend(inline_ns=0)
-    n = [np.array([20_000], U)]
+    n = [np.array([200_000], U)]  # long enough that both waits really block (0.1.0 overflowed)
     config = DispatchConfig(timeout=timeout)
     assert backend.dispatch(_slow_program(), n, config).result()[0].tolist() == [0]
     assert backend.dispatch(_slow_program(), n).result(timeout=timeout)[0].tolist() == [0]
@@ -188,3 +206,13 @@ def test_speculation_disable_skips_shape_prediction_and_force_needs_a_prefetcher
 def test_every_bad_call_is_listed_once() -> None:
     names: list[Any] = list(BAD_CALLS)
     assert len(names) == len(set(names)) >= 25
+
+
+def test_a_strided_memoryview_input_is_copied_in_order() -> None:
+    """memoryview(...).cast("B") raised a raw TypeError for non-contiguous views."""
+    backing = np.arange(128, dtype=U)
+    strided = memoryview(backing)[::2]  # every other word, not contiguous
+    (out,) = _backend().dispatch(XOR, [strided, np.zeros(64, U)]).result()
+    assert out.tolist() == backing[::2].tolist()
+    handle = _backend().upload(strided)
+    assert handle.count == 64

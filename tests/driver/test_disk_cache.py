@@ -528,3 +528,16 @@ def test_old_temp_files_are_reclaimed_whoever_wrote_them(tmp_path: Path) -> None
     assert fresh.read_bytes() == b"VYPC\x01\x00partial"  # this process is alive and writing
     info = cache.info()
     assert (info.entries, info.temp_files, info.temp_bytes) == (0, 1, len(b"VYPC\x01\x00partial"))
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="symlinks need privileges on Windows")
+def test_put_never_writes_through_a_symlinked_subdirectory(tmp_path: Path) -> None:
+    """Eviction and clear skip such a directory, so its entries escaped the size cap."""
+    cache = DiskPipelineCache(tmp_path / "cache")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / KEY[:2]).symlink_to(outside, target_is_directory=True)
+    with pytest.warns(PipelineCacheWarning, match="symbolic link"):
+        assert not cache.put(KEY, b"payload")
+    assert list(outside.iterdir()) == []

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import gc
+import sys
 import threading
+import time
 
+import anyio
 import numpy as np
 import pytest
 
-from vyre_async import BackendClosed, DispatchConfig, InvalidProgram, acquire_backend
+from vyre_async import (
+    BackendClosed,
+    DispatchConfig,
+    DispatchTimeout,
+    InvalidProgram,
+    acquire_backend,
+)
 from vyre_async.ir import (
     Access,
     Assign,
@@ -270,3 +280,113 @@ def test_sizes_over_the_largest_buffer_fail_before_anything_is_allocated() -> No
     )
     with pytest.raises(InvalidProgram, match="largest buffer"):
         backend.dispatch(big_output, [])
+
+
+def test_a_done_callback_may_download_after_its_dispatch_failed() -> None:
+    """fail() ran callbacks before the buffer's done event was set: download() hung."""
+    from tests.contract.test_contract import resident_order_programs
+
+    backend = ReferenceBackend(inline_ns=0)
+    slow_add, triple, _ = resident_order_programs(64)
+    x = backend.upload(np.arange(64, dtype=np.uint32))
+    seen: list[list[int]] = []
+    finished = threading.Event()
+
+    def callback(_pending: object) -> None:
+        seen.append(backend.download(x).tolist())
+        finished.set()
+
+    first = backend.dispatch(slow_add, [x, np.array([300_000], U)])
+    second = backend.dispatch(triple, [x], DispatchConfig(timeout=0.01))
+    second.add_done_callback(callback)
+    assert finished.wait(30), "the done-callback of a failed dispatch blocked on its own buffer"
+    with pytest.raises(DispatchTimeout):
+        second.result()
+    assert first.result(timeout=30)[0].tolist() == [i + 1 for i in range(64)]
+    assert len(seen) == 1 and backend.in_flight == 0
+
+
+@pytest.mark.anyio
+async def test_a_callback_raising_system_exit_neither_hangs_awaiters_nor_kills_the_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reported: list[type[BaseException]] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: reported.append(args.exc_type))
+    backend = ReferenceBackend(inline_ns=0, max_workers=1)
+    a = np.ones(64, U)
+    pending = backend.dispatch(elementwise_xor(64), [a, a])
+    pending.add_done_callback(lambda _: sys.exit(3))
+    with anyio.fail_after(30):
+        assert (await pending)[0].tolist() == [0] * 64
+        again = await backend.dispatch(elementwise_xor(64), [a, np.zeros(64, U)])
+    assert again[0].tolist() == [1] * 64  # the only worker survived
+    assert SystemExit in reported
+    await backend.aclose()
+
+
+def test_unclosed_backends_do_not_leak_worker_threads() -> None:
+    def workers() -> int:
+        return sum(t.name.startswith("vyre-reference") for t in threading.enumerate())
+
+    before = workers()
+    for _ in range(10):
+        backend = ReferenceBackend(inline_ns=0)
+        backend.dispatch_sync(elementwise_xor(64), [np.ones(64, U)] * 2)
+        del backend
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while workers() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert workers() <= before
+
+
+def test_a_worker_that_cannot_start_is_a_dispatch_failed_and_leaves_no_trace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vyre_async import DispatchFailed
+
+    backend = ReferenceBackend(inline_ns=0)
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(threading.Thread, "start", refuse)
+        with pytest.raises(DispatchFailed, match="worker thread") as info:
+            backend.dispatch(elementwise_xor(64), [np.ones(64, U)] * 2)
+    assert "Fix:" in str(info.value) and backend.in_flight == 0
+    out = backend.dispatch_sync(elementwise_xor(64), [np.ones(64, U), np.zeros(64, U)])
+    assert out[0].tolist() == [1] * 64  # threads start again once they can
+
+
+def test_the_inline_estimate_counts_bytes() -> None:
+    """Big resident copies or WORKGROUP buffers over a small grid ran inline for ms."""
+    backend = ReferenceBackend()
+    big = backend.upload(np.zeros(1 << 22, U))  # 16 MiB copied in and written back
+    pending = backend.dispatch(_accumulate(), [big, big], DispatchConfig(grid_override=1))
+    assert not pending.done() and backend.in_flight == 1
+    pending.result(timeout=60)
+    shared = Program(
+        [
+            BufferDecl("tile", 0, Access.WORKGROUP, DType.U32, 12 * 1024),
+            BufferDecl("out", 1, Access.WRITE, DType.U32, 1),
+        ],
+        1,
+        [Store("tile", u32(0), u32(1))],
+        op_id="test.shared_tiles",
+    )  # 4000 workgroups x 48 KiB zero-filled: ~200 MB of memory traffic
+    pending = backend.dispatch(shared, [], DispatchConfig(grid_override=4000))
+    assert not pending.done()
+    pending.result(timeout=60)
+
+
+@pytest.mark.anyio
+async def test_aclose_in_a_cancelled_scope_still_releases_everything() -> None:
+    backend = ReferenceBackend(inline_ns=0)
+    pending = backend.dispatch(_empty_loop(1 << 24), [])
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await backend.aclose()
+    assert backend.closed and backend.in_flight == 0
+    with pytest.raises(BackendClosed):
+        pending.result(timeout=30)

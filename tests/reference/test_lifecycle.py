@@ -139,3 +139,24 @@ def test_close_gives_up_on_work_that_never_reaches_a_safe_point() -> None:
         """
     )
     assert "abandoned" in out
+
+
+def test_exit_ends_while_a_thread_waits_on_a_runaway_dispatch() -> None:
+    """The interpreter joins non-daemon threads before atexit hooks: stop runs before that."""
+    out, _ = _run(
+        """
+        import threading
+        backend = ReferenceBackend()
+        pending = backend.dispatch(RUNAWAY, N)
+
+        def wait():
+            try:
+                pending.result()
+            except BackendClosed:
+                print("waiter released", flush=True)
+
+        threading.Thread(target=wait).start()  # not a daemon: exit joins it
+        time.sleep(0.2)
+        """
+    )
+    assert "waiter released" in out

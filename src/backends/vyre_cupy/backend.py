@@ -48,7 +48,7 @@ from vyre_async.ir.program import Program
 from vyre_async.ir.types import Access, DType
 from vyre_async.pending import PendingDispatch
 from vyre_async.pipeline import Launch
-from vyre_async.resident import ResidentBuffer, alloc_request, upload_request
+from vyre_async.resident import ResidentBuffer, alloc_request, check_buffer, upload_request
 from vyre_cupy.batch import (
     PRIVATE_ARENA,
     CapturedGraph,
@@ -657,7 +657,7 @@ class CupyBackend(VyreBackend):
             BackendClosed: the backend was closed.
         """
         self.check_open()
-        buf: _DeviceBuffer = buffer.native(self)
+        buf: _DeviceBuffer = check_buffer(buffer, "download").native(self)
         self._check_open()
         cp, rt = self._cupy, self._rt
         self._use_device()
@@ -692,7 +692,7 @@ class CupyBackend(VyreBackend):
             InvalidProgram: the buffer belongs to another backend instance or was
                 already freed (freeing after close is allowed).
         """
-        buffer.native(self)
+        check_buffer(buffer, "free").native(self)
         buffer._release()
         self._resident.pop(buffer.id, None)
 
@@ -726,6 +726,9 @@ class CupyBackend(VyreBackend):
         while self._bridge.in_flight and anyio.current_time() < deadline:
             await anyio.sleep(delay)
             delay = min(delay * 2, 0.01)
+        # A dispatch racing the close (past its open check on another thread) may still
+        # submit: the join is bounded by what is left of close_timeout, then abandoned.
+        self._bridge.close(timeout=max(0.0, deadline - anyio.current_time()))
         if self._bridge.in_flight:
             stuck = self._bridge.abandon(
                 BackendClosed(
@@ -741,9 +744,6 @@ class CupyBackend(VyreBackend):
                 stuck,
                 self.close_timeout,
             )
-            self._bridge.close(timeout=0)
-        else:
-            self._bridge.close()
         self._streams.close()
         self._events.clear()
 

@@ -47,7 +47,7 @@ from vyre_async.ir.types import Access, DType
 from vyre_async.ir.walk import child_exprs, stmt_exprs
 from vyre_async.pending import PendingDispatch
 from vyre_async.pipeline import Launch
-from vyre_async.resident import ResidentBuffer, alloc_request, upload_request
+from vyre_async.resident import ResidentBuffer, alloc_request, check_buffer, upload_request
 from vyre_reference.cancel import Cancelled
 from vyre_reference.compile import compile_program
 from vyre_reference.engine import run_plan
@@ -69,6 +69,10 @@ _EXPR_NS = 1_000
 _ITERATION_NS = 1_000
 _LANE_STMT_NS = 2
 _ATOMIC_LANE_NS = 200
+#: ... and per byte copied or zero-filled (inputs, outputs, WORKGROUP buffers).
+_BYTE_NS = 0.25
+#: Most lanes in one launch: the engine holds arrays of one value per lane.
+MAX_LANES = 1 << 30
 #: Seconds interpreter exit waits for running dispatches to stop.
 _EXIT_TIMEOUT_S = 2.0
 
@@ -151,16 +155,30 @@ class ReferenceBackend(VyreBackend):
 
     # Dispatch ---------------------------------------------------------------------
     def _estimate_ns(self, launch: Launch) -> float:
-        """Upper-bound estimate of the launch's engine time (inf when not bounded statically)."""
-        program = launch.plan.program
+        """Upper-bound estimate of the launch's engine time (inf when not bounded statically).
+
+        Statements, expression nodes and loop iterations (`_static_cost`), per
+        lane, plus the bytes the engine copies or zero-fills: inputs, outputs,
+        resident write-backs and every workgroup's WORKGROUP buffers.
+        """
+        plan = launch.plan
+        program = plan.program
         cost = program._memo.get("reference.cost")
         if cost is None:
-            cost = _static_cost(program.body)
+            shared = 4 * sum(d.count for d in program.buffers if d.access is Access.WORKGROUP)
+            cost = (*_static_cost(program.body), shared)
             program._memo["reference.cost"] = cost
-        fixed_ns, lane_steps, atomics = cost
-        lanes = launch.plan.geometry.lanes
-        per_launch = fixed_ns + lanes * (lane_steps * _LANE_STMT_NS + atomics * _ATOMIC_LANE_NS)
-        return float(launch.config.iterations * per_launch)
+        fixed_ns, lane_steps, atomics, shared_bytes = cost
+        geometry = plan.geometry
+        copied_ns = (plan.bytes_in + plan.bytes_out) * _BYTE_NS
+        if not geometry.lanes:
+            return float(copied_ns)
+        per_launch = (
+            fixed_ns
+            + geometry.lanes * (lane_steps * _LANE_STMT_NS + atomics * _ATOMIC_LANE_NS)
+            + geometry.workgroups * shared_bytes * _BYTE_NS
+        )
+        return float(copied_ns + launch.config.iterations * per_launch)
 
     def enqueue(self, launch: Launch) -> PendingDispatch:
         """Run the launch inline when tiny and unblocked, else on the worker pool.
@@ -171,9 +189,19 @@ class ReferenceBackend(VyreBackend):
 
         Raises:
             BackendClosed: the backend was closed.
+            InvalidProgram: the launch has more than `MAX_LANES` lanes.
+            DispatchFailed: no worker thread could be started.
         """
         self.check_open()
-        tiny = launch.plan.geometry.lanes == 0 or self._estimate_ns(launch) < self.inline_ns
+        lanes = launch.plan.geometry.lanes
+        if lanes > MAX_LANES:
+            raise InvalidProgram(
+                f"the launch has {lanes} lanes (grid {launch.plan.geometry.grid} x workgroup "
+                f"{launch.plan.geometry.workgroup}); the reference engine holds one value per "
+                f"lane in host memory and takes at most {MAX_LANES}",
+                fix="use a smaller grid_override, or split the work into several dispatches",
+            )
+        tiny = self._estimate_ns(launch) < self.inline_ns
         natives = [
             item.native(self) if isinstance(item, ResidentBuffer) else item
             for item in launch.inputs
@@ -201,14 +229,27 @@ class ReferenceBackend(VyreBackend):
         with self._pool_lock:
             if not self._closed:
                 if self._pool is None:
-                    self._pool = WorkerPool(self.max_workers, name="vyre-reference")
+                    self._pool = pool = WorkerPool(self.max_workers, name="vyre-reference")
                     _live.add(self)
+                    weakref.finalize(self, pool.close)  # an unclosed backend's idle threads end
                 self._running.add(job)
-                self._pool.submit(job)
-                return
-        if job.done is not None:  # closed meanwhile: later users of its buffers must not
-            job.done.set()  # wait on it (dispatch() raises, so nobody holds its pending)
-        self.check_open()
+                try:
+                    self._pool.submit(job)
+                    return
+                except RuntimeError as exc:
+                    self._running.discard(job)
+                    failure: BaseException = DispatchFailed(
+                        f"the reference backend could not start a worker thread ({exc})",
+                        fix="lower the number of threads in the process, or free memory",
+                    )
+                    failure.__cause__ = exc
+            else:
+                failure = BackendClosed(
+                    f"backend {self.id!r} was closed; it runs nothing more", backend_id=self.id
+                )
+        if job.done is not None:  # later users of its buffers must not wait on it
+            job.done.set()  # (dispatch() raises, so nobody holds its pending)
+        raise failure
 
     def _order(self, launch: Launch) -> tuple[tuple[threading.Event, ...], threading.Event]:
         """Register ``launch`` on its resident buffers; return what it waits for, and its done.
@@ -246,9 +287,17 @@ class ReferenceBackend(VyreBackend):
         waits: tuple[threading.Event, ...],
         done: threading.Event | None,
     ) -> None:
-        """Execute one launch (inline, or on a worker when ``queued_ns`` is given)."""
+        """Execute one launch (inline, or on a worker when ``queued_ns`` is given) and settle it.
+
+        A launch that fails is settled only after its done event is set, like
+        one that succeeds: its done-callbacks may use its resident buffers
+        (``download``) without waiting on themselves.
+        """
+        error: BackendError | None = None
         try:
-            self._execute(launch, queued_ns, natives, waits, done)
+            error = self._execute(launch, queued_ns, natives, waits, done)
+        except Exception as exc:  # outside the engine's own handling (e.g. settling)
+            error = self._failure(launch, exc)
         finally:
             if done is not None:
                 # A dispatch that stopped early (timeout) still ends after the ones it
@@ -257,6 +306,8 @@ class ReferenceBackend(VyreBackend):
                 for event in waits:
                     event.wait()
                 done.set()
+        if error is not None:
+            launch.completer.fail(error)  # dropped if already settled (a timeout)
 
     def _execute(
         self,
@@ -265,15 +316,15 @@ class ReferenceBackend(VyreBackend):
         natives: list[np.ndarray],
         waits: tuple[threading.Event, ...],
         done: threading.Event | None,
-    ) -> None:
+    ) -> BackendError | None:
+        """Run the launch; resolve it on success (after ``done``), else return its error."""
         completer = launch.completer
         for event in waits:  # earlier dispatches on the same resident buffers
             while not event.wait(_ORDER_POLL_S):
                 if completer.stop_requested.is_set():
                     break
         if completer.stop_requested.is_set():
-            completer.fail(self._stopped(launch))  # dropped if already settled: nothing runs
-            return
+            return self._stopped(launch)  # nothing runs
         completer.mark_started()
         started_ns = time.time_ns()
         if queued_ns is not None:
@@ -292,35 +343,33 @@ class ReferenceBackend(VyreBackend):
                 cancel=completer.stop_requested,
             )
             self._write_back(launch, natives, outputs)
-            if done is not None:  # its buffers are final: later users may start (and a
-                done.set()  # done-callback may download them) before it resolves
-        except Cancelled:
-            completer.fail(self._stopped(launch))
-            return
-        except BackendError as exc:
-            completer.fail(exc)
-            return
-        except MemoryError as exc:
-            error = host_out_of_memory(
-                math.inf,
-                f"running {launch.plan.program.op_id or 'a dispatch'} over "
-                f"{launch.plan.geometry.lanes} lanes",
-            )
-            error.__cause__ = exc
-            completer.fail(error)
-            return
         except Exception as exc:
-            completer.fail(
-                DispatchFailed(
-                    f"the reference engine failed on "
-                    f"{launch.plan.program.op_id or 'a program'}: {type(exc).__name__}: {exc}",
-                    fix="this is a bug in vyre_reference; report it with the program's wire bytes",
-                )
-            )
-            return
+            return self._failure(launch, exc)
+        if done is not None:  # its buffers are final: later users may start (and a
+            done.set()  # done-callback may download them) before it resolves
         device_s = time.perf_counter() - start
         completer.record_phase("vyre.launch", started_ns, time.time_ns())
         completer.resolve(outputs, device_s=device_s, compile_s=launch.compile_s)
+        return None
+
+    def _failure(self, launch: Launch, exc: Exception) -> BackendError:
+        """Return the error a launch that raised ``exc`` settles with."""
+        if isinstance(exc, Cancelled):
+            return self._stopped(launch)
+        if isinstance(exc, BackendError):
+            return exc
+        what = launch.plan.program.op_id or "a program"
+        if isinstance(exc, MemoryError):
+            error: BackendError = host_out_of_memory(
+                math.inf, f"running {what} over {launch.plan.geometry.lanes} lanes"
+            )
+        else:
+            error = DispatchFailed(
+                f"the reference engine failed on {what}: {type(exc).__name__}: {exc}",
+                fix="this is a bug in vyre_reference; report it with the program's wire bytes",
+            )
+        error.__cause__ = exc
+        return error
 
     def _stopped(self, launch: Launch) -> BackendError:
         """The error of a launch stopped at a safe point: closed backend, else its timeout."""
@@ -385,7 +434,7 @@ class ReferenceBackend(VyreBackend):
             BackendClosed: the backend was closed (also while waiting).
         """
         self.check_open()
-        native = buffer.native(self)
+        native = check_buffer(buffer, "download").native(self)
         with self._order_lock:
             order = self._orders.get(buffer.id)
             last_write = None if order is None else order.last_write
@@ -402,7 +451,7 @@ class ReferenceBackend(VyreBackend):
         Raises:
             InvalidProgram: the buffer belongs to another backend instance or was freed.
         """
-        buffer.native(self)
+        check_buffer(buffer, "free").native(self)
         buffer._release()
         self._resident.pop(buffer.id, None)
         with self._order_lock:
@@ -482,12 +531,6 @@ class ReferenceBackend(VyreBackend):
                 waited,
             )
 
-    def _stop_at_exit(self) -> None:
-        """Interpreter exit: stop running work and give it a bounded time to reach a safe point."""
-        pool = self._stop_all()
-        if pool is not None:
-            pool.join(_EXIT_TIMEOUT_S)
-
 
 class _Job:
     """One launch queued on the worker pool."""
@@ -528,10 +571,28 @@ class _Job:
 _live: weakref.WeakSet[ReferenceBackend] = weakref.WeakSet()
 
 
-@atexit.register
 def _stop_live_backends() -> None:
+    """Interpreter exit: stop every live backend's work, then wait for all of it, bounded."""
+    stopping = []
     for backend in list(_live):
-        backend._stop_at_exit()
+        try:
+            pool = backend._stop_all()
+        except Exception as exc:  # one backend's failure must not keep the others running
+            _log.warning("stopping a reference backend at exit failed: %s", exc)
+            continue
+        if pool is not None:
+            stopping.append((backend, pool))
+    deadline = time.monotonic() + _EXIT_TIMEOUT_S
+    for _, pool in stopping:
+        pool.join(max(0.0, deadline - time.monotonic()))
+    for backend, pool in stopping:  # whoever still waits on a stuck dispatch is released
+        backend._abandon(pool, _EXIT_TIMEOUT_S)
+
+
+# threading's exit hooks run before the interpreter joins non-daemon threads (one may be
+# blocked in pending.result() on a runaway dispatch); atexit hooks run only after that.
+# concurrent.futures uses the same hook; fall back to atexit where it does not exist.
+getattr(threading, "_register_atexit", atexit.register)(_stop_live_backends)
 
 
 def _check_int(name: str, value: object, minimum: int, example: str) -> None:

@@ -21,7 +21,7 @@ class Job(Protocol):
     """One unit of work: ``run()`` on a worker, or ``drop()`` if the pool closes first."""
 
     def run(self) -> None:
-        """Do the work (exceptions are the job's own business: they are not caught)."""
+        """Do the work; what it raises is reported (`threading.excepthook`), the worker goes on."""
 
     def drop(self) -> None:
         """Give up without running (the pool closed while the job was queued)."""
@@ -30,8 +30,10 @@ class Job(Protocol):
 class WorkerPool:
     """Run jobs in submission order on at most ``max_workers`` daemon threads.
 
-    Threads start on demand and live until `close`. Jobs start in FIFO order
-    (a job never starts before one submitted earlier).
+    Threads start on demand and live until `close` (call it when the owner is
+    done: idle threads wait for work until then). Jobs start in FIFO order (a
+    job never starts before one submitted earlier). A job that raises is
+    reported through `threading.excepthook` and its thread takes the next job.
 
     Args:
         max_workers: Most threads running jobs at once (>= 1).
@@ -63,7 +65,8 @@ class WorkerPool:
         """Queue ``job``; start a thread if none is idle and the pool has room.
 
         Raises:
-            RuntimeError: the pool was closed.
+            RuntimeError: the pool was closed, or no thread could be started while
+                none is running (the job is then not queued).
         """
         with self._cond:
             if self._closed:
@@ -75,8 +78,15 @@ class WorkerPool:
                     name=f"{self._name}-{len(self._threads)}",
                     daemon=True,
                 )
-                self._threads.append(thread)
-                thread.start()
+                try:
+                    thread.start()
+                except RuntimeError:  # "can't start new thread": out of threads or memory
+                    if not self._threads:  # nobody would ever run the job
+                        self._queue.pop()
+                        raise
+                    self._cond.notify()  # a running thread takes it in turn
+                else:
+                    self._threads.append(thread)
             else:
                 self._cond.notify()
 
@@ -112,6 +122,12 @@ class WorkerPool:
                 self._running += 1
             try:
                 job.run()
+            except BaseException as exc:  # a job's failure must not cost the pool a thread
+                threading.excepthook(
+                    threading.ExceptHookArgs(
+                        (type(exc), exc, exc.__traceback__, threading.current_thread())
+                    )
+                )
             finally:
                 del job  # an idle worker must not keep the last dispatch alive
                 with self._cond:

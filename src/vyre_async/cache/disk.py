@@ -31,7 +31,8 @@ path, like a corrupt or foreign file there, is a miss with a
 `PipelineCacheWarning` and is left in place (``get`` never deletes anything).
 The next `DiskPipelineCache.put` for that key replaces a regular file there
 with the new entry; anything else it leaves alone (the put fails with a
-warning).
+warning), and it never writes through a ``<2 hex>`` subdirectory that is a
+symlink (eviction and clear would not see the entry).
 
 Permissions. A directory the cache creates (the root, parents of the root that
 did not exist, a ``<2 hex>`` subdirectory) gets mode 0700; a directory that
@@ -77,6 +78,7 @@ from vyre_async.cache.files import (
     non_regular_occupant,
     open_regular,
     read_prefix,
+    root_directory,
     temp_is_stale,
     temp_name_pattern,
     unlink_unchanged,
@@ -224,7 +226,7 @@ class DiskPipelineCache:
             entries are evicted beyond it.
 
     Raises:
-        InvalidProgram: ``max_bytes`` is not an int >= 0.
+        InvalidProgram: ``max_bytes`` is not an int >= 0, or ``root`` is not a path.
     """
 
     def __init__(
@@ -236,7 +238,7 @@ class DiskPipelineCache:
                 f"DiskPipelineCache max_bytes must be an int >= 0 (bytes), got {max_bytes!r}",
                 fix=f"pass max_bytes=0 or more, e.g. the default {DEFAULT_MAX_BYTES} (1 GiB)",
             )
-        self.root = Path(root).expanduser() if root is not None else default_cache_root()
+        self.root = root_directory(root, default_cache_root, "DiskPipelineCache")
         self.max_bytes = cap
         self._lock = threading.Lock()
         self._verified: dict[Path, tuple[int, int]] = {}  # entry -> (inode, size) seen owned
@@ -347,8 +349,9 @@ class DiskPipelineCache:
         The entry is written to a temp file ``.<key[:16]>.<pid>.<16 hex>.tmp``
         in its directory, fsynced and renamed over the entry path. A regular
         file there (an older, corrupt or foreign entry) is replaced; anything
-        else there (a symlink, FIFO, directory...) is left alone and the put
-        fails. Then least recently used entries are evicted until the cache's
+        else there (a symlink, FIFO, directory...), or a ``<2 hex>`` directory
+        that is a symlink, is left alone and the put fails. Then least recently
+        used entries are evicted until the cache's
         files fit ``max_bytes``.
 
         Raises:
@@ -372,6 +375,13 @@ class DiskPipelineCache:
         tmp: Path | None = None
         try:
             make_private_dirs(path.parent)
+            if path.parent.is_symlink():  # eviction and clear never follow it: refuse
+                self.errors += 1
+                _warn(
+                    f"pipeline cache directory {path.parent} is a symbolic link; "
+                    "continuing without caching (entries there would escape the size cap)"
+                )
+                return False
             fd, tmp = create_temp(path.parent, f".{key[:16]}")
             with os.fdopen(fd, "wb") as fh:
                 fh.write(header)

@@ -31,7 +31,10 @@ import secrets
 import stat
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from vyre_async.errors import InvalidProgram
 
 __all__ = [
     "STALE_TEMP_SECONDS",
@@ -42,6 +45,7 @@ __all__ = [
     "non_regular_occupant",
     "open_regular",
     "read_prefix",
+    "root_directory",
     "temp_is_stale",
     "temp_name_pattern",
     "unlink_unchanged",
@@ -265,3 +269,19 @@ def non_regular_occupant(path: str | os.PathLike[str]) -> str | None:
     except FileNotFoundError:
         return None
     return None if stat.S_ISREG(st.st_mode) else file_kind(st.st_mode)
+
+
+def root_directory(root: object, default: Callable[[], Path], what: str) -> Path:
+    """Return a cache's root directory: ``root`` (a path, ``~`` expanded), else ``default()``.
+
+    Raises:
+        InvalidProgram: ``root`` is neither None, a string nor a path-like object.
+    """
+    if root is None:
+        return default()
+    if not isinstance(root, str | os.PathLike):
+        raise InvalidProgram(
+            f"{what} root must be a directory path (str or os.PathLike), got {root!r}",
+            fix=f'pass a path, e.g. {what}("~/.cache/vyre"), or None for the default',
+        )
+    return Path(root).expanduser()
