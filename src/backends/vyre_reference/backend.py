@@ -154,7 +154,7 @@ class ReferenceBackend(VyreBackend):
         return compile_program(program)
 
     # Dispatch ---------------------------------------------------------------------
-    def _estimate_ns(self, launch: Launch) -> float:
+    def _estimate_ns(self, launch: Launch, lanes: int) -> float:
         """Upper-bound estimate of the launch's engine time (inf when not bounded statically).
 
         Statements, expression nodes and loop iterations (`_static_cost`), per
@@ -165,20 +165,19 @@ class ReferenceBackend(VyreBackend):
         program = plan.program
         cost = program._memo.get("reference.cost")
         if cost is None:
+            fixed_ns, lane_steps, atomics = _static_cost(program.body)
             shared = 4 * sum(d.count for d in program.buffers if d.access is Access.WORKGROUP)
-            cost = (*_static_cost(program.body), shared)
+            per_lane_ns = lane_steps * _LANE_STMT_NS + atomics * _ATOMIC_LANE_NS
+            cost = (fixed_ns, per_lane_ns, shared * _BYTE_NS)
             program._memo["reference.cost"] = cost
-        fixed_ns, lane_steps, atomics, shared_bytes = cost
-        geometry = plan.geometry
+        fixed_ns, per_lane_ns, shared_ns = cost
         copied_ns = (plan.bytes_in + plan.bytes_out) * _BYTE_NS
-        if not geometry.lanes:
-            return float(copied_ns)
-        per_launch = (
-            fixed_ns
-            + geometry.lanes * (lane_steps * _LANE_STMT_NS + atomics * _ATOMIC_LANE_NS)
-            + geometry.workgroups * shared_bytes * _BYTE_NS
-        )
-        return float(copied_ns + launch.config.iterations * per_launch)
+        if not lanes:
+            return copied_ns
+        per_launch = fixed_ns + lanes * per_lane_ns
+        if shared_ns:
+            per_launch += plan.geometry.workgroups * shared_ns
+        return copied_ns + launch.config.iterations * per_launch
 
     def enqueue(self, launch: Launch) -> PendingDispatch:
         """Run the launch inline when tiny and unblocked, else on the worker pool.
@@ -201,7 +200,7 @@ class ReferenceBackend(VyreBackend):
                 f"lane in host memory and takes at most {MAX_LANES}",
                 fix="use a smaller grid_override, or split the work into several dispatches",
             )
-        tiny = self._estimate_ns(launch) < self.inline_ns
+        tiny = self._estimate_ns(launch, lanes) < self.inline_ns
         natives = [
             item.native(self) if isinstance(item, ResidentBuffer) else item
             for item in launch.inputs
