@@ -352,7 +352,9 @@ async def test_device_joins_submit_every_arm_before_the_first_finishes() -> None
     x, y = rand_u32(), rand_u32()
     graph.resource("x", "u32", N, initial=x)
     graph.resource("y", "u32", N, initial=y)
-    graph.resource("spins", "u32", 1, initial=np.array([3000], np.uint32))
+    # ~50 ms of engine time: far longer than submitting the other three arms, even on a
+    # loaded CI machine (3000 spins once lost that race under load)
+    graph.resource("spins", "u32", 1, initial=np.array([50_000], np.uint32))
     for name in ("slow", "w", "z"):
         graph.resource(name, "u32", N)
     xor = binop("xor", N)
