@@ -10,12 +10,11 @@ start the work and settle the `PendingDispatch` when it ends.
 from __future__ import annotations
 
 import abc
-import math
 import threading
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -25,6 +24,7 @@ import numpy as np
 
 from vyre_async import telemetry
 from vyre_async.annotations import current_dispatch_attributes
+from vyre_async.arguments import duration, whole_number
 from vyre_async.cache.disk import DiskPipelineCache, PipelineCacheWarning
 from vyre_async.cache.identity import PipelineIdentity, pipeline_identity, policy_digest
 from vyre_async.cache.memory import CacheStats, MemoryPipelineCache
@@ -44,16 +44,21 @@ from vyre_async.ir.program import Program
 from vyre_async.ir.types import DType
 from vyre_async.ir.validate import validate_or_raise
 from vyre_async.ir.walk import iter_exprs
-from vyre_async.pending import PendingDispatch, seconds
+from vyre_async.pending import PendingDispatch
 from vyre_async.pipeline import CompiledPipeline, InputLike, Launch
-from vyre_async.plan import check_input_count, normalize_input, plan_dispatch
+from vyre_async.plan import (
+    check_buffer_bytes,
+    check_input_count,
+    normalize_input,
+    plan_dispatch,
+)
 from vyre_async.prefetch import Prefetcher, PrefetchJob
 from vyre_async.resident import ResidentBuffer
 
 if TYPE_CHECKING:
     from vyre_async.calibration import Calibration
 
-__all__ = ["CORE_OPS", "VyreBackend", "ops_used"]
+__all__ = ["CORE_OPS", "VyreBackend", "ops_used", "poll_until"]
 
 #: Every operation of the core IR, as ``"bin.<op>"``, ``"un.<op>"`` and ``"atomic.<op>"``.
 CORE_OPS: frozenset[str] = frozenset(
@@ -89,6 +94,19 @@ def ops_used(program: Program) -> frozenset[str]:
         cached = frozenset(found)
         program._memo["ops_used"] = cached
     return frozenset(cached)
+
+
+async def poll_until(done: Callable[[], bool]) -> None:
+    """Wait, without blocking the event loop, until ``done()`` is true.
+
+    For backends whose work ends on other threads (``flush``; bound it with
+    ``anyio.move_on_after`` in a ``shutdown``): polls with a backoff from
+    0.2 ms to 10 ms.
+    """
+    delay = 0.0002
+    while not done():
+        await anyio.sleep(delay)
+        delay = min(delay * 2, 0.01)
 
 
 class VyreBackend(abc.ABC):
@@ -127,34 +145,22 @@ class VyreBackend(abc.ABC):
         backend_id = getattr(type(self), "id", None)
         if not isinstance(backend_id, str) or not backend_id:
             raise TypeError(f"{type(self).__name__} must set a class attribute id = '<name>'")
-        if (
-            isinstance(pipeline_cache_capacity, bool)
-            or not isinstance(pipeline_cache_capacity, int)
-            or pipeline_cache_capacity < 1
-        ):
-            raise InvalidProgram(
-                f"pipeline_cache_capacity must be an int >= 1, got {pipeline_cache_capacity!r}",
-                fix="pass e.g. pipeline_cache_capacity=256",
-            )
+        capacity = whole_number(
+            "pipeline_cache_capacity",
+            pipeline_cache_capacity,
+            minimum=1,
+            example="pipeline_cache_capacity=256",
+        )
         if disk_cache is not None and not isinstance(disk_cache, DiskPipelineCache):
             raise InvalidProgram(
                 f"disk_cache must be a DiskPipelineCache or None, got {disk_cache!r}",
                 fix="pass disk_cache=DiskPipelineCache() (or a directory: DiskPipelineCache(path))",
             )
-        if (
-            isinstance(close_timeout, bool)
-            or not isinstance(close_timeout, int | float)
-            or not 0 <= seconds(close_timeout) < math.inf
-        ):
-            raise InvalidProgram(
-                f"close_timeout must be a finite number of seconds >= 0, got {close_timeout!r}",
-                fix=f"pass e.g. close_timeout={CLOSE_TIMEOUT_S}",
-            )
         #: Seconds `shutdown` waits for work it cannot stop at once.
-        self.close_timeout = seconds(close_timeout)
-        self.pipelines: MemoryPipelineCache[CompiledPipeline] = MemoryPipelineCache(
-            pipeline_cache_capacity
+        self.close_timeout = duration(
+            "close_timeout", close_timeout, example=f"close_timeout={CLOSE_TIMEOUT_S}"
         )
+        self.pipelines: MemoryPipelineCache[CompiledPipeline] = MemoryPipelineCache(capacity)
         self.disk_cache = disk_cache
         self._identities: OrderedDict[tuple[Program, bytes], PipelineIdentity] = OrderedDict()
         self._identity_lock = threading.Lock()
@@ -166,8 +172,8 @@ class VyreBackend(abc.ABC):
         #: Shape-prediction prefetcher (None when built with ``prefetch=False``).
         self.prefetcher: Prefetcher | None = Prefetcher(self) if prefetch else None
         self._closed = False
-        # (max_storage_buffer_bytes, max_workgroup_size, max_workgroup_lanes), read once.
-        self._limits: tuple[int, tuple[int, int, int], int] | None = None
+        # capabilities() as first read: the record is fixed for an instance's lifetime.
+        self._reported: BackendCapabilities | None = None
 
     # Description ----------------------------------------------------------------
     def supported_ops(self) -> frozenset[str]:
@@ -287,7 +293,6 @@ class VyreBackend(abc.ABC):
 
     # Resident buffers ------------------------------------------------------------
     def _no_resident(self, what: str) -> UnsupportedFeature:
-        self.check_open()
         return UnsupportedFeature(
             f"backend {self.id!r} has no resident buffers ({what} is not supported)",
             fix="pass numpy arrays as dispatch inputs instead of resident buffers",
@@ -299,7 +304,9 @@ class VyreBackend(abc.ABC):
 
         Raises:
             UnsupportedFeature: by default — never a silent host fallback.
+            BackendClosed: the backend was closed.
         """
+        self.check_open()
         raise self._no_resident("upload")
 
     def alloc(self, dtype: DType | str, count: int, *, label: str | None = None) -> ResidentBuffer:
@@ -307,7 +314,9 @@ class VyreBackend(abc.ABC):
 
         Raises:
             UnsupportedFeature: by default.
+            BackendClosed: the backend was closed.
         """
+        self.check_open()
         raise self._no_resident("alloc")
 
     def download(self, buffer: ResidentBuffer) -> np.ndarray:
@@ -315,7 +324,9 @@ class VyreBackend(abc.ABC):
 
         Raises:
             UnsupportedFeature: by default.
+            BackendClosed: the backend was closed.
         """
+        self.check_open()
         raise self._no_resident("download")
 
     def free(self, buffer: ResidentBuffer) -> None:
@@ -324,11 +335,7 @@ class VyreBackend(abc.ABC):
         Raises:
             UnsupportedFeature: by default.
         """
-        raise UnsupportedFeature(
-            f"backend {self.id!r} has no resident buffers (free is not supported)",
-            fix="pass numpy arrays as dispatch inputs instead of resident buffers",
-            feature="resident buffers",
-        )
+        raise self._no_resident("free")
 
     # Pipelines --------------------------------------------------------------------
     def build_pipeline(self, program: Program, config: DispatchConfig) -> Any:
@@ -646,7 +653,7 @@ class VyreBackend(abc.ABC):
             self._check_config(cfg)
         program = program or pipeline.program
         check_input_count(program, inputs)
-        limit = (self._limits or self._read_limits())[0]
+        limit = (self._reported or self._capabilities_once()).max_storage_buffer_bytes
         if limit and program._memo.get("storage_checked") != limit:
             self._check_static_sizes(program, limit)
         prepared = tuple(
@@ -727,43 +734,26 @@ class VyreBackend(abc.ABC):
                 nbytes = memoryview(value).nbytes
             else:
                 nbytes = 0  # normalize_input says what is wrong with it
-            if nbytes > limit:
-                raise InvalidProgram(
-                    f"input for buffer {decl.name!r} has {nbytes} bytes, over backend "
-                    f"{self.id!r}'s largest buffer ({limit} bytes)",
-                    fix=f"split the data into dispatches of at most {limit // 4} elements",
-                )
+            if nbytes > limit:  # compared here: a call per input would tax every dispatch
+                check_buffer_bytes(nbytes, limit, f"the input for buffer {decl.name!r}")
         return normalize_input(decl, value)
 
-    def _read_limits(self) -> tuple[int, tuple[int, int, int], int]:
-        limits = self._limits
-        if limits is None:
-            caps = self.capabilities()
-            limits = (
-                caps.max_storage_buffer_bytes,
-                caps.max_workgroup_size,
-                caps.max_workgroup_lanes,
-            )
-            self._limits = limits
-        return limits
-
-    def _storage_limit(self) -> int:
-        return self._read_limits()[0]
+    def _capabilities_once(self) -> BackendCapabilities:
+        """Return `capabilities`, read once per instance (the dispatch checks use its limits)."""
+        if self._reported is None:
+            self._reported = self.capabilities()
+        return self._reported
 
     def _check_static_sizes(self, program: Program, limit: int) -> None:
         """Refuse buffers whose declared size is over ``limit`` bytes (memoised on the program)."""
         for decl in program.buffers:
-            if decl.count * 4 > limit:
-                raise InvalidProgram(
-                    f"buffer {decl.name!r} declares {decl.count} elements ({decl.count * 4} "
-                    f"bytes), over backend {self.id!r}'s largest buffer ({limit} bytes)",
-                    fix=f"declare at most {limit // 4} elements per buffer and split the work",
-                )
+            check_buffer_bytes(4 * decl.count, limit, f"buffer {decl.name!r} as declared")
         program._memo["storage_checked"] = limit
 
     def _check_workgroup(self, workgroup: tuple[int, int, int]) -> None:
         """Refuse a workgroup over the backend's reported limits (not reported: IR limits only)."""
-        _, per_axis, lanes = self._read_limits()
+        caps = self._capabilities_once()
+        per_axis, lanes = caps.max_workgroup_size, caps.max_workgroup_lanes
         if lanes <= 1:  # the conservative default record: nothing reported
             return
         total = workgroup[0] * workgroup[1] * workgroup[2]
@@ -776,6 +766,7 @@ class VyreBackend(abc.ABC):
             )
 
     def _check_config(self, config: DispatchConfig) -> None:
+        """Refuse what a config forces and this backend lacks (called only when one is forced)."""
         if config.speculation == "force" and self.prefetcher is None:
             raise UnsupportedFeature(
                 f"backend {self.id!r} was built with prefetch=False, so it cannot honour "
@@ -783,9 +774,7 @@ class VyreBackend(abc.ABC):
                 fix='use speculation="auto", or build the backend with prefetch=True',
                 feature="speculation",
             )
-        if not config.cooperative and config.persistent_thread != "force":
-            return
-        caps = self.capabilities()
+        caps = self._capabilities_once()
         if config.cooperative and not caps.grid_sync:
             raise UnsupportedFeature(
                 f"backend {self.id!r} cannot run cooperative (grid-sync) launches",

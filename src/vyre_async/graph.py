@@ -56,6 +56,7 @@ from opentelemetry import trace
 from vyre_async import telemetry
 from vyre_async._version import __version__
 from vyre_async.annotations import AttributeValue, dispatch_attributes
+from vyre_async.arguments import whole_number
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import (
     BackendError,
@@ -67,7 +68,7 @@ from vyre_async.execution import ExecutionDecision, choose_execution_mode
 from vyre_async.ir.expr import Atomic
 from vyre_async.ir.limits import MAX_BUFFER_ELEMENTS
 from vyre_async.ir.program import Program
-from vyre_async.ir.types import Access, BufferDecl, DType
+from vyre_async.ir.types import Access, BufferDecl, DType, as_dtype
 from vyre_async.ir.validate import validate_or_raise
 from vyre_async.ir.walk import iter_exprs
 from vyre_async.pending import PendingDispatch
@@ -362,23 +363,14 @@ class ArmGraph:
             raise InvalidProgram(
                 f"resource {name!r} is declared twice", fix="give every resource its own name"
             )
-        try:
-            kind = DType(dtype)
-        except ValueError:
-            raise InvalidProgram(
-                f"resource {name!r} has unknown dtype {dtype!r}",
-                fix="use one of 'u32', 'i32', 'f32', 'bool'",
-            ) from None
-        if (
-            isinstance(count, bool)
-            or not isinstance(count, int)
-            or not 1 <= count <= MAX_BUFFER_ELEMENTS
-        ):
-            raise InvalidProgram(
-                f"resource {name!r} count must be an int in 1..{MAX_BUFFER_ELEMENTS}, "
-                f"got {count!r}",
-                fix="pass the number of elements (split larger data over several resources)",
-            )
+        kind = as_dtype(dtype, f"resource {name!r} dtype")
+        count = whole_number(
+            f"resource {name!r} count",
+            count,
+            minimum=1,
+            maximum=MAX_BUFFER_ELEMENTS,
+            example=f'graph.resource({name!r}, "u32", 1024) (split larger data)',
+        )
         data = None
         if initial is not None:
             data = normalize_input(BufferDecl(name, 0, Access.READ, kind, count), initial)

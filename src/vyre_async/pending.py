@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 import numpy as np
 
+from vyre_async.arguments import to_seconds
 from vyre_async.errors import BackendError, DispatchFailed, DispatchTimeout, InvalidProgram
 
 __all__ = [
@@ -29,7 +30,6 @@ __all__ = [
     "DispatchTiming",
     "PendingDispatch",
     "ResultAlreadyTaken",
-    "seconds",
 ]
 
 Outputs = list[np.ndarray]
@@ -120,7 +120,7 @@ class PendingDispatch:
             )
         self._created = time.monotonic() if created is None else created
         self._timeout = timeout
-        self._deadline = None if timeout is None else self._created + seconds(timeout)
+        self._deadline = None if timeout is None else self._created + to_seconds(timeout)
         self._label = label
         self._lock = threading.Lock()
         self._settled = threading.Event()
@@ -430,15 +430,7 @@ def _wait_limit(timeout: object) -> float:
             f"result(timeout=...) must be a number of seconds or None, got {timeout!r}",
             fix="pass e.g. pending.result(timeout=1.0)",
         )
-    return max(0.0, seconds(timeout))
-
-
-def seconds(value: int | float) -> float:
-    """Return a number of seconds as a float; an int too large for a float is ``inf``."""
-    try:
-        return float(value)
-    except OverflowError:  # e.g. 10**400
-        return math.inf if value > 0 else -math.inf
+    return max(0.0, to_seconds(timeout))
 
 
 def _wait(event: threading.Event, seconds: float) -> bool:

@@ -21,6 +21,7 @@ from vyre_async.ir.walk import uses_atomics
 __all__ = [
     "BindingPlan",
     "LaunchGeometry",
+    "check_buffer_bytes",
     "check_input_count",
     "infer_grid",
     "normalize_axes",
@@ -169,6 +170,20 @@ def normalize_input(decl: BufferDecl, value: object) -> np.ndarray:
             fix=f"pass exactly {decl.count} elements, or declare the buffer with count=0",
         )
     return array
+
+
+def check_buffer_bytes(nbytes: int, max_bytes: int, what: str) -> None:
+    """Refuse a buffer of ``nbytes`` over a backend's ``max_storage_buffer_bytes`` (0: no limit).
+
+    Raises:
+        InvalidProgram: ``nbytes > max_bytes``; ``what`` names the buffer in the message.
+    """
+    if max_bytes and nbytes > max_bytes:
+        raise InvalidProgram(
+            f"{what} has {nbytes} bytes, over the backend's largest buffer ({max_bytes} bytes)",
+            fix=f"use at most {max_bytes // 4} elements per buffer (split the data over "
+            "several buffers or dispatches)",
+        )
 
 
 def check_input_count(program: Program, inputs: Sequence[object]) -> None:

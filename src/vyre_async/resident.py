@@ -8,14 +8,14 @@ clear error on every backend.
 from __future__ import annotations
 
 import itertools
-import operator
 from typing import Any
 
 import numpy as np
 
+from vyre_async.arguments import whole_number
 from vyre_async.errors import InvalidProgram, host_out_of_memory
-from vyre_async.ir.types import Access, BufferDecl, DType
-from vyre_async.plan import normalize_input
+from vyre_async.ir.types import Access, BufferDecl, DType, as_dtype
+from vyre_async.plan import check_buffer_bytes, normalize_input
 
 __all__ = ["ResidentBuffer", "alloc_request", "check_buffer", "upload_request"]
 
@@ -109,30 +109,6 @@ def check_buffer(buffer: object, operation: str) -> ResidentBuffer:
     return buffer
 
 
-def _dtype(value: object) -> DType:
-    if isinstance(value, DType):
-        return value
-    if isinstance(value, str):
-        try:
-            return DType(value)
-        except ValueError:
-            pass
-    names = ", ".join(repr(d.value) for d in DType)
-    raise InvalidProgram(
-        f"{value!r} is not a buffer dtype (choices: {names})",
-        fix='pass a DType or one of its names, e.g. alloc("u32", 1024)',
-    )
-
-
-def _check_size(count: int, max_bytes: int, what: str) -> None:
-    if max_bytes and 4 * count > max_bytes:
-        raise InvalidProgram(
-            f"{what} of {count} elements ({4 * count} bytes) is larger than the backend's "
-            f"largest buffer, {max_bytes} bytes",
-            fix=f"use at most {max_bytes // 4} elements per buffer (split the data)",
-        )
-
-
 def alloc_request(dtype: object, count: object, *, max_bytes: int) -> tuple[DType, int]:
     """Check ``backend.alloc`` arguments; return the dtype and the element count.
 
@@ -145,19 +121,16 @@ def alloc_request(dtype: object, count: object, *, max_bytes: int) -> tuple[DTyp
         InvalidProgram: an unknown dtype, a count that is not an int >= 0, or a
             buffer over ``max_bytes``.
     """
-    kind = _dtype(dtype)
-    if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 0:
-        raise InvalidProgram(
-            f"alloc needs an element count that is an int >= 0, got {count!r}",
-            fix="pass a whole number of elements, e.g. alloc('u32', 1024)",
-        )
-    elements = operator.index(count)
-    _check_size(elements, max_bytes, "a buffer")
+    kind = as_dtype(dtype, "alloc dtype")
+    elements = whole_number("alloc count", count, example="alloc('u32', 1024)")
+    check_buffer_bytes(4 * elements, max_bytes, f"a buffer of {elements} elements")
     return kind, elements
 
 
-def upload_request(data: object, *, label: str | None, max_bytes: int) -> tuple[DType, np.ndarray]:
-    """Check ``backend.upload`` data; return its dtype and a private, flat host copy.
+def upload_request(
+    data: object, *, label: str | None, max_bytes: int, copy: bool = True
+) -> tuple[DType, np.ndarray]:
+    """Check ``backend.upload`` data; return its dtype and a flat host array of it.
 
     numpy arrays keep their dtype (uint32, int32, float32, bool); bytes-like
     data holds little-endian u32 words.
@@ -166,6 +139,9 @@ def upload_request(data: object, *, label: str | None, max_bytes: int) -> tuple[
         data: What the caller passed.
         label: The buffer's label (shown in errors).
         max_bytes: The backend's ``max_storage_buffer_bytes`` (0: no limit).
+        copy: Return a private copy (a backend that keeps the array); False may
+            return a view of a caller's contiguous array (a backend that copies
+            it to the device at once). Bytes-like data is always copied.
 
     Raises:
         InvalidProgram: an unsupported dtype or type, bytes not made of 4-byte
@@ -174,13 +150,14 @@ def upload_request(data: object, *, label: str | None, max_bytes: int) -> tuple[
     """
     if isinstance(data, np.ndarray):
         dtype = _array_dtype(data)
-        _check_size(data.size, max_bytes, "upload")
+        check_buffer_bytes(4 * data.size, max_bytes, "the upload")
         try:
-            return dtype, np.array(data, dtype=dtype.numpy, copy=True).reshape(-1)
+            flat = np.array(data, dtype=dtype.numpy, copy=True if copy else None, order="C")
+            return dtype, flat.reshape(-1)
         except MemoryError as exc:
             raise host_out_of_memory(4 * data.size, "copying the upload") from exc
     if isinstance(data, bytes | bytearray | memoryview):
-        _check_size(memoryview(data).nbytes // 4, max_bytes, "upload")
+        check_buffer_bytes(memoryview(data).nbytes, max_bytes, "the upload")
     decl = BufferDecl(label or "upload", 0, Access.READ, DType.U32)
     return DType.U32, normalize_input(decl, data)
 

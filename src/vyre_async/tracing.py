@@ -25,7 +25,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import math
 import os
 import threading
 import time
@@ -33,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vyre_async.arguments import duration
 from vyre_async.errors import InvalidProgram, UnsupportedFeature
 
 try:
@@ -90,16 +90,9 @@ def configure_tracing(
             positive finite number of seconds (also a ``ValueError``).
         UnsupportedFeature: the SDK or the OTLP exporter is not installed.
     """
-    if (
-        isinstance(export_timeout_s, bool)
-        or not isinstance(export_timeout_s, int | float)
-        or not (math.isfinite(export_timeout_s) and export_timeout_s > 0)
-    ):
-        raise InvalidProgram(
-            f"export_timeout_s must be a positive finite number of seconds, "
-            f"got {export_timeout_s!r}",
-            fix="pass export_timeout_s=2.0 (or another number of seconds above 0)",
-        )
+    export_timeout_s = duration(
+        "export_timeout_s", export_timeout_s, positive=True, example="export_timeout_s=2.0"
+    )
     if not isinstance(spec, str):
         raise InvalidProgram(
             f"the trace spec must be a str, got {spec!r}",

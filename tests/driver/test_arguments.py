@@ -100,6 +100,9 @@ BAD_CALLS: dict[str, Callable[[], object]] = {
     "DiskPipelineCache(123)": lambda: DiskPipelineCache(123),  # type: ignore[arg-type]
     "CalibrationStore(123)": lambda: CalibrationStore(123),  # type: ignore[arg-type]
     "configure_tracing(None)": lambda: configure_tracing(None),  # type: ignore[arg-type]
+    "configure_tracing(export_timeout_s=10**400)": lambda: configure_tracing(
+        "none", export_timeout_s=10**400
+    ),
     "grid_override=(2**31,)*3": lambda: _backend().dispatch(
         XOR, [A, A], DispatchConfig(grid_override=(2**31,) * 3)
     ),

@@ -29,7 +29,7 @@ import anyio
 import numpy as np
 
 from vyre_async import __version__
-from vyre_async.backend import VyreBackend
+from vyre_async.backend import VyreBackend, poll_until
 from vyre_async.cache.disk import DiskPipelineCache
 from vyre_async.calibration import Calibration, measure_batch_costs, measure_host_costs
 from vyre_async.capabilities import BackendCapabilities
@@ -595,7 +595,8 @@ class CupyBackend(VyreBackend):
         """
         self._check_open()
         limit = self._caps.max_storage_buffer_bytes
-        dtype, array = upload_request(data, label=label, max_bytes=limit)
+        # No private copy here: _resident_op copies the data into pinned staging once.
+        dtype, array = upload_request(data, label=label, max_bytes=limit, copy=False)
         return self._resident_op(dtype, array.size, label, array)
 
     def alloc(self, dtype: DType | str, count: int, *, label: str | None = None) -> ResidentBuffer:
@@ -656,9 +657,8 @@ class CupyBackend(VyreBackend):
             InvalidProgram: the buffer belongs to another backend instance or was freed.
             BackendClosed: the backend was closed.
         """
-        self.check_open()
-        buf: _DeviceBuffer = check_buffer(buffer, "download").native(self)
         self._check_open()
+        buf: _DeviceBuffer = check_buffer(buffer, "download").native(self)
         cp, rt = self._cupy, self._rt
         self._use_device()
         index, stream = self._streams.lease()
@@ -704,10 +704,7 @@ class CupyBackend(VyreBackend):
     # Lifecycle --------------------------------------------------------------------
     async def flush(self) -> None:
         """Wait, without blocking the event loop, until the device finished all submitted work."""
-        delay = 0.0002
-        while self._bridge.in_flight:
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 0.01)
+        await poll_until(lambda: not self._bridge.in_flight)
 
     async def shutdown(self) -> None:
         """Refuse new work, let submitted work finish (bounded), then release the device side.
@@ -722,10 +719,8 @@ class CupyBackend(VyreBackend):
         if self.prefetcher is not None:
             self.prefetcher.close()
         deadline = anyio.current_time() + self.close_timeout
-        delay = 0.0002
-        while self._bridge.in_flight and anyio.current_time() < deadline:
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 0.01)
+        with anyio.move_on_after(self.close_timeout):
+            await poll_until(lambda: not self._bridge.in_flight)
         # A dispatch racing the close (past its open check on another thread) may still
         # submit: the join is bounded by what is left of close_timeout, then abandoned.
         self._bridge.close(timeout=max(0.0, deadline - anyio.current_time()))

@@ -27,7 +27,8 @@ import anyio
 import numpy as np
 
 from vyre_async import __version__
-from vyre_async.backend import VyreBackend
+from vyre_async.arguments import whole_number
+from vyre_async.backend import VyreBackend, poll_until
 from vyre_async.calibration import Calibration, measure_host_costs
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
@@ -102,11 +103,11 @@ class ReferenceBackend(VyreBackend):
         inline_ns: int = HANDOFF_NS,
         **kwargs: Any,
     ) -> None:
-        _check_int("max_workers", max_workers, 1, "max_workers=2")
-        _check_int("inline_ns", inline_ns, 0, f"inline_ns={HANDOFF_NS}")
+        self.max_workers = whole_number(
+            "max_workers", max_workers, minimum=1, example="max_workers=2"
+        )
+        self.inline_ns = whole_number("inline_ns", inline_ns, example=f"inline_ns={HANDOFF_NS}")
         super().__init__(**kwargs)
-        self.max_workers = max_workers
-        self.inline_ns = inline_ns
         self._pool: WorkerPool | None = None
         self._pool_lock = threading.Lock()
         self._running: set[_Job] = set()  # queued or running on the pool
@@ -402,7 +403,9 @@ class ReferenceBackend(VyreBackend):
             BackendClosed: the backend was closed.
         """
         self.check_open()
-        dtype, array = upload_request(data, label=label, max_bytes=self._storage_limit())
+        dtype, array = upload_request(
+            data, label=label, max_bytes=self._capabilities_once().max_storage_buffer_bytes
+        )
         return self._keep(dtype, array, label)
 
     def alloc(self, dtype: DType | str, count: int, *, label: str | None = None) -> ResidentBuffer:
@@ -415,7 +418,9 @@ class ReferenceBackend(VyreBackend):
             BackendClosed: the backend was closed.
         """
         self.check_open()
-        kind, elements = alloc_request(dtype, count, max_bytes=self._storage_limit())
+        kind, elements = alloc_request(
+            dtype, count, max_bytes=self._capabilities_once().max_storage_buffer_bytes
+        )
         try:
             array = np.zeros(elements, kind.numpy)
         except MemoryError as exc:
@@ -476,10 +481,7 @@ class ReferenceBackend(VyreBackend):
     # Lifecycle --------------------------------------------------------------------
     async def flush(self) -> None:
         """Wait (without blocking the loop) until every queued dispatch has run."""
-        delay = 0.0005
-        while self._running:
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 0.01)
+        await poll_until(lambda: not self._running)
 
     async def shutdown(self) -> None:
         """Stop: refuse new work, stop queued and running dispatches, release the workers.
@@ -495,11 +497,8 @@ class ReferenceBackend(VyreBackend):
         pool = self._stop_all()
         if pool is None:
             return
-        deadline = time.monotonic() + self.close_timeout
-        delay = 0.0005
-        while self._running and time.monotonic() < deadline:
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 0.01)
+        with anyio.move_on_after(self.close_timeout):
+            await poll_until(lambda: not self._running)
         self._abandon(pool, self.close_timeout)
 
     def _stop_all(self) -> WorkerPool | None:
@@ -558,11 +557,11 @@ class _Job:
             self.backend._forget(self)
 
     def drop(self) -> None:
+        if self.done is not None:  # first, as in _run: later users (and its own
+            self.done.set()  # done-callbacks) must not wait on it
         try:
             self.launch.completer.fail(self.backend._stopped(self.launch))
         finally:
-            if self.done is not None:
-                self.done.set()  # later users of its buffers must not wait on it
             self.backend._forget(self)
 
 
@@ -592,13 +591,6 @@ def _stop_live_backends() -> None:
 # blocked in pending.result() on a runaway dispatch); atexit hooks run only after that.
 # concurrent.futures uses the same hook; fall back to atexit where it does not exist.
 getattr(threading, "_register_atexit", atexit.register)(_stop_live_backends)
-
-
-def _check_int(name: str, value: object, minimum: int, example: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidProgram(
-            f"{name} must be an int >= {minimum}, got {value!r}", fix=f"pass e.g. {example}"
-        )
 
 
 class _BufferOrder:

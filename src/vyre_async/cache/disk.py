@@ -70,6 +70,7 @@ from typing import BinaryIO
 
 import blake3
 
+from vyre_async.arguments import whole_number
 from vyre_async.cache.files import (
     STALE_TEMP_SECONDS,
     NotRegularFile,
@@ -232,14 +233,10 @@ class DiskPipelineCache:
     def __init__(
         self, root: str | os.PathLike[str] | None = None, *, max_bytes: int = DEFAULT_MAX_BYTES
     ) -> None:
-        cap: object = max_bytes
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-            raise InvalidProgram(
-                f"DiskPipelineCache max_bytes must be an int >= 0 (bytes), got {max_bytes!r}",
-                fix=f"pass max_bytes=0 or more, e.g. the default {DEFAULT_MAX_BYTES} (1 GiB)",
-            )
+        self.max_bytes = whole_number(
+            "DiskPipelineCache max_bytes", max_bytes, example=f"max_bytes={DEFAULT_MAX_BYTES}"
+        )
         self.root = root_directory(root, default_cache_root, "DiskPipelineCache")
-        self.max_bytes = cap
         self._lock = threading.Lock()
         self._verified: dict[Path, tuple[int, int]] = {}  # entry -> (inode, size) seen owned
         self.hits = 0

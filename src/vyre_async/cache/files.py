@@ -19,6 +19,8 @@ needs:
 - `unlink_unchanged` deletes a file only if it is still the one that was checked.
 - `non_regular_occupant` says what non-regular file blocks a path an entry is
   about to be renamed onto.
+- `root_directory` turns a store's ``root`` argument into its directory (or
+  the store's default), refusing anything that is not a path.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from vyre_async.arguments import whole_number
 from vyre_async.cache.identity import PipelineIdentity, classify_miss
-from vyre_async.errors import InvalidProgram
 
 __all__ = ["CacheStats", "MemoryPipelineCache"]
 
@@ -41,12 +41,7 @@ class MemoryPipelineCache(Generic[T]):
     """
 
     def __init__(self, capacity: int = 256) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise InvalidProgram(
-                f"MemoryPipelineCache capacity must be an int >= 1, got {capacity!r}",
-                fix="pass e.g. capacity=256",
-            )
-        self.capacity = capacity
+        self.capacity = whole_number("capacity", capacity, minimum=1, example="capacity=256")
         self._entries: OrderedDict[bytes, tuple[PipelineIdentity, T]] = OrderedDict()
         self._lock = threading.Lock()
         self._hits = 0

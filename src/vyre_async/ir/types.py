@@ -10,7 +10,7 @@ import numpy as np
 
 from vyre_async.errors import InvalidProgram
 
-__all__ = ["Access", "BufferDecl", "DType"]
+__all__ = ["Access", "BufferDecl", "DType", "as_dtype"]
 
 _U32_MAX = 0xFFFF_FFFF
 
@@ -85,6 +85,15 @@ def _enum(kind: type[_E], value: object, what: str) -> _E:
             f"{what} {value!r} is not a {kind.__name__}",
             fix=f"use one of {choices}",
         ) from None
+
+
+def as_dtype(value: object, what: str = "buffer dtype") -> DType:
+    """Return ``value`` (a `DType` or its name, ``"u32"``) as a `DType`.
+
+    Raises:
+        InvalidProgram: it names no dtype; the message lists the choices.
+    """
+    return _enum(DType, value, what)
 
 
 @dataclass(frozen=True, slots=True, init=False)
