@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import anyio
 import numpy as np
 import pytest
 
-from vyre_async import DispatchFailed, DispatchTimeout, ErrorCode
+from tests.driver.fakes import BytesBackend
+from vyre_async import DispatchConfig, DispatchFailed, DispatchTimeout, ErrorCode, Launch
 from vyre_async.pending import PendingDispatch, ResultAlreadyTaken
+from vyre_async.programs import elementwise_xor
 
 pytestmark = pytest.mark.anyio
 
 OUT = [np.arange(4, dtype=np.uint32)]
+
+
+def _xor_inputs(n: int) -> list[np.ndarray]:
+    return [np.arange(n, dtype=np.uint32), np.ones(n, dtype=np.uint32)]
 
 
 def _later(seconds: float, fn: object, *args: object) -> threading.Thread:
@@ -188,3 +195,104 @@ def test_the_deadline_can_start_before_creation() -> None:
     assert pending.done()
     with pytest.raises(DispatchTimeout):
         pending.result()
+
+
+# The deadline belongs to dispatch(), not to whoever waits -------------------------------
+#
+# `created` stands for a dispatch() call made earlier: the await (or result()) that starts
+# now must keep that call's deadline. A mutation that timed the wait from the await
+# instead fired a 5 s timeout 5 s after the await, not 0.1 s after it.
+
+
+async def test_a_late_await_keeps_the_deadline_of_dispatch() -> None:
+    pending, _ = PendingDispatch.create(timeout=5.0, created=time.monotonic() - 4.9)
+    assert not pending.done()  # 0.1 s of the 5 s are left
+    start = time.monotonic()
+    with anyio.fail_after(3), pytest.raises(DispatchTimeout):  # a fresh 5 s would hit fail_after
+        await pending
+    assert time.monotonic() - start < 3
+
+
+@pytest.mark.parametrize("limit", [None, 60.0])
+def test_a_late_result_keeps_the_deadline_of_dispatch(limit: float | None) -> None:
+    pending, _ = PendingDispatch.create(timeout=4.0, created=time.monotonic() - 3.9)
+    assert not pending.done()
+    start = time.monotonic()
+    with pytest.raises(DispatchTimeout):
+        pending.result(timeout=limit)
+    assert time.monotonic() - start < 2.5  # a fresh 4 s wait would take 4 s
+
+
+def test_a_late_result_wait_shorter_than_the_deadline_is_the_callers() -> None:
+    pending, completer = PendingDispatch.create(timeout=60.0, created=time.monotonic() - 30)
+    with pytest.raises(TimeoutError) as info:
+        pending.result(timeout=0.01)
+    assert not isinstance(info.value, DispatchTimeout)
+    completer.resolve(OUT)
+    assert pending.result()[0].size == 4
+
+
+def test_the_deadline_counts_compilation_in_dispatch() -> None:
+    """dispatch() compiles before it enqueues: a compile longer than the timeout expires it."""
+
+    class SlowCompile(BytesBackend):
+        def build_pipeline(self, program: Any, config: Any) -> Any:
+            time.sleep(0.3)
+            return super().build_pipeline(program, config)
+
+        def enqueue(self, launch: Launch) -> PendingDispatch:
+            return launch.pending  # the device never finishes it
+
+    backend = SlowCompile()
+    pending = backend.dispatch(elementwise_xor(8), _xor_inputs(8), DispatchConfig(timeout=0.2))
+    assert pending.done()  # 0.3 s of compile already spent the 0.2 s
+    with pytest.raises(DispatchTimeout):
+        pending.result()
+
+
+# Cancelled awaits leave nothing behind ------------------------------------------------
+
+
+async def test_cancelled_awaits_leave_no_wakers_behind() -> None:
+    pending, completer = PendingDispatch.create()
+    for _ in range(100):
+        with anyio.move_on_after(0):
+            await pending
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await pending
+    assert pending._wakers == []  # 200 cancelled awaits, none still registered
+    assert not pending.done()
+    completer.resolve(OUT)
+    assert (await pending)[0].tolist() == [0, 1, 2, 3]
+
+
+async def test_cancelled_awaits_among_live_ones_remove_only_their_own_waker() -> None:
+    pending, completer = PendingDispatch.create()
+    got: list[int] = []
+
+    async def keep_waiting() -> None:
+        got.append(int((await pending)[0][1]))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(keep_waiting)
+        await anyio.wait_all_tasks_blocked()
+        assert len(pending._wakers) == 1
+        for _ in range(50):
+            with anyio.move_on_after(0):
+                await pending
+        assert len(pending._wakers) == 1  # only the live waiter's
+        completer.resolve(OUT)
+    assert got == [1]
+    assert pending._wakers == []
+
+
+async def test_a_cancelled_await_after_the_deadline_leaves_nothing() -> None:
+    pending, _ = PendingDispatch.create(timeout=0.05)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await pending
+    assert pending._wakers == []
+    with pytest.raises(DispatchTimeout):
+        await pending
+    assert pending._wakers == []

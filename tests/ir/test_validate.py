@@ -626,3 +626,102 @@ def test_diagnostic_is_a_frozen_keyword_record() -> None:
         diag.code = "V011"  # type: ignore[misc]
     with pytest.raises(TypeError):
         Diagnostic("V010", "body[0]", "m", "f")  # type: ignore[call-arg]
+
+
+# Every rule that depends on a buffer's kind, once per kind ----------------------------
+#
+# A rule checked for one access kind and forgotten for another passes every test that
+# only tries the first: V006 once covered WRITE but not WORKGROUP, so a zero-sized
+# shared array validated, ran silently on the reference engine and broke nvcc. Each
+# rule below is tried with a buffer of every `Access` kind, and the table must cover
+# every (rule, kind) pair.
+
+KIND_RULES = ("V001", "V002", "V005", "V006", "V008", "V013", "V014", "V023", "V027")
+BIG = MAX_WORKGROUP_BYTES // 4 + 1  # u32 elements: one more than workgroup memory holds
+_WRITABLE = (Access.WRITE, Access.READ_WRITE, Access.WORKGROUP)
+
+
+def _kind_program(rule: str, access: Access) -> Program:
+    """Return a program breaking ``rule`` with one buffer ``b`` of kind ``access``."""
+    counted = access in (Access.WRITE, Access.WORKGROUP)
+    b = BufferDecl("b", 9, access, DType.U32, 4 if counted else 0)
+    with_b = (*ALL[:5], b)  # no WORKGROUP buffers of the shared table: V005 is b's alone
+    if rule == "V001":
+        return program([], [SRC, BufferDecl("src", 9, access, DType.U32, 4)])
+    if rule == "V002":
+        return program([], [SRC, BufferDecl("b", 0, access, DType.U32, 4)])
+    if rule == "V005":
+        return program([], [BufferDecl("b", 9, access, DType.U32, BIG)])
+    if rule == "V006":
+        return program([], [BufferDecl("b", 9, access, DType.U32, 0)])
+    if rule == "V008":
+        long_name = "n" * (MAX_NAME_BYTES + 1)
+        return program([], [BufferDecl(long_name, 9, access, DType.U32, 4)])
+    if rule == "V013":
+        return program([Store("b", u32(0), u32(1))], with_b)
+    if rule == "V014":
+        return program([Store("b", u32(0), f32(1.0))], with_b)
+    if rule == "V023":
+        return program([Let("t", Atomic("add", "b", u32(0), u32(1)))], with_b)
+    assert rule == "V027"  # a barrier under a condition read from b: uniform only if UNIFORM
+    return program([If(Load("b", u32(0)).ne(u32(0)), [Barrier()])], with_b)
+
+
+def _kind_expectation(rule: str, access: Access) -> list[str]:
+    """The diagnostics ``_kind_program(rule, access)`` must give, per ir.md."""
+    if rule in ("V001", "V002", "V008"):
+        breaks = True
+    elif rule == "V005":
+        breaks = access is Access.WORKGROUP
+    elif rule == "V006":
+        breaks = access in (Access.WRITE, Access.WORKGROUP)
+    elif rule == "V013":
+        breaks = access in (Access.READ, Access.UNIFORM)
+    elif rule == "V014":  # a store into a read-only kind is V013 first, then V014 as well
+        return ["V013", "V014"] if access not in _WRITABLE else ["V014"]
+    elif rule == "V023":
+        breaks = access not in (Access.READ_WRITE, Access.WORKGROUP)
+    else:
+        breaks = access is not Access.UNIFORM
+    return [rule] if breaks else []
+
+
+KIND_CASES = [
+    pytest.param(rule, access, id=f"{rule}-{access.name}")
+    for rule in KIND_RULES
+    for access in Access
+]
+
+
+@pytest.mark.parametrize(("rule", "access"), KIND_CASES)
+def test_rule_per_buffer_kind(rule: str, access: Access) -> None:
+    diagnostics = validate(_kind_program(rule, access))
+
+    assert [d.code for d in diagnostics] == _kind_expectation(rule, access)
+
+
+def test_kind_table_covers_every_buffer_rule_and_kind() -> None:
+    # Rules whose message or check mentions a buffer kind must be in the table.
+    kind_words = {a.name for a in Access} | {"read-only", "buffer"}
+    buffer_rules = {
+        code
+        for code, title in DIAGNOSTIC_CODES.items()
+        if any(w in title for w in kind_words) and code not in ("V007", "V009")
+    }
+    assert buffer_rules <= set(KIND_RULES), sorted(buffer_rules - set(KIND_RULES))
+    assert {(r, a) for r in KIND_RULES for a in Access} == {tuple(p.values) for p in KIND_CASES}
+
+
+@pytest.mark.parametrize("access", [Access.WRITE, Access.WORKGROUP])
+def test_zero_count_buffer_is_refused_before_it_runs(access: Access) -> None:
+    from vyre_reference import ReferenceBackend, execute
+
+    bad = program(
+        [Store("b", lid(), u32(1)), Store("out", lid(), Load("b", lid()))],
+        [OUT, BufferDecl("b", 9, access, DType.U32, 0)],
+    )
+    with pytest.raises(InvalidProgram, match="V006") as info:
+        execute(bad, [])
+    assert info.value.code is ErrorCode.InvalidProgram
+    with pytest.raises(InvalidProgram, match="V006"):
+        ReferenceBackend().dispatch(bad, [])  # refused before any worker starts

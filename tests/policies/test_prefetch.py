@@ -7,6 +7,8 @@ import threading
 import time
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import numpy as np
 import pytest
 
@@ -14,7 +16,6 @@ from tests.policies.kernels import binop
 from vyre_async import DispatchConfig, KernelCompileFailed, telemetry
 from vyre_async.ir import Program
 from vyre_async.pending import PendingDispatch
-from vyre_async.pipeline import Launch
 from vyre_async.prefetch import PrefetchJob
 from vyre_reference import ReferenceBackend
 
@@ -24,33 +25,34 @@ INPUTS = [np.arange(N, dtype=np.uint32), np.full(N, 5, np.uint32)]
 
 
 class SlowBackend(ReferenceBackend):
-    """The reference backend with a slow compiler and a device that takes ``device_s``.
+    """The reference backend with a compiler the test can slow down or hold.
 
-    Every dispatch runs on the worker pool (no inline runs) after sleeping
-    ``device_s`` on the worker, like a GPU busy with the kernel; every compile
-    sleeps ``compile_s`` first and records the thread it ran on.
+    Every dispatch runs on the worker pool (no inline runs). Every compile
+    records the thread it ran on and sleeps ``compile_s``; a compile of a
+    program in ``held`` also sets ``entered`` and waits for ``gate``. Tests that
+    assert an ordering drive it with these events, never with sleeps.
     """
 
-    def __init__(self, *, compile_s: float = 0.05, device_s: float = 0.0, **kwargs: Any) -> None:
+    def __init__(self, *, compile_s: float = 0.0, **kwargs: Any) -> None:
         super().__init__(inline_ns=0, **kwargs)
         self.compile_s = compile_s
-        self.device_s = device_s
         self.builds: list[tuple[str, str]] = []
         self.fail_on: set[str] = set()
+        self.held: set[str] = set()  # op ids whose builds wait for ``gate``
+        self.entered = threading.Event()
+        self.gate = threading.Event()
 
     def build_pipeline(self, program: Program, config: DispatchConfig) -> Any:
         self.builds.append((program.op_id, threading.current_thread().name))
-        time.sleep(self.compile_s)
+        if program.op_id in self.held:
+            self.entered.set()
+            if not self.gate.wait(30):
+                raise AssertionError("the test never opened the compile gate")
+        if self.compile_s:
+            time.sleep(self.compile_s)
         if program.op_id in self.fail_on:
             raise KernelCompileFailed(f"{program.op_id} rejected", fix="test double")
         return super().build_pipeline(program, config)
-
-    def enqueue(self, launch: Launch) -> PendingDispatch:
-        if not self.device_s:
-            return super().enqueue(launch)
-        # The "device" is busy for device_s before the engine runs the launch.
-        threading.Timer(self.device_s, super().enqueue, (launch,)).start()
-        return launch.pending
 
 
 @pytest.fixture(autouse=True)
@@ -71,19 +73,21 @@ def _attrs(pending: PendingDispatch) -> dict[str, Any]:
 async def test_cyclic_workload_prefetches_every_pipeline_after_warm_up() -> None:
     """Acceptance: cycle A,B,C; hit rate >= 90 % after warm-up, no post-warm-up compile wait.
 
-    Timing logic. The memory cache holds 2 pipelines, so in a cycle of 3 every
-    pipeline has been evicted by the time it comes round again: without
-    prefetching, *every* dispatch would wait for a 50 ms compile. Warm-up is the
-    first 4 dispatches (A, B, C compile cold; then A again compiles because it
-    was evicted, and only then does the history A,B,C,A show the cycle). From
-    then on, right after each dispatch is enqueued the prefetcher predicts the
-    next program (B after A,B,C,A; C after ...,A,B; ...), sees it is not cached
-    and compiles it on its worker thread. The simulated device takes 150 ms per
-    dispatch and the test awaits each result before dispatching the next, so the
-    50 ms background compile has finished (100 ms of slack) when the next
-    dispatch looks its pipeline up: a cache hit, ``compile_s == 0``.
+    The memory cache holds 2 pipelines, so in a cycle of 3 every pipeline has
+    been evicted by the time it comes round again: without prefetching, *every*
+    dispatch would compile (the control test below). Warm-up is the first 4
+    dispatches (A, B, C compile cold; then A again compiles because it was
+    evicted, and only then does the history A,B,C,A show the cycle). From then
+    on, right after each dispatch is enqueued the prefetcher predicts the next
+    program, sees it is not cached and compiles it on its worker thread.
+
+    No timing margins: the test stands for a device busy longer than a compile
+    by waiting for the prefetcher (``drain``) before it awaits each result, so
+    the next dispatch finds its pipeline built or the prefetcher did not do its
+    job. (It used to sleep 150 ms per dispatch against a 50 ms compile, and
+    failed once on a loaded machine.)
     """
-    backend = SlowBackend(compile_s=0.05, device_s=0.15, pipeline_cache_capacity=2)
+    backend = SlowBackend(pipeline_cache_capacity=2)
     prefetcher = backend.prefetcher
     assert prefetcher is not None
     loop_thread = threading.current_thread().name
@@ -92,6 +96,7 @@ async def test_cyclic_workload_prefetches_every_pipeline_after_warm_up() -> None
     pendings: list[PendingDispatch] = []
     for k in range(warm_up + measured):
         pending = backend.dispatch(cycle[k % 3], INPUTS)
+        assert await anyio.to_thread.run_sync(prefetcher.drain, 30)
         outputs = await pending
         assert outputs[0].shape == (N,)
         pendings.append(pending)
@@ -105,10 +110,11 @@ async def test_cyclic_workload_prefetches_every_pipeline_after_warm_up() -> None
     assert stats.hits == stats.predictions == measured
     # The pipelines were ready *because of* the predictions: the prefetcher built them.
     assert stats.prefetched_used == measured
-    # One background build per measured dispatch (plus, maybe, the one predicted
-    # after the last dispatch, still running).
+    # One background build per measured dispatch, plus the one predicted by the
+    # last warm-up dispatch (A,B,C,A predicts B); everything before was cold.
+    assert [op for op, _ in backend.builds[:warm_up]] == [A.op_id, B.op_id, C.op_id, A.op_id]
     background = [thread for _, thread in backend.builds[warm_up:]]
-    assert len(background) in (measured, measured + 1)
+    assert len(background) == measured + 1
     assert all(t.startswith("vyre-prefetch") and t != loop_thread for t in background)
     assert _attrs(after[-1])["vyre.prefetch.hit_rate"] == pytest.approx(stats.hit_rate)
     await backend.shutdown()
@@ -286,19 +292,40 @@ def test_concurrent_compile_errors_reach_every_waiter() -> None:
 
 @pytest.mark.anyio
 async def test_a_dispatch_racing_the_prefetcher_waits_for_its_compile() -> None:
-    """The prefetcher is compiling B when B is dispatched: B is built once."""
-    backend = SlowBackend(compile_s=0.2, pipeline_cache_capacity=2)
+    """The prefetcher is compiling B when B is dispatched: B is built once.
+
+    The background build of B is held at the compile gate until the racing
+    dispatch has looked B up and missed, so the two overlap on every run.
+    """
+    backend = SlowBackend(pipeline_cache_capacity=2)
     for program in (A, B, C):
         await backend.dispatch(program, INPUTS)
+    backend.held.add(B.op_id)
     await backend.dispatch(A, INPUTS)  # compiles A; predicts B (evicted) -> background compile
-    assert backend.prefetcher is not None
-    started = time.perf_counter()
-    pending = backend.dispatch(B, INPUTS)  # arrives while the 200 ms background build runs
-    waited = time.perf_counter() - started
+    assert await anyio.to_thread.run_sync(backend.entered.wait, 30)
+    looked_up = threading.Event()
+    lookup = backend.pipelines.get
+    b_identity = backend.pipeline_identity(B)
+
+    def get(identity: Any) -> Any:
+        found = lookup(identity)
+        if identity == b_identity:
+            looked_up.set()
+        return found
+
+    backend.pipelines.get = get  # type: ignore[method-assign]
+    racing: list[PendingDispatch] = []
+    thread = threading.Thread(target=lambda: racing.append(backend.dispatch(B, INPUTS)))
+    thread.start()  # blocks in the compile of B that the prefetcher is running
+    assert await anyio.to_thread.run_sync(looked_up.wait, 30), "the dispatch never looked B up"
+    assert not racing  # still waiting for the held build
+    backend.gate.set()
+    await anyio.to_thread.run_sync(thread.join, 30)
+    (pending,) = racing
     await pending
     assert [op for op, _ in backend.builds].count(B.op_id) == 2  # cold + one prefetch, not 3
-    assert pending.context["cache_hit"] is False
-    assert waited < 0.2 + 0.15  # it waited for the running build, not for a new one
+    assert backend.builds[-1][1].startswith("vyre-prefetch")
+    assert pending.context["cache_hit"] is False  # it missed and waited for the running build
     await backend.shutdown()
 
 
@@ -321,7 +348,8 @@ def test_background_failures_are_logged_not_raised(caplog: pytest.LogCaptureFixt
 
 
 def test_queue_is_bounded_and_deduplicated() -> None:
-    backend = SlowBackend(compile_s=0.2)
+    backend = SlowBackend()
+    backend.held.add(A.op_id)  # A's build holds the worker until every job was offered
     prefetcher = backend.prefetcher
     assert prefetcher is not None
     prefetcher.max_queue = 2
@@ -333,6 +361,7 @@ def test_queue_is_bounded_and_deduplicated() -> None:
     prefetcher.schedule(jobs[0])  # in flight already: ignored
     prefetcher.schedule(jobs[1])
     prefetcher.schedule(jobs[2])  # queue full: dropped
+    backend.gate.set()
     assert prefetcher.drain(5)
     stats = prefetcher.stats()
     assert (stats.compiles, stats.dropped) == (2, 1)

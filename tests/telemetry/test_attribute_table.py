@@ -1,0 +1,141 @@
+"""The span attribute table in docs/tracing.md is exactly what the spans carry.
+
+One table, one test: the table is parsed, workloads that between them set every
+documented key run on the reference backend, a test backend and the CUDA backend
+on the fake device (``tests/cupy/fake_cupy.py``), and the keys of every finished
+span are compared with the table, per span name, both ways. A misspelt key in the
+code (or in the docs) shows up as one missing and one undocumented key.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tests.cupy.emulator import build_emulator
+from tests.cupy.fake_cupy import FakeDevice
+from tests.driver.fakes import DelayBackend
+from tests.policies.kernels import binop
+from vyre_async import DispatchConfig, DispatchTimeout
+from vyre_async.graph import ArmGraph
+from vyre_async.programs import elementwise_xor
+from vyre_reference import ReferenceBackend
+
+pytestmark = pytest.mark.anyio
+TABLE = Path(__file__).resolve().parents[2] / "docs" / "tracing.md"
+SPANS = {"dispatch": "vyre.dispatch", "graph": "vyre.graph"}
+N = 64
+XOR = elementwise_xor(N)
+INPUTS = [np.arange(N, dtype=np.uint32), np.ones(N, np.uint32)]
+
+
+def documented() -> dict[str, set[str]]:
+    """Return ``{span name: keys}`` from the "Span attributes" table of docs/tracing.md."""
+    text = TABLE.read_text()
+    section = text[text.index("### Span attributes") :]
+    section = section[: section.index("\n#", 1)]
+    table: dict[str, set[str]] = {name: set() for name in SPANS.values()}
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert rows, "the span attribute table has no rows"
+    for row in rows:
+        key_cell, span_cell, *_ = (cell.strip() for cell in row.strip("|").split("|"))
+        (key,) = re.fullmatch(r"`([a-z0-9_.]+)`", key_cell).groups()  # type: ignore[union-attr]
+        for span in span_cell.split(","):
+            table[SPANS[span.strip()]].add(key)
+    return table
+
+
+@pytest.fixture(scope="module")
+def fake_cupy() -> Iterator[FakeDevice]:
+    """The fake CUDA device, installed as ``cupy`` (the kernels the fake device knows)."""
+    from tests.cupy.conftest import fake_device_programs
+
+    programs = fake_device_programs()
+    library = build_emulator(programs, library=True).wait()
+    device = FakeDevice(library.binary, programs)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, module in device.modules().items():
+            patch.setitem(sys.modules, name, module)
+        yield device
+
+
+async def _test_backend() -> None:
+    """A test backend with a stream and device timing; labels, a timeout, a cancelled await."""
+    backend = DelayBackend(delay=0.001)
+    try:
+        await backend.dispatch(XOR, INPUTS, DispatchConfig(label="l", profile="p"))
+        slow = DelayBackend(delay=0.5)
+        try:
+            with pytest.raises(DispatchTimeout):
+                await slow.dispatch(XOR, INPUTS, DispatchConfig(timeout=0.01))
+            with anyio.move_on_after(0.01):
+                await slow.dispatch(XOR, INPUTS)
+        finally:
+            slow.close()
+    finally:
+        backend.close()
+
+
+async def _reference() -> None:
+    """Shape prediction, a batch, and arm graphs joined on the device and on the host."""
+    backend = ReferenceBackend(inline_ns=0)
+    try:
+        for _ in range(3):  # the third dispatch is scored against a prediction
+            await backend.dispatch(XOR, INPUTS)
+        for pending in backend.compile(XOR).dispatch_batch([INPUTS] * 3):
+            await pending
+        for residency in ("auto", "host"):
+            graph = ArmGraph(label="g")
+            for name in "xy":
+                graph.resource(name, "u32", N, initial=np.arange(N, dtype=np.uint32))
+            graph.resource("p", "u32", N)
+            graph.resource("q", "u32", N)
+            xor = binop("xor", N)
+            graph.arm(xor, {"a": "x", "b": "y", "out": "p"}, label="p")
+            graph.arm(xor, {"a": "p", "b": "y", "out": "q"}, label="q")  # waits for p
+            await graph.run(backend, residency=residency)  # type: ignore[arg-type]
+    finally:
+        await backend.shutdown()
+
+
+async def _cuda(fake_cupy: FakeDevice) -> None:
+    """Uploads into a private arena, graph replays into the graph's arena, a batch run plain."""
+    from vyre_cupy import create_backend
+
+    backend = create_backend(disk_cache=None)
+    try:
+        pipeline = backend.compile(elementwise_xor(1001))  # a size of its own: a fresh graph
+        a = np.arange(1001, dtype=np.uint32)
+        await pipeline.dispatch([a, a])
+        for pending in pipeline.dispatch_batch([[a, a]] * 3, mode="command_reuse"):
+            await pending
+        mixed = [[a, a], [a[:500], a[:500]]]  # mixed shapes cannot run as one persistent batch
+        for pending in pipeline.dispatch_batch(mixed, mode="persistent"):
+            await pending
+    finally:
+        await backend.shutdown()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # spans do not depend on the loop
+async def test_every_documented_attribute_is_on_a_span_and_no_other(
+    spans: InMemorySpanExporter, fake_cupy: FakeDevice
+) -> None:
+    await _test_backend()
+    await _reference()
+    await _cuda(fake_cupy)
+    seen: dict[str, set[str]] = {name: set() for name in SPANS.values()}
+    for span in spans.get_finished_spans():
+        if span.name in seen:
+            seen[span.name] |= set(span.attributes or {})
+    table = documented()
+    for name in SPANS.values():
+        missing, extra = table[name] - seen[name], seen[name] - table[name]
+        assert not missing, f"documented for {name} but on no span: {sorted(missing)}"
+        assert not extra, f"on {name} spans but not in docs/tracing.md: {sorted(extra)}"
