@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo lint types pytest bench bench-cuda clean
+.PHONY: test demo lint types pytest mutants bench bench-cuda clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ types: $(STAMP)
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# Plants each known bug of scripts/mutants.py in a copy of the tree; every one must be caught.
+mutants: $(STAMP)
+	$(BIN)/python scripts/mutants.py > /dev/null
 
 demo: $(STAMP)
 	$(BIN)/vyre-async demo

@@ -1019,6 +1019,45 @@ def _control_cases() -> list[Case]:
             expected=(_u32s(*[trips(i, v) for i, v in enumerate(data)]),),
         )
     )
+    # Bounds are evaluated once even when they were loaded from memory the body
+    # changes: the start is a value, not a view of the buffer (the reference engine
+    # once kept a view, so each atomic moved the counter of the next iteration;
+    # the trip count stayed right, only the counter's value went wrong).
+    for wg, suffix in ((4, ""), (1, "_single_lane_workgroups")):
+        prog = Program(
+            [
+                BufferDecl("data", 0, Access.READ_WRITE, DType.U32),
+                BufferDecl("out", 1, Access.WRITE, DType.U32, 4),
+            ],
+            wg,
+            [
+                Let("acc", u32(0)),
+                Loop(
+                    "t",
+                    Load("data", g),
+                    u32(4),
+                    [
+                        Assign("acc", acc + Var("t")),
+                        Let("old", Atomic("add", "data", g, u32(10))),
+                        Store("out", g, acc),
+                    ],
+                ),
+            ],
+            op_id="case.loop_memory_bounds",
+        )
+        start = [0, 1, 2, 3]
+        cases.append(
+            Case(
+                name="loop_start_loaded_from_memory_the_body_writes" + suffix,
+                rules=("ctl.loop",),
+                program=prog,
+                inputs=(_u32s(*start),),
+                expected=(
+                    _u32s(*[s + 10 * (4 - s) for s in start]),
+                    _u32s(*[sum(range(s, 4)) for s in start]),
+                ),
+            )
+        )
     # Return removes lanes; a uniformly returned workgroup does not block a barrier.
     lane = lid()
     prog = Program(

@@ -4,6 +4,10 @@ The conformance corpus and the operator table are each compiled ONCE for the
 CPU emulator (``g++``), and both are compiled ONCE together by ``nvcc`` for
 sm_90. The three compilers start at the same time on first use (the machine
 has two cores) and their results are cached across runs by content hash.
+
+The emulator runs under UBSan (see ``emulator.py``). The fake device's library
+only logs what it finds (it runs inside pytest); the hook below fails the test
+whose setup, call or teardown launched a kernel that UBSan reported.
 """
 
 from __future__ import annotations
@@ -33,6 +37,43 @@ if TYPE_CHECKING:
     from tests.cupy.fake_cupy import FakeDevice
 
 
+def fail_on_undefined_behaviour() -> None:
+    """Fail the running test phase with every UBSan report the fake devices kept."""
+    from tests.cupy.fake_cupy import take_sanitizer_reports
+
+    reports = take_sanitizer_reports()
+    if reports:
+        pytest.fail(
+            "undefined behaviour (UBSan) in kernels the fake CUDA device ran:\n"
+            + "\n".join(reports),
+            pytrace=False,
+        )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    try:
+        return (yield)
+    finally:
+        fail_on_undefined_behaviour()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    try:
+        return (yield)
+    finally:
+        fail_on_undefined_behaviour()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    try:
+        return (yield)
+    finally:
+        fail_on_undefined_behaviour()
+
+
 @dataclass
 class NvccJob:
     """An ``nvcc`` batch compile of many kernels (possibly still running)."""
@@ -50,6 +91,12 @@ class NvccJob:
         if self.process.returncode == 0:
             self.marker.touch()
         return self.process.returncode, err.decode(errors="replace")
+
+    def stop(self) -> None:
+        """Kill ``nvcc`` if it still runs and reap it (nothing is cached then)."""
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
+            self.process.communicate()
 
 
 def start_nvcc(programs: list[Program]) -> NvccJob:
@@ -86,7 +133,13 @@ class Toolchain:
 
 
 @pytest.fixture(scope="session")
-def toolchain() -> Toolchain:
+def toolchain() -> Iterator[Toolchain]:
+    """Start every batch build; at the end, stop the ones no test waited for.
+
+    Running a few tests (``pytest tests/cupy/test_x.py``) waits for only the
+    builds they use; the others are killed and reaped here, not left running
+    with open pipes when the session ends.
+    """
     if shutil.which("g++") is None:  # required in CI: the emulation is how CUDA is checked there
         pytest.fail("the CUDA emulation tests need g++ (C++20, e.g. Debian's build-essential)")
     corpus = [c for c in cases() if c.error is None]
@@ -98,9 +151,12 @@ def toolchain() -> Toolchain:
     nvcc = start_nvcc(programs) if NVCC else None
     device_programs = fake_device_programs()
     device_build = build_emulator(device_programs, library=True)
-    return Toolchain(
+    yield Toolchain(
         corpus, ops, probes, corpus_build, ops_build, nvcc, device_programs, device_build
     )
+    for job in (corpus_build, ops_build, device_build, nvcc):
+        if job is not None:
+            job.stop()
 
 
 def fake_device_programs() -> list[Program]:

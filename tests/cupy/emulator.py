@@ -7,7 +7,20 @@ as compiler builtins, intrinsics by their documented semantics. Many kernels
 are built into ONE binary with ONE ``g++`` invocation, and a batch of launches
 runs in ONE process, so the whole conformance corpus costs one compile and one
 run. Built binaries are cached under the temp dir, keyed by a hash of
-everything that goes into them.
+everything that goes into them (the compiler flags included).
+
+Both builds run under UndefinedBehaviorSanitizer (``-fsanitize=undefined`` plus
+``float-cast-overflow``): a shift by 32 or more, signed overflow, an
+out-of-range float-to-int conversion, an out-of-bounds array index... in a
+generated kernel or the prelude is a test failure naming the UBSan message, the
+prelude helper or kernel at that line, and the launch, even where x86 would
+have produced the IR's answer by accident (it masks shift counts in hardware; a
+GPU does not). The batch runner stops at the first report
+(``-fno-sanitize-recover=all``) and `Emulator.run` turns it into an
+``AssertionError`` (see `describe_ub`). The shared library of the fake device
+is loaded into the test process, where an abort would kill pytest, so it is
+built to report and go on (``-fsanitize-recover=all``) into a log file that
+the fake device reads after every launch (``fake_cupy.py``).
 
 ``nvcc_command`` compiles the same kernels for ``sm_90`` with the options the
 backend gives NVRTC; codegen that does not compile fails the suite.
@@ -17,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -38,8 +52,11 @@ __all__ = [
     "Request",
     "Result",
     "build_emulator",
+    "describe_ub",
     "gxx_command",
+    "gxx_flags",
     "nvcc_command",
+    "program_of",
     "request_for",
     "translation_unit",
 ]
@@ -47,7 +64,16 @@ __all__ = [
 EMULATION_DIR = Path(__file__).parent / "emulation"
 GXX = shutil.which("g++") or "g++"
 NVCC = shutil.which("nvcc")
-GXX_FLAGS = ("-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-w")
+#: Undefined behaviour is an error: UBSan (GCC's ``undefined`` group leaves out
+#: ``float-cast-overflow``, so it is named too); ``VY_EMU_UBSAN`` tells the harness.
+UBSAN_FLAGS = ("-fsanitize=undefined,float-cast-overflow", "-DVY_EMU_UBSAN=1")
+GXX_FLAGS = ("-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-w", *UBSAN_FLAGS)
+#: The batch runner stops at the first report (its exit status and stderr carry it) ...
+HARNESS_FLAGS = ("-fno-sanitize-recover=all",)
+#: ... the shared library, loaded into pytest, reports and goes on (a log the fake device reads).
+LIBRARY_FLAGS = ("-shared", "-fPIC", "-fsanitize-recover=all")
+#: UBSAN_OPTIONS of the batch runner: reports on stderr, however the test process is set up.
+HARNESS_UBSAN_OPTIONS = "log_path=stderr:halt_on_error=1:print_stacktrace=0"
 #: The options `vyre_cupy.compile` gives NVRTC (nvcc spells them the same way).
 NVCC_FLAGS = (
     "--std=c++17",
@@ -108,9 +134,15 @@ def _ctype(dtype: str) -> str:
     return {"u32": "unsigned", "i32": "int", "f32": "float", "bool": "unsigned"}[dtype]
 
 
-def gxx_command(source: Path, binary: Path) -> list[str]:
-    """Return the ``g++`` command building the harness from ``source``."""
-    return [GXX, *GXX_FLAGS, "-I", str(EMULATION_DIR), str(source), "-o", str(binary)]
+def gxx_flags(*, library: bool = False) -> tuple[str, ...]:
+    """Return every ``g++`` option of the batch-runner (or shared-library) build."""
+    return (*GXX_FLAGS, *(LIBRARY_FLAGS if library else HARNESS_FLAGS))
+
+
+def gxx_command(source: Path, binary: Path, *, library: bool = False) -> list[str]:
+    """Return the ``g++`` command building the harness (or the library) from ``source``."""
+    flags = gxx_flags(library=library)
+    return [GXX, *flags, "-I", str(EMULATION_DIR), str(source), "-o", str(binary)]
 
 
 def nvcc_command(source: Path, output: Path) -> list[str]:
@@ -122,6 +154,65 @@ def nvcc_command(source: Path, output: Path) -> list[str]:
 def _toolchain_id() -> str:
     version = subprocess.run([GXX, "--version"], capture_output=True, text=True, check=False)
     return version.stdout.splitlines()[0] if version.stdout else GXX
+
+
+_UB_RE = re.compile(  # UBSan: "FILE:LINE[:COLUMN]: runtime error: MESSAGE" (location optional)
+    r"^(?:(?P<file>[^\s:][^:\n]*):(?P<line>\d+)(?::(?P<col>\d+))?: |.*?)"
+    r"runtime error: (?P<msg>.*)$",
+    re.MULTILINE,
+)
+_LAUNCH_RE = re.compile(r"cuda_emu harness: undefined behaviour in launch (\d+) \(kernel \d+\)")
+_HEADER_RE = re.compile(r"/\* vyre_cupy codegen \S+; program (\S+); workgroup")
+#: Lines that open a function of a translation unit (the prelude's helpers, kernels, wrappers).
+_FUNCTION_RES = (
+    (re.compile(r"^VY_FN [\w ]+?\b(vy_\w+)\("), "prelude helper {}"),
+    (re.compile(r'^extern "C" __global__ void (\w+)\('), "kernel {}"),
+    (re.compile(r"^static void (vy_(?:call|batch)_\d+)\("), "launch wrapper {}"),
+)
+
+
+def program_of(kernel: KernelSource) -> str:
+    """Return the (sanitized) ``op_id`` that ``kernel``'s header comment names."""
+    found = _HEADER_RE.search(kernel.source)
+    return found[1] if found else "?"
+
+
+def _function_at(lines: list[str], line: int) -> str:
+    """Name the function of a generated unit that holds 1-based ``line`` (and its program)."""
+    for at in range(min(line, len(lines)) - 1, -1, -1):
+        for pattern, label in _FUNCTION_RES:
+            found = pattern.match(lines[at])
+            if found is None:
+                continue
+            where = label.format(found[1])
+            if label.startswith("kernel"):
+                for back in range(at, -1, -1):  # the codegen header above the kernel
+                    header = _HEADER_RE.search(lines[back])
+                    if header is not None:
+                        return f"{where} (program {header[1]})"
+            return where
+    return "?"
+
+
+def describe_ub(report: str, unit: Path | None) -> list[str]:
+    """Return one line per UBSan report in ``report`` (a log or the harness's stderr).
+
+    Each line has UBSan's message, then where: for a line of ``unit`` (the
+    generated translation unit) the prelude helper or the kernel (with its
+    program's ``op_id``) holding it, then ``file:line:column``.
+    """
+    text = unit.read_text().splitlines() if unit is not None and unit.exists() else []
+    described = []
+    for found in _UB_RE.finditer(report):
+        if found["file"] is None:
+            described.append(f"UBSan: {found['msg']} -- at an unknown place")
+            continue
+        name, line = Path(found["file"]).name, int(found["line"])
+        where = f"{name}:{line}" + (f":{found['col']}" if found["col"] else "")
+        if unit is not None and name == unit.name:
+            where = f"{_function_at(text, line)} at {where}"
+        described.append(f"UBSan: {found['msg']} -- in {where}")
+    return described
 
 
 @dataclass
@@ -149,12 +240,15 @@ class BuildJob:
             self.process = None
         return Emulator(self.binary, self.kernels)
 
-    def discard(self) -> None:
-        """Delete the build's folder (for one-off kernel sets); waits for the compiler first."""
-        if self.process is not None:
+    def stop(self) -> None:
+        """Kill the compiler if it still runs and reap it (its pipe closed); keeps the cache."""
+        if self.process is not None and self.process.returncode is None:
             self.process.kill()
-            self.process.wait()
-            self.process = None
+            self.process.communicate()
+
+    def discard(self) -> None:
+        """Delete the build's folder (for one-off kernel sets); stops the compiler first."""
+        self.stop()
         shutil.rmtree(self.binary.parent, ignore_errors=True)
 
 
@@ -177,7 +271,7 @@ def build_emulator(programs: Sequence[Program], *, library: bool = False) -> Bui
         unit,
         (EMULATION_DIR / "cuda_emu.h").read_text(),
         (EMULATION_DIR / trailer).read_text(),
-        " ".join(GXX_FLAGS),
+        " ".join(gxx_flags(library=library)),  # GXX_FLAGS and the build's own
         _toolchain_id(),
     ):
         digest.update(part.encode())
@@ -189,9 +283,7 @@ def build_emulator(programs: Sequence[Program], *, library: bool = False) -> Bui
     if binary.exists():
         return BuildJob(binary, source, None, kernels)
     source.write_text(unit)
-    command = gxx_command(source, binary.with_suffix(".tmp"))
-    if library:
-        command[1:1] = ["-shared", "-fPIC"]
+    command = gxx_command(source, binary.with_suffix(".tmp"), library=library)
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     return BuildJob(binary, source, process, kernels)
 
@@ -251,7 +343,8 @@ class Emulator:
         """Run every request (in order, one process) and return their results.
 
         Raises:
-            AssertionError: the harness crashed or timed out.
+            AssertionError: UBSan found undefined behaviour (the message names it, the
+                helper or kernel, and the launch), or the harness crashed or timed out.
         """
         job = bytearray(struct.pack("<2I", _MAGIC, len(requests)))
         for request in requests:
@@ -264,13 +357,28 @@ class Emulator:
                 capture_output=True,
                 timeout=timeout,
                 check=False,
+                env={**os.environ, "UBSAN_OPTIONS": HARNESS_UBSAN_OPTIONS},
             )
+            stderr = done.stderr.decode(errors="replace")
+            found = describe_ub(stderr, self.binary.parent / "unit.cpp")
+            if found:
+                raise AssertionError(self._ub_failure(requests, found, stderr))
             if done.returncode != 0:
-                raise AssertionError(
-                    f"emulator exited with {done.returncode}: {done.stderr.decode()[-4000:]}"
-                )
+                raise AssertionError(f"emulator exited with {done.returncode}: {stderr[-4000:]}")
             data = np.frombuffer(results.read_bytes(), dtype="<u4")
         return self._decode(requests, data)
+
+    def _ub_failure(self, requests: Sequence[Request], found: list[str], stderr: str) -> str:
+        lines = ["undefined behaviour (UBSan) in the emulated kernels:", *found]
+        launch = _LAUNCH_RE.search(stderr)
+        if launch is not None and int(launch[1]) < len(requests):
+            index = requests[int(launch[1])].kernel
+            lines.append(
+                f"while running launch {launch[1]} of {len(requests)}: kernel k{index} "
+                f"(program {program_of(self.kernels[index])})"
+            )
+        lines.append(f"emulator stderr (last 2000 chars):\n{stderr[-2000:]}")
+        return "\n".join(lines)
 
     def _encode(self, request: Request) -> bytes:
         kernel = self.kernels[request.kernel]

@@ -16,7 +16,15 @@ bindings — with the semantics the backend relies on:
   (``emulation/library.inc``); "NVRTC" hands the generated source through, and
   ``Module.load`` finds the kernel compiled from that exact source in the library;
 - fault injection: out-of-memory past ``memory_limit``, and a sticky
-  ``cudaErrorIllegalAddress`` for the next launch (``fail_next_launch``).
+  ``cudaErrorIllegalAddress`` for the next launch (``fail_next_launch``);
+- undefined behaviour: the library runs under UBSan, built to report and go on
+  (an abort would kill pytest) into one log file per test process; after every
+  launch the device reads what the log gained and keeps it, described (UBSan's
+  message, the prelude helper or kernel at that line, the launch), for
+  `take_sanitizer_reports`, which ``conftest.py`` calls after each test phase
+  to fail the test. UBSan reports each source location once per loaded
+  library, and each device loads its own copy, so the first test of each
+  module (each device) that reaches a given piece of UB fails with it.
 
 What this does not prove: anything about real CUDA (timing, the driver, the
 real CuPy signatures beyond those mirrored here). That is ``scripts/gpu-check``'s job.
@@ -24,9 +32,13 @@ real CuPy signatures beyond those mirrored here). That is ``scripts/gpu-check``'
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import itertools
+import os
 import queue
+import shutil
+import tempfile
 import threading
 import time
 import types
@@ -35,10 +47,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.cupy.emulator import describe_ub
 from vyre_async.ir import Program
-from vyre_cupy.codegen import generate
+from vyre_cupy.codegen import generate, sanitize
 
-__all__ = ["CUDARuntimeError", "FakeDevice", "OutOfMemoryError"]
+__all__ = ["CUDARuntimeError", "FakeDevice", "OutOfMemoryError", "take_sanitizer_reports"]
 
 MEMCPY_H2D, MEMCPY_D2H, MEMCPY_D2D = 1, 2, 3
 _IMAGE_TAG = b"FAKE-CUBIN\n"
@@ -62,6 +75,92 @@ class NVRTCError(RuntimeError):
         self.status = status
 
 
+class _SanitizerLog:
+    """UBSan's log in the test process (every fake device's library writes to it)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        folder = tempfile.mkdtemp(prefix="vyre-ubsan-")
+        atexit.register(shutil.rmtree, folder, True)
+        self.prefix = os.path.join(folder, "report")  # UBSan appends ".<pid>"
+        self.offset = 0
+        self.started = False  # the path is set once: setting it again truncates the log
+        self.copies = 0
+        self.reports: list[str] = []
+
+    def private_copy(self, library: Path) -> Path:
+        """Return a new copy of ``library`` (a path no library was loaded from before)."""
+        with self.lock:
+            self.copies += 1
+            copy = Path(self.prefix).parent / f"lib{self.copies}-{library.name}"
+        shutil.copyfile(library, copy)
+        return copy
+
+    def attach(self, lib: ctypes.CDLL, library: Path) -> None:
+        """Send the UBSan reports of ``lib`` (loaded once, from ``library``) to the log.
+
+        A self-test report (``vy_emu_ubsan_selftest``) must arrive there.
+
+        Raises:
+            AssertionError: the library has no UBSan, or its self-test report did not
+                reach the log (UBSAN_OPTIONS of the environment may name another log_path).
+        """
+        try:  # getattr: ``lib.__name`` would be name-mangled inside a class
+            set_path = getattr(lib, "__sanitizer_set_report_path")
+            selftest = lib.vy_emu_ubsan_selftest
+        except AttributeError:
+            raise AssertionError(f"{library} was built without UBSan") from None
+        selftest.argtypes = [ctypes.c_uint, ctypes.c_uint]
+        selftest.restype = ctypes.c_uint
+        if "halt_on_error=1" in os.environ.get("UBSAN_OPTIONS", ""):
+            raise AssertionError("UBSAN_OPTIONS has halt_on_error=1: UBSan would kill pytest")
+        lib.vy_emu_ubsan_log(self.prefix.encode())  # the options of a runtime not started yet
+        with self.lock:
+            if not self.started:  # start the runtime, then point it at the log (for good)
+                selftest(0, 32)
+                set_path(self.prefix.encode())  # the next report truncates the log
+                self.started, self.offset = True, 0
+        selftest(1, 33)
+        log = self.gained().splitlines(keepends=True)
+        if not any("shift exponent 33 is too large" in line for line in log):
+            raise AssertionError(
+                f"UBSan's self-test report of {library} did not reach {self.prefix}.<pid> "
+                f"(log: {log!r}); is log_path set in UBSAN_OPTIONS?"
+            )
+        others = "".join(line for line in log if "library.inc:" not in line)
+        if others:  # a concurrent launch's report: keep it, unattributed
+            with self.lock:
+                self.reports += [f"{r} -- kernel unknown" for r in describe_ub(others, None)]
+
+    def gained(self) -> str:
+        """Return what the log gained since the last call."""
+        path = f"{self.prefix}.{os.getpid()}"
+        with self.lock:
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                return ""
+            if size < self.offset:  # truncated (never expected): read it all again
+                self.offset = 0
+            if size == self.offset:
+                return ""
+            with open(path, "rb") as log:
+                log.seek(self.offset)
+                data = log.read(size - self.offset)
+            self.offset += len(data)
+        return data.decode(errors="replace")
+
+
+_UBSAN = _SanitizerLog()
+
+
+def take_sanitizer_reports() -> list[str]:
+    """Return (and forget) the undefined behaviour every fake device saw since the last call."""
+    with _UBSAN.lock:
+        reports, _UBSAN.reports = _UBSAN.reports, []
+    return reports
+
+
 class FakeDevice:
     """One emulated GPU and the fake CuPy modules that reach it.
 
@@ -71,7 +170,13 @@ class FakeDevice:
     """
 
     def __init__(self, library: Path, programs: Sequence[Program]) -> None:
-        self.lib = ctypes.CDLL(str(library))
+        # A private copy: UBSan reports each source location once per loaded library, so
+        # each device (each test module) gets its own first report of any one piece of UB.
+        private = _UBSAN.private_copy(library)
+        self.lib = ctypes.CDLL(str(private))
+        _UBSAN.attach(self.lib, private)
+        self.unit = library.parent / "unit.cpp"  # the generated source, for UBSan's line numbers
+        self.names = [sanitize(p.op_id) if p.op_id else "-" for p in programs]
         self.lib.vy_emu_launch.argtypes = [ctypes.c_uint] * 7 + [
             ctypes.POINTER(ctypes.c_void_p),
             ctypes.c_int,
@@ -264,8 +369,19 @@ class FakeDevice:
         else:
             with self.launch_lock if threaded else _NO_LOCK:
                 status = self.lib.vy_emu_launch(index, *grid, *block, pointers, int(not threaded))
+        self._check_sanitizer(index, batch)
         assert status == 0
         self.launches += 1
+
+    def _check_sanitizer(self, index: int, batch: bool) -> None:
+        """Keep, described, whatever UBSan reported while this (or a concurrent) launch ran."""
+        gained = _UBSAN.gained()
+        if not gained:
+            return
+        kernel = f"k{index}{'_batch' if batch else ''} (program {self.names[index]})"
+        found = describe_ub(gained, self.unit) or [f"UBSan: {gained.strip()[-2000:]}"]
+        with _UBSAN.lock:
+            _UBSAN.reports += [f"{line} -- reported during a launch of {kernel}" for line in found]
 
     def new_stream_id(self) -> int:
         return next(self._ids)

@@ -6,6 +6,13 @@ dtype's edge values — zeros, ±1, extremes, INT_MIN/-1, shift counts of 31/32/
 NaN, ±inf, ±0.0, subnormals, halfway cases — so every prelude helper and
 every operator mapping of the code generator is exercised against the numpy
 reference on exactly the inputs where C and the IR disagree by default.
+
+Those operands come from buffers, so the compiler sees them only at run time.
+The ``*.const-rhs`` cases give ``shl``/``shr`` (and ``div``/``mod``) on U32
+and I32 their right operand as a literal ``Const`` in the IR instead — shift
+counts of 32, 33, 0xFFFFFFFF, -1, INT_MIN... — one store per constant, so the
+generated C has ``vy_shl_u32(t, 0x00000020u)`` where a constant-folding
+compiler could go its own way.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from vyre_async.ir import (
     BufferDecl,
     BufLen,
     Cast,
+    Const,
     DType,
     Expr,
     Fma,
@@ -39,7 +47,7 @@ from vyre_async.ir import (
 )
 from vyre_async.ir.ops import bin_result, un_result
 
-__all__ = ["OpCase", "op_cases"]
+__all__ = ["CONST_RHS", "OpCase", "op_cases"]
 
 
 def _f32(bits: int) -> float:
@@ -97,6 +105,21 @@ _EDGE: dict[DType, list[Any]] = {
 }
 
 
+#: Literal right operands of the ``*.const-rhs`` cases, per operator and dtype.
+_COUNTS_U32 = [0, 1, 31, 32, 33, 63, 64, 0x8000_0000, 0xFFFF_FFE0, 0xFFFF_FFFF]
+_COUNTS_I32 = [0, 1, 31, 32, 33, -1, -31, -32, -33, 2**31 - 1, -(2**31)]
+CONST_RHS: dict[tuple[BinOp, DType], list[int]] = {
+    (BinOp.SHL, DType.U32): _COUNTS_U32,
+    (BinOp.SHR, DType.U32): _COUNTS_U32,
+    (BinOp.SHL, DType.I32): _COUNTS_I32,
+    (BinOp.SHR, DType.I32): _COUNTS_I32,
+    (BinOp.DIV, DType.U32): [0, 1, 7, 0xFFFF_FFFF],
+    (BinOp.MOD, DType.U32): [0, 1, 7, 0xFFFF_FFFF],
+    (BinOp.DIV, DType.I32): [0, 1, -1, 7, -7, -(2**31)],
+    (BinOp.MOD, DType.I32): [0, 1, -1, 7, -7, -(2**31)],
+}
+
+
 @dataclass(frozen=True)
 class OpCase:
     """A program and its inputs (one array per input buffer)."""
@@ -134,8 +157,33 @@ def _sized(program: Program, n: int) -> Program:
     return Program(decls, program.workgroup_size, program.body, op_id=program.op_id)
 
 
+def _const_rhs(op: BinOp, dtype: DType, constants: list[int]) -> OpCase:
+    """``out[i * k + j] = op(in0[i], constants[j])``: the right operand a literal in the IR."""
+    name = f"{op.value}.{dtype.value}.const-rhs"
+    (values,) = _columns([dtype])
+    k = len(constants)
+    i = Var("i")
+    stores = [
+        Store("out", i * k + j, Bin(op, Load("in0", i), Const(dtype, c)))
+        for j, c in enumerate(constants)
+    ]
+    program = Program(
+        [
+            BufferDecl("in0", 0, Access.READ, dtype),
+            BufferDecl("out", 1, Access.WRITE, dtype, values.size * k),
+        ],
+        64,
+        [Let("i", gid()), If(i.lt(BufLen("in0")), stores)],
+        op_id=f"optable.{name}",
+    )
+    return OpCase(name, program, (values,))
+
+
 def op_cases() -> list[OpCase]:
-    """Return every operator x dtype, unary op x dtype, cast pair and Fma as a case."""
+    """Return every operator x dtype, unary op x dtype, cast pair and Fma as a case.
+
+    Then the ``*.const-rhs`` cases (see `CONST_RHS`).
+    """
     out: list[OpCase] = []
 
     def add(name: str, operands: list[DType], result: DType, build: Any) -> None:
@@ -150,11 +198,11 @@ def op_cases() -> list[OpCase]:
                 add(
                     f"{op.value}.{dt.value}", [dt, dt], result, lambda x, op=op: Bin(op, x[0], x[1])
                 )
-    for op in UnOp:
+    for unary in UnOp:
         for dt in DType:
-            result = un_result(op, dt)
+            result = un_result(unary, dt)
             if result is not None:
-                add(f"{op.value}.{dt.value}", [dt], result, lambda x, op=op: Un(op, x[0]))
+                add(f"{unary.value}.{dt.value}", [dt], result, lambda x, u=unary: Un(u, x[0]))
     for source in DType:
         for target in DType:
             if source is not target:
@@ -165,4 +213,5 @@ def op_cases() -> list[OpCase]:
                     lambda x, target=target: Cast(target, x[0]),
                 )
     add("fma.f32", [DType.F32] * 3, DType.F32, lambda x: Fma(x[0], x[1], x[2]))
+    out += [_const_rhs(binary, dt, values) for (binary, dt), values in CONST_RHS.items()]
     return out

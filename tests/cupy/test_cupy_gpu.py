@@ -1,11 +1,13 @@
 """The ``cupy`` backend on a real CUDA device (marked ``gpu``; skipped, with the reason, without).
 
-These are the checks no CPU run can make: the corpus, the operator table and
-random programs byte for byte against the reference on the GPU; subnormals
-surviving NVRTC (CuPy's own compile cache would force ``-ftz=true``); device
-event timing; resident buffers; the disk cache in a fresh process; one
-completion thread for thousands of dispatches in flight. ``test_cupy_fake_device``
-runs most of them on the fake device, so their own logic is tested without a GPU.
+These are the checks no CPU run can make: the corpus, the operator table (its
+``*.const-rhs`` cases too: shift counts of 32 and more as literals, where PTX
+clamps instead of masking) and random programs byte for byte against the
+reference on the GPU; subnormals surviving NVRTC (CuPy's own compile cache
+would force ``-ftz=true``); device event timing; resident buffers; the disk
+cache in a fresh process; one completion thread for thousands of dispatches in
+flight. ``test_cupy_fake_device`` runs most of them on the fake device, so their
+own logic is tested without a GPU.
 """
 
 from __future__ import annotations
@@ -104,7 +106,8 @@ def test_subnormals_survive(gpu: CupyBackend) -> None:
     from vyre_async.programs import saxpy
 
     tiny = np.array([1e-45, 1e-40, -3e-39], np.float32)
-    out = gpu.dispatch_sync(saxpy(3), [tiny, np.zeros(3, np.float32), np.float32([0.5])])[0]
+    alpha = np.array([0.5], np.float32)
+    out = gpu.dispatch_sync(saxpy(3), [tiny, np.zeros(3, np.float32), alpha])[0]
     assert out.tobytes() == (np.float32(0.5) * tiny).tobytes()
     assert (out != 0).any()
 
@@ -204,7 +207,7 @@ def test_large_persistent_batch_loops_its_blocks_over_every_task(gpu: CupyBacken
         [rng.integers(0, 2**32, 1 << 16, dtype=np.uint32) for _ in range(2)] for _ in range(64)
     ]
     for mode in ("persistent", "command_reuse"):
-        pendings = pipeline.dispatch_batch(batch, mode=mode)  # type: ignore[arg-type]
+        pendings = pipeline.dispatch_batch(batch, mode=mode)
         for (a, b), pending in zip(batch, pendings, strict=True):
             np.testing.assert_array_equal(pending.result()[0], a ^ b)
             assert pending.context["attributes"]["vyre.batch.mode"] == mode

@@ -53,3 +53,17 @@ def test_an_entry_from_another_nvrtc_is_not_loaded(
     finally:
         anyio.run(first.shutdown)
         anyio.run(fresh.shutdown)
+
+
+def test_the_prelude_text_is_part_of_the_compiler_fingerprint(fake: FakeDevice) -> None:
+    """An edited prelude misses the cache even if nobody bumped PRELUDE_VERSION."""
+    import blake3
+
+    from vyre_cupy.prelude import PRELUDE, PRELUDE_DIGEST
+
+    assert blake3.blake3(PRELUDE.encode()).hexdigest()[:16] == PRELUDE_DIGEST
+    backend = create_backend(disk_cache=None)
+    try:
+        assert f"prelude {PRELUDE_DIGEST}" in backend.compiler_fingerprint()
+    finally:
+        anyio.run(backend.shutdown)

@@ -74,6 +74,7 @@ from vyre_cupy.completion import CompletionBridge
 from vyre_cupy.device import DeviceInfo, capabilities_of, nvrtc_module, probe
 from vyre_cupy.errors import is_device_lost, translate
 from vyre_cupy.layout import ArenaLayout, Source, plan_layout
+from vyre_cupy.prelude import PRELUDE_DIGEST
 from vyre_cupy.streams import DEFAULT_STREAMS, StreamPool
 
 __all__ = ["CudaKernel", "CupyBackend", "create_backend"]
@@ -194,11 +195,16 @@ class CupyBackend(VyreBackend):
         return self.info.fingerprint
 
     def compiler_fingerprint(self) -> str:
-        """NVRTC version, the exact options and target, and the code generator's version."""
+        """NVRTC version, the exact options and target, the code generator and prelude.
+
+        The prelude is named by the digest of its text, so editing it can never
+        load kernels compiled with the old one; a change to the code generator
+        itself needs a `CODEGEN_VERSION` bump.
+        """
         major, minor = self.info.nvrtc_version
         return (
             f"nvrtc {major}.{minor}; {' '.join(NVRTC_OPTIONS)} -arch={self._target}; "
-            f"vyre_cupy codegen {CODEGEN_VERSION}"
+            f"vyre_cupy codegen {CODEGEN_VERSION}; prelude {PRELUDE_DIGEST}"
         )
 
     def calibrate(self) -> Calibration:

@@ -23,9 +23,12 @@ Three memory-access macros are hooks for the CPU emulation harness (see
 
 from __future__ import annotations
 
-__all__ = ["PRELUDE", "PRELUDE_VERSION"]
+import blake3
 
-#: Bump whenever the prelude's text changes (part of the pipeline cache identity).
+__all__ = ["PRELUDE", "PRELUDE_DIGEST", "PRELUDE_VERSION"]
+
+#: The prelude's revision, for people (its comment line and `CODEGEN_VERSION`); the
+#: cache identity follows `PRELUDE_DIGEST`, so an edit without a bump is still a miss.
 PRELUDE_VERSION = 1
 
 PRELUDE = r"""#ifndef VYRE_CUDA_PRELUDE
@@ -100,3 +103,6 @@ VY_FN int vy_f2i(float x) {
 }
 #endif /* VYRE_CUDA_PRELUDE */
 """
+
+#: blake3 of the prelude's text (16 hex digits), part of the compiler fingerprint.
+PRELUDE_DIGEST = blake3.blake3(PRELUDE.encode()).hexdigest()[:16]

@@ -457,7 +457,10 @@ class _Compiler:
         inner: tuple[Stmt, ...],
         scope: dict[str, DType],
     ) -> StmtFn:
-        start_fn, _, _ = self.expr(start, scope)
+        # The bounds are evaluated once, before the first iteration (ir.md). A start
+        # loaded from a writable buffer may be a view of it: it is copied, or the body's
+        # stores and atomics would move the counters of later iterations.
+        start_fn, _, start_alias = self.expr(start, scope)
         end_fn, _, _ = self.expr(end, scope)
         body = self.body(inner, {**scope, var: DType.U32})
         stmts = body.stmts
@@ -465,6 +468,8 @@ class _Compiler:
         def loop(frame: Frame) -> None:
             lanes = frame.lanes
             first = lanes.value(start_fn(frame))
+            if start_alias:
+                first = _own(first)
             stop = lanes.value(end_fn(frame))
             check = frame.state.check_cancel
             if not isinstance(first, np.ndarray) and not isinstance(stop, np.ndarray):

@@ -1,0 +1,512 @@
+#!/usr/bin/env python3
+"""Plant known bugs one at a time and check that the tests meant to catch each one do.
+
+Each `Mutant` is one small, realistic bug: an exact text replacement in one file
+of the repository (code or docs) and the pytest node ids that must fail with it.
+For every mutant the script copies the tracked files of the repository into a
+temporary folder, plants the bug there (the working tree is never touched), runs
+the named tests against that copy and records whether every one of them failed.
+The same tests are first run on an unchanged copy, where they must all pass.
+
+    python scripts/mutants.py            # every mutant; exit status 1 if one survives
+    python scripts/mutants.py -k shift   # the mutants whose name contains "shift"
+    python scripts/mutants.py --list     # names, files and tests, nothing run
+
+Progress goes to stderr, one line per mutant; the summary is one JSON object on
+stdout (per mutant: caught or not, the tests that failed, seconds). A mutant whose
+``old`` text no longer appears exactly once is reported as ``stale`` (fix the
+mutant after a refactor; it fails the run too).
+
+The catalogue started from issue 18: twenty bugs planted in 0.1.0 of which five
+survived the suite; each of those five (and its neighbours) is here with the test
+added to catch it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One planted bug: replace ``old`` (which must occur exactly once) by ``new`` in ``path``."""
+
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    why: str
+
+
+V = "tests/ir/test_validate.py::"
+ID = "tests/driver/test_identity.py::"
+P = "tests/driver/test_pending.py::"
+PF = "tests/policies/test_prefetch.py::"
+TABLE = "tests/telemetry/test_attribute_table.py::test_every_documented_attribute_is_on_a_span_and_no_other[asyncio]"  # noqa: E501
+
+#: The operator edge cases (runtime and constant shift counts) and the corpus, in the
+#: emulator and on the fake device: every prelude helper runs there under UBSan.
+EMULATED_OPERATORS = (
+    "tests/cupy/test_emulation_corpus.py::test_every_operator_on_edge_values_matches_the_reference",
+    "tests/cupy/test_emulation_corpus.py::test_every_corpus_case_is_byte_identical",
+    "tests/cupy/test_cupy_fake_device.py::test_gpu_every_operator_on_edge_values",
+)
+
+MUTANTS: tuple[Mutant, ...] = (
+    # 1. Validator: a rule checked for one buffer kind and not another.
+    Mutant(
+        "validator-v006-write-only",
+        "src/vyre_async/ir/validate.py",
+        "if decl.count == 0 and decl.access in (Access.WRITE, Access.WORKGROUP):",
+        "if decl.count == 0 and decl.access is Access.WRITE:",
+        (
+            V + "test_rule_per_buffer_kind[V006-WORKGROUP]",
+            V + "test_zero_count_buffer_is_refused_before_it_runs[workgroup]",
+        ),
+        "V006 forgot WORKGROUP buffers: a zero-sized shared array validated",
+    ),
+    Mutant(
+        "validator-v013-read-only-kinds",
+        "src/vyre_async/ir/validate.py",
+        "_READ_ONLY = (Access.READ, Access.UNIFORM)",
+        "_READ_ONLY = (Access.READ,)",
+        (
+            V + "test_rule_per_buffer_kind[V013-UNIFORM]",
+            V + "test_rule_per_buffer_kind[V014-UNIFORM]",
+        ),
+        "stores into UNIFORM buffers accepted",
+    ),
+    Mutant(
+        "validator-v023-workgroup-atomics",
+        "src/vyre_async/ir/validate.py",
+        "if decl.dtype is DType.U32 and (storage or decl.access is Access.WORKGROUP):",
+        "if decl.dtype is DType.U32 and storage:",
+        (V + "test_rule_per_buffer_kind[V023-WORKGROUP]",),
+        "atomics on u32 WORKGROUP buffers refused",
+    ),
+    Mutant(
+        "validator-v027-uniform-loads",
+        "src/vyre_async/ir/validate.py",
+        "index.uni if decl.access is Access.UNIFORM else _DIVERGENT",
+        "index.uni if decl.access in (Access.UNIFORM, Access.READ) else _DIVERGENT",
+        (V + "test_rule_per_buffer_kind[V027-READ]",),
+        "loads from READ buffers treated as uniform: a divergent barrier validated",
+    ),
+    # 2. Cache identity: an input left out of the key.
+    Mutant(
+        "identity-without-compiler",
+        "src/vyre_async/cache/identity.py",
+        "            device_fingerprint.encode(),\n            compiler.encode(),\n",
+        "            device_fingerprint.encode(),\n",
+        (
+            ID + "test_each_input_changes_the_identity[compiler version]",
+            ID + "test_each_input_changes_the_identity[compiler target]",
+            ID + "test_a_backend_hook_changes_its_identities[compiler fingerprint]",
+            ID
+            + "test_a_disk_entry_from_another_compiler_or_device_is_not_loaded[compiler fingerprint]",  # noqa: E501
+            "tests/cupy/test_cupy_identity.py::test_an_entry_from_another_nvrtc_is_not_loaded[nvrtc version]",  # noqa: E501
+            "tests/cupy/test_cupy_identity.py::test_an_entry_from_another_nvrtc_is_not_loaded[target architecture]",  # noqa: E501
+        ),
+        "two NVRTC versions or targets shared one key: another compiler's cubin loaded",
+    ),
+    Mutant(
+        "identity-backend-skips-compiler",
+        "src/vyre_async/backend.py",
+        "            compiler=self.compiler_fingerprint(),\n",
+        "",
+        (
+            ID + "test_a_backend_hook_changes_its_identities[compiler fingerprint]",
+            ID
+            + "test_a_disk_entry_from_another_compiler_or_device_is_not_loaded[compiler fingerprint]",  # noqa: E501
+        ),
+        "the backend never passes its compiler fingerprint to the identity",
+    ),
+    Mutant(
+        "identity-without-backend-version",
+        "src/vyre_async/cache/identity.py",
+        "            backend_version.encode(),\n",
+        "",
+        (
+            ID + "test_each_input_changes_the_identity[backend version]",
+            ID + "test_backend_id_and_version_change_its_identities",
+        ),
+        "a new backend version reuses pipelines built by the old one",
+    ),
+    Mutant(
+        "identity-without-options",
+        "src/vyre_async/cache/identity.py",
+        "program_digest = program.kernel_digest(compile_options)",
+        "program_digest = program.kernel_digest()",
+        (
+            ID + "test_each_input_changes_the_identity[compile options]",
+            ID + "test_a_disk_entry_from_another_compiler_or_device_is_not_loaded[compile options]",
+        ),
+        "compile options left out of the key",
+    ),
+    Mutant(
+        "identity-fixed-key-version",
+        "src/vyre_async/cache/identity.py",
+        'b"vyre-pipeline-v%d" % CACHE_KEY_VERSION',
+        'b"vyre-pipeline-v1"',
+        (ID + "test_the_key_version_changes_the_identity",),
+        "bumping CACHE_KEY_VERSION changes nothing",
+    ),
+    # 3. Timeouts counted from the await instead of from dispatch().
+    Mutant(
+        "timeout-from-await",
+        "src/vyre_async/pending.py",
+        "with anyio.move_on_after(self._remaining()):",
+        "with anyio.move_on_after(math.inf if self._timeout is None else self._timeout):",
+        (
+            P + "test_a_late_await_keeps_the_deadline_of_dispatch[asyncio]",
+            P + "test_a_late_await_keeps_the_deadline_of_dispatch[trio]",
+        ),
+        "a 0.3 s timeout awaited at 0.2 s fired at 0.5 s",
+    ),
+    Mutant(
+        "timeout-from-result",
+        "src/vyre_async/pending.py",
+        "if not _wait(self._settled, min(limit, self._remaining())):",
+        "if not _wait(self._settled, min(limit, to_seconds(self._timeout or math.inf))):",
+        (
+            P + "test_a_late_result_keeps_the_deadline_of_dispatch[None]",
+            P + "test_a_late_result_keeps_the_deadline_of_dispatch[60.0]",
+        ),
+        "result() waits the whole timeout again from the call",
+    ),
+    Mutant(
+        "timeout-from-enqueue",
+        "src/vyre_async/backend.py",
+        "timeout=cfg.timeout, label=cfg.label, created=called",
+        "timeout=cfg.timeout, label=cfg.label",
+        (P + "test_the_deadline_counts_compilation_in_dispatch",),
+        "the deadline starts after compilation, not at dispatch()",
+    ),
+    # 4. Cancelled awaits leave their waker on the dispatch.
+    Mutant(
+        "waker-kept-on-cancel",
+        "src/vyre_async/pending.py",
+        "                finally:\n                    self._remove_waker(wake)\n",
+        "                finally:\n                    pass\n",
+        (
+            P + "test_cancelled_awaits_leave_no_wakers_behind[asyncio]",
+            P + "test_cancelled_awaits_leave_no_wakers_behind[trio]",
+            P + "test_cancelled_awaits_among_live_ones_remove_only_their_own_waker[asyncio]",
+        ),
+        "100 cancelled awaits left 100 wakers",
+    ),
+    # 5. A span attribute key that drifted from the docs.
+    Mutant(
+        "span-key-misspelt-in-code",
+        "src/vyre_async/telemetry.py",
+        'final["vyre.queue.time_s"] = timing.queue_s',
+        'final["vyre.queue_time_s"] = timing.queue_s',
+        (TABLE,),
+        "the documented vyre.queue.time_s was never set",
+    ),
+    Mutant(
+        "span-key-misspelt-in-docs",
+        "docs/tracing.md",
+        "| `vyre.copy.staging` | dispatch |",
+        "| `vyre.copy.stage` | dispatch |",
+        (TABLE,),
+        "the docs name a key no span carries",
+    ),
+    Mutant(
+        "span-key-undocumented",
+        "src/backends/vyre_cupy/batch.py",
+        'attributes["vyre.copy.staging"] = "pinned"',
+        'attributes["vyre.copy.staging"] = "pinned"\n        attributes["vyre.copy.bytes"] = 0',
+        (TABLE,),
+        "a new attribute shipped without a line in the docs",
+    ),
+    # 6. CUDA prelude: undefined behaviour that x86 hides (the emulator runs under UBSan).
+    *(
+        Mutant(
+            f"prelude-{name}",
+            "src/backends/vyre_cupy/prelude.py",
+            old,
+            new,
+            EMULATED_OPERATORS,
+            why,
+        )
+        for name, old, new, why in (
+            (
+                "shl-u32-unmasked",
+                "vy_shl_u32(unsigned a, unsigned b) { return a << (b & 31u); }",
+                "vy_shl_u32(unsigned a, unsigned b) { return a << b; }",
+                "u32 shl by >= 32: x86 masks the count, a GPU gives 0",
+            ),
+            (
+                "shr-u32-unmasked",
+                "vy_shr_u32(unsigned a, unsigned b) { return a >> (b & 31u); }",
+                "vy_shr_u32(unsigned a, unsigned b) { return a >> b; }",
+                "u32 shr by >= 32",
+            ),
+            (
+                "shl-i32-unmasked",
+                "return (int)((unsigned)a << ((unsigned)b & 31u)); }",
+                "return (int)((unsigned)a << (unsigned)b); }",
+                "i32 shl by >= 32 or a negative count",
+            ),
+            (
+                "shr-i32-unmasked",
+                "vy_shr_i32(int a, int b) { return a >> ((unsigned)b & 31u); }",
+                "vy_shr_i32(int a, int b) { return a >> b; }",
+                "i32 shr by >= 32 or a negative count",
+            ),
+            (
+                "add-i32-signed-overflow",
+                "vy_add_i32(int a, int b) { return (int)((unsigned)a + (unsigned)b); }",
+                "vy_add_i32(int a, int b) { return a + b; }",
+                "i32 add in signed arithmetic: overflow is undefined (NVRTC may assume it away)",
+            ),
+        )
+    ),
+    Mutant(
+        "cupy-fingerprint-without-prelude",
+        "src/backends/vyre_cupy/backend.py",
+        'f"vyre_cupy codegen {CODEGEN_VERSION}; prelude {PRELUDE_DIGEST}"',
+        'f"vyre_cupy codegen {CODEGEN_VERSION}"',
+        (
+            "tests/cupy/test_cupy_identity.py::"
+            "test_the_prelude_text_is_part_of_the_compiler_fingerprint",
+        ),
+        "an edited prelude without a version bump loads kernels built with the old one",
+    ),
+    # 7. Shape prediction: the deterministic test still sees a prefetcher that does nothing.
+    Mutant(
+        "prefetch-never-scheduled",
+        "src/vyre_async/backend.py",
+        "        result = self.enqueue(launch)\n        if job is not None:\n"
+        "            prefetcher.schedule(job)\n",
+        "        result = self.enqueue(launch)\n",
+        (
+            PF + "test_cyclic_workload_prefetches_every_pipeline_after_warm_up[asyncio]",
+            PF + "test_cyclic_workload_prefetches_every_pipeline_after_warm_up[trio]",
+        ),
+        "predictions made but never compiled in the background",
+    ),
+    # Neighbours in other layers, sampled for the same kind of gap.
+    Mutant(
+        "reference-loop-start-view",
+        "src/backends/vyre_reference/compile.py",
+        "            if start_alias:\n                first = _own(first)\n",
+        "",
+        (
+            "tests/reference/test_corpus.py::"
+            "test_case[loop_start_loaded_from_memory_the_body_writes]",
+            "tests/reference/test_corpus.py::"
+            "test_case[loop_start_loaded_from_memory_the_body_writes_single_lane_workgroups]",
+        ),
+        "a loop start loaded from memory stays a view: atomics in the body move the counter",
+    ),
+    Mutant(
+        "reference-ctz-of-zero",
+        "src/backends/vyre_reference/arith.py",
+        "np.where(length == 0, 32, length - 1)",
+        "np.where(length == 0, 31, length - 1)",
+        (
+            "tests/reference/test_arith.py::test_unary_ops[ctz-u32]",
+            "tests/reference/test_corpus.py::test_case[u32_bit_counts]",
+        ),
+        "ctz(0) is 31 instead of 32",
+    ),
+    Mutant(
+        "reference-u32-division-by-zero",
+        "src/backends/vyre_reference/arith.py",
+        "np.where(zero, _U32_MAX, q)",
+        "np.where(zero, _ZERO_U32, q)",
+        (
+            "tests/reference/test_arith.py::test_binary_ops[div-u32]",
+            "tests/reference/test_corpus.py::test_case[u32_div_mod]",
+        ),
+        "u32 x / 0 gives 0 instead of 0xFFFFFFFF",
+    ),
+    Mutant(
+        "arms-write-after-read-missed",
+        "src/vyre_async/policies/arms.py",
+        "    if b.writes:\n        war = a.reads & b.writes",
+        "    if b.writes and False:\n        war = a.reads & b.writes",
+        ("tests/policies/test_arms.py::test_reason_is_not_symmetric_but_the_answer_is",),
+        "an arm overwriting what an earlier arm reads runs beside it",
+    ),
+    Mutant(
+        "wire-select-arms-swapped",
+        "src/vyre_async/ir/wire.py",
+        "return Select(cond, if_true, self.expr(sub))",
+        "return Select(cond, self.expr(sub), if_true)",
+        ("tests/ir/test_wire.py::test_round_trip_is_exact",),
+        "decoding swaps the arms of Select",
+    ),
+    Mutant(
+        "disk-checksum-ignored",
+        "src/vyre_async/cache/disk.py",
+        "if blake3.blake3(payload).digest() != checksum:",
+        "if False:",
+        (
+            "tests/driver/test_disk_cache.py::test_corrupt_entries_are_misses_with_a_warning[bitflip]",
+        ),
+        "a corrupted entry is served",
+    ),
+    Mutant(
+        "disk-key-ignored",
+        "src/vyre_async/cache/disk.py",
+        "if stored_key.hex() != key:",
+        "if False:",
+        ("tests/driver/test_disk_cache.py::test_entry_written_for_another_key_is_foreign",),
+        "an entry renamed to another key is served for it",
+    ),
+    Mutant(
+        "pending-taken-twice",
+        "src/vyre_async/pending.py",
+        "            if self._taken:\n",
+        "            if False:\n",
+        (P + "test_result_can_be_taken_once[asyncio]",),
+        "a result can be taken twice",
+    ),
+)
+
+
+def _tracked_files() -> list[str]:
+    out = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [line for line in out.stdout.splitlines() if (ROOT / line).is_file()]
+
+
+def _copy(files: Sequence[str], dest: Path) -> None:
+    for rel in files:
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, target)
+
+
+def _run_tests(copy: Path, tests: Sequence[str], timeout: float) -> tuple[int, set[str], str]:
+    """Run ``tests`` in ``copy``; return (exit status, failed node ids, output tail)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(copy / "src"), str(copy / "src" / "backends")])
+    env.pop("PYTEST_ADDOPTS", None)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *tests]
+    try:
+        proc = subprocess.run(
+            command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout if isinstance(exc.stdout, str) else ""
+        return -1, set(), f"timed out after {timeout} s\n{out[-2000:]}"
+    output = proc.stdout + proc.stderr
+    failed = set(
+        re.findall(r"^(?:FAILED|ERROR) (\S+?\.py::\S+?(?:\[[^\]]*\])?)(?: - |$)", output, re.M)
+    )
+    return proc.returncode, failed, output[-3000:]
+
+
+def _imports_from(copy: Path) -> bool:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(copy / "src"), str(copy / "src" / "backends")])
+    probe = "import vyre_async, vyre_cupy; print(vyre_async.__file__); print(vyre_cupy.__file__)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=copy, env=env, capture_output=True, text=True
+    )
+    return out.returncode == 0 and all(
+        Path(line).resolve().is_relative_to(copy.resolve()) for line in out.stdout.split()
+    )
+
+
+def check(mutants: Sequence[Mutant], timeout: float) -> dict[str, object]:
+    files = _tracked_files()
+    results: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory(prefix="vyre-mutants-") as tmp:
+        base = Path(tmp) / "base"
+        _copy(files, base)
+        if not _imports_from(base):
+            raise SystemExit("the copy's sources are not the ones imported: is PYTHONPATH ignored?")
+        every = sorted({t for m in mutants for t in m.tests})
+        started = time.perf_counter()
+        status, failed, tail = _run_tests(base, every, timeout)
+        print(f"baseline: {len(every)} tests, exit {status}", file=sys.stderr)
+        if status != 0:
+            raise SystemExit(f"the tests fail without any planted bug:\n{tail}")
+        baseline_s = time.perf_counter() - started
+        for mutant in mutants:
+            copy = Path(tmp) / mutant.name
+            _copy(files, copy)
+            target = copy / mutant.path
+            text = target.read_text()
+            count = text.count(mutant.old)
+            started = time.perf_counter()
+            if count != 1:
+                verdict, failed, tail = "stale", set(), f"{mutant.old!r} occurs {count} times"
+            else:
+                target.write_text(text.replace(mutant.old, mutant.new))
+                status, failed, tail = _run_tests(copy, mutant.tests, timeout)
+                named = {t for t in mutant.tests if "::" in t}  # folders: any failure counts
+                caught = status == 1 and bool(failed) and named <= failed
+                verdict = "caught" if caught else "survived"
+            seconds = round(time.perf_counter() - started, 1)
+            shutil.rmtree(copy, ignore_errors=True)
+            print(f"{mutant.name}: {verdict} ({seconds} s)", file=sys.stderr)
+            if verdict != "caught":
+                missed = sorted({t for t in mutant.tests if "::" in t} - failed)
+                print(f"  ({mutant.why}) not failing: {missed}\n{tail}", file=sys.stderr)
+            entry: dict[str, object] = {
+                "name": mutant.name,
+                "path": mutant.path,
+                "verdict": verdict,
+                "seconds": seconds,
+                "failed": sorted(failed),
+                "missed": sorted({t for t in mutant.tests if "::" in t} - failed),
+            }
+            if verdict != "caught":
+                entry["output_tail"] = tail
+            results.append(entry)
+    caught = sum(r["verdict"] == "caught" for r in results)
+    return {
+        "mutants": len(results),
+        "caught": caught,
+        "baseline_s": round(baseline_s, 1),
+        "results": results,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-k", default="", help="only mutants whose name contains this")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per pytest run")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTANTS if args.k in m.name]
+    if not chosen:
+        parser.error(f"no mutant name contains {args.k!r}")
+    if args.list:
+        for m in chosen:
+            print(f"{m.name}: {m.path}: {m.why}")
+            for t in m.tests:
+                print(f"    {t}")
+        return 0
+    summary = check(chosen, args.timeout)
+    print(json.dumps(summary, indent=2))
+    return 0 if summary["caught"] == summary["mutants"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
