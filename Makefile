@@ -20,6 +20,7 @@ lint: $(STAMP)
 
 types: $(STAMP)
 	$(BIN)/mypy
+	$(BIN)/mypy --strict scripts/mutants.py
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q

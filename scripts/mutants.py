@@ -3,9 +3,11 @@
 
 Each `Mutant` is one small, realistic bug: an exact text replacement in one file
 of the repository (code or docs) and the pytest node ids that must fail with it.
-For every mutant the script copies the tracked files of the repository into a
-temporary folder, plants the bug there (the working tree is never touched), runs
-the named tests against that copy and records whether every one of them failed.
+For every mutant the script copies the repository's files (those git tracks or
+would track: ``git ls-files -co --exclude-standard``) into a temporary folder,
+plants the bug there (the working tree is never touched), runs the named tests
+against that copy and records whether every one of them failed (a pytest plugin
+records the failed node ids; a named folder counts as caught on any failure).
 The same tests are first run on an unchanged copy, where they must all pass.
 
     python scripts/mutants.py            # every mutant; exit status 1 if one survives
@@ -27,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -175,7 +176,7 @@ MUTANTS: tuple[Mutant, ...] = (
             P + "test_a_late_await_keeps_the_deadline_of_dispatch[asyncio]",
             P + "test_a_late_await_keeps_the_deadline_of_dispatch[trio]",
         ),
-        "a 0.3 s timeout awaited at 0.2 s fired at 0.5 s",
+        "a timeout awaited late waits its whole length again from the await",
     ),
     Mutant(
         "timeout-from-result",
@@ -287,6 +288,18 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_the_prelude_text_is_part_of_the_compiler_fingerprint",
         ),
         "an edited prelude without a version bump loads kernels built with the old one",
+    ),
+    Mutant(
+        "compile-not-shared",
+        "src/vyre_async/backend.py",
+        "            running = self._compiling.get(digest)\n",
+        "            running = None\n",
+        (
+            PF + "test_concurrent_compiles_of_one_identity_share_one_build",
+            PF + "test_concurrent_compile_errors_reach_every_waiter",
+            PF + "test_a_dispatch_racing_the_prefetcher_waits_for_its_compile[asyncio]",
+        ),
+        "concurrent compiles of one pipeline each build it",
     ),
     # 7. Shape prediction: the deterministic test still sees a prefetcher that does nothing.
     Mutant(
@@ -400,30 +413,56 @@ def _copy(files: Sequence[str], dest: Path) -> None:
         shutil.copy2(ROOT / rel, target)
 
 
+#: A pytest plugin written into each copy: it appends the node id of every failed
+#: test phase or collection to the file named by $VYRE_MUTANT_FAILURES, whatever
+#: the output looks like (colours, odd characters in ids).
+_REPORTER = """
+import os
+
+
+def _record(nodeid):
+    with open(os.environ["VYRE_MUTANT_FAILURES"], "a", encoding="utf-8") as out:
+        out.write(nodeid + "\\n")
+
+
+def pytest_runtest_logreport(report):
+    if report.failed:
+        _record(report.nodeid)
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _record(report.nodeid or "<collection>")
+"""
+
+
 def _run_tests(copy: Path, tests: Sequence[str], timeout: float) -> tuple[int, set[str], str]:
     """Run ``tests`` in ``copy``; return (exit status, failed node ids, output tail)."""
+    (copy / "_vyre_mutant_reporter.py").write_text(_REPORTER)
+    failures = copy / "_vyre_mutant_failures.txt"
+    failures.write_text("")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(copy / "src"), str(copy / "src" / "backends")])
+    env["VYRE_MUTANT_FAILURES"] = str(failures)
     env.pop("PYTEST_ADDOPTS", None)
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *tests]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    command += ["-p", "_vyre_mutant_reporter", "--color=no", *tests]
     try:
         proc = subprocess.run(
             command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired as exc:
-        out = exc.stdout if isinstance(exc.stdout, str) else ""
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
         return -1, set(), f"timed out after {timeout} s\n{out[-2000:]}"
-    output = proc.stdout + proc.stderr
-    failed = set(
-        re.findall(r"^(?:FAILED|ERROR) (\S+?\.py::\S+?(?:\[[^\]]*\])?)(?: - |$)", output, re.M)
-    )
-    return proc.returncode, failed, output[-3000:]
+    failed = set(failures.read_text(encoding="utf-8").splitlines())
+    return proc.returncode, failed, (proc.stdout + proc.stderr)[-3000:]
 
 
 def _imports_from(copy: Path) -> bool:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(copy / "src"), str(copy / "src" / "backends")])
-    probe = "import vyre_async, vyre_cupy; print(vyre_async.__file__); print(vyre_cupy.__file__)"
+    probe = "import vyre_async, vyre_cupy, vyre_reference as r; print(vyre_async.__file__)"
+    probe += "; print(vyre_cupy.__file__); print(r.__file__)"
     out = subprocess.run(
         [sys.executable, "-c", probe], cwd=copy, env=env, capture_output=True, text=True
     )
@@ -460,8 +499,8 @@ def check(mutants: Sequence[Mutant], timeout: float) -> dict[str, object]:
                 target.write_text(text.replace(mutant.old, mutant.new))
                 status, failed, tail = _run_tests(copy, mutant.tests, timeout)
                 named = {t for t in mutant.tests if "::" in t}  # folders: any failure counts
-                caught = status == 1 and bool(failed) and named <= failed
-                verdict = "caught" if caught else "survived"
+                is_caught = status == 1 and bool(failed) and named <= failed
+                verdict = "caught" if is_caught else "survived"
             seconds = round(time.perf_counter() - started, 1)
             shutil.rmtree(copy, ignore_errors=True)
             print(f"{mutant.name}: {verdict} ({seconds} s)", file=sys.stderr)

@@ -1,7 +1,9 @@
-"""Shared pytest configuration: async tests run on asyncio and on trio; caches stay private."""
+"""Shared pytest configuration: async tests run on asyncio and on trio; caches stay
+private; undefined behaviour in kernels the fake CUDA device ran fails the test."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -24,3 +26,34 @@ def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VYRE_CACHE_DIR", str(tmp_path_factory.mktemp("vyre-cache")))
         yield
+
+
+def _fail_on_undefined_behaviour() -> None:
+    """Fail the running test phase with the UBSan reports of fake CUDA devices, if any."""
+    fake = sys.modules.get("tests.cupy.fake_cupy")
+    if fake is not None:  # a fake device may have run kernels in this process
+        fake.fail_on_sanitizer_reports()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    try:
+        return (yield)
+    finally:
+        _fail_on_undefined_behaviour()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    try:
+        return (yield)
+    finally:
+        _fail_on_undefined_behaviour()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    try:
+        return (yield)
+    finally:
+        _fail_on_undefined_behaviour()

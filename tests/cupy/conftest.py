@@ -6,8 +6,8 @@ sm_90. The three compilers start at the same time on first use (the machine
 has two cores) and their results are cached across runs by content hash.
 
 The emulator runs under UBSan (see ``emulator.py``). The fake device's library
-only logs what it finds (it runs inside pytest); the hook below fails the test
-whose setup, call or teardown launched a kernel that UBSan reported.
+only logs what it finds (it runs inside pytest); hooks in ``tests/conftest.py``
+fail the test phase during which a report arrived, in any test folder.
 """
 
 from __future__ import annotations
@@ -35,43 +35,6 @@ from vyre_cupy.codegen import KernelSource, generate
 
 if TYPE_CHECKING:
     from tests.cupy.fake_cupy import FakeDevice
-
-
-def fail_on_undefined_behaviour() -> None:
-    """Fail the running test phase with every UBSan report the fake devices kept."""
-    from tests.cupy.fake_cupy import take_sanitizer_reports
-
-    reports = take_sanitizer_reports()
-    if reports:
-        pytest.fail(
-            "undefined behaviour (UBSan) in kernels the fake CUDA device ran:\n"
-            + "\n".join(reports),
-            pytrace=False,
-        )
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
-    try:
-        return (yield)
-    finally:
-        fail_on_undefined_behaviour()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    try:
-        return (yield)
-    finally:
-        fail_on_undefined_behaviour()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    try:
-        return (yield)
-    finally:
-        fail_on_undefined_behaviour()
 
 
 @dataclass

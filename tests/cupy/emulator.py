@@ -29,6 +29,7 @@ backend gives NVRTC; codegen that does not compile fails the suite.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import shutil
@@ -36,7 +37,7 @@ import struct
 import subprocess
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +216,9 @@ def describe_ub(report: str, unit: Path | None) -> list[str]:
     return described
 
 
+_BUILD_NUMBERS = itertools.count()
+
+
 @dataclass
 class BuildJob:
     """A ``g++`` build of the harness, possibly still running (see `build_emulator`)."""
@@ -223,6 +227,15 @@ class BuildJob:
     source: Path
     process: subprocess.Popen[bytes] | None
     kernels: tuple[KernelSource, ...]
+
+    #: Where ``g++`` writes before the build is moved into place: one name per build,
+    #: so two builds of one key (two processes, or two fixtures) never collide.
+    partial: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.partial = self.binary.with_name(
+            f"{self.binary.name}.{os.getpid()}.{next(_BUILD_NUMBERS)}.tmp"
+        )
 
     def wait(self) -> Emulator:
         """Wait for the compiler and return the emulator.
@@ -236,15 +249,21 @@ class BuildJob:
                 raise AssertionError(
                     f"g++ failed on {self.source}:\n{err.decode(errors='replace')[-6000:]}"
                 )
-            os.replace(self.binary.with_suffix(".tmp"), self.binary)
+            os.replace(self.partial, self.binary)
             self.process = None
         return Emulator(self.binary, self.kernels)
 
     def stop(self) -> None:
-        """Kill the compiler if it still runs and reap it (its pipe closed); keeps the cache."""
-        if self.process is not None and self.process.returncode is None:
+        """Reap the compiler (killed if it still runs); a build that finished is cached."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
             self.process.kill()
-            self.process.communicate()
+        self.process.communicate()
+        if self.process.returncode == 0 and self.partial.exists():
+            os.replace(self.partial, self.binary)
+        self.partial.unlink(missing_ok=True)
+        self.process = None
 
     def discard(self) -> None:
         """Delete the build's folder (for one-off kernel sets); stops the compiler first."""
@@ -282,10 +301,13 @@ def build_emulator(programs: Sequence[Program], *, library: bool = False) -> Bui
     source = folder / "unit.cpp"
     if binary.exists():
         return BuildJob(binary, source, None, kernels)
-    source.write_text(unit)
-    command = gxx_command(source, binary.with_suffix(".tmp"), library=library)
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    return BuildJob(binary, source, process, kernels)
+    job = BuildJob(binary, source, None, kernels)
+    staged = job.partial.with_suffix(".cpp")  # replaced whole: a reader never sees it cut
+    staged.write_text(unit)
+    os.replace(staged, source)
+    command = gxx_command(source, job.partial, library=library)
+    job.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return job
 
 
 @dataclass(frozen=True)

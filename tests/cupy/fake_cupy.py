@@ -51,7 +51,13 @@ from tests.cupy.emulator import describe_ub
 from vyre_async.ir import Program
 from vyre_cupy.codegen import generate, sanitize
 
-__all__ = ["CUDARuntimeError", "FakeDevice", "OutOfMemoryError", "take_sanitizer_reports"]
+__all__ = [
+    "CUDARuntimeError",
+    "FakeDevice",
+    "OutOfMemoryError",
+    "fail_on_sanitizer_reports",
+    "take_sanitizer_reports",
+]
 
 MEMCPY_H2D, MEMCPY_D2H, MEMCPY_D2D = 1, 2, 3
 _IMAGE_TAG = b"FAKE-CUBIN\n"
@@ -133,7 +139,11 @@ class _SanitizerLog:
                 self.reports += [f"{r} -- kernel unknown" for r in describe_ub(others, None)]
 
     def gained(self) -> str:
-        """Return what the log gained since the last call."""
+        """Return the whole lines the log gained since the last call.
+
+        A line still being written (a concurrent launch's report) is left for
+        the next call, so a report is never split between two launches.
+        """
         path = f"{self.prefix}.{os.getpid()}"
         with self.lock:
             try:
@@ -147,6 +157,7 @@ class _SanitizerLog:
             with open(path, "rb") as log:
                 log.seek(self.offset)
                 data = log.read(size - self.offset)
+            data = data[: data.rfind(b"\n") + 1]  # whole lines only
             self.offset += len(data)
         return data.decode(errors="replace")
 
@@ -159,6 +170,23 @@ def take_sanitizer_reports() -> list[str]:
     with _UBSAN.lock:
         reports, _UBSAN.reports = _UBSAN.reports, []
     return reports
+
+
+def fail_on_sanitizer_reports() -> None:
+    """Fail the running test phase with the reports `take_sanitizer_reports` returns, if any.
+
+    Called by the hooks of ``tests/conftest.py`` after every setup, call and
+    teardown: a report read after a launch fails the phase it arrived in.
+    """
+    import pytest
+
+    reports = take_sanitizer_reports()
+    if reports:
+        pytest.fail(
+            "undefined behaviour (UBSan) in kernels the fake CUDA device ran:\n"
+            + "\n".join(reports),
+            pytrace=False,
+        )
 
 
 class FakeDevice:
@@ -379,7 +407,10 @@ class FakeDevice:
         if not gained:
             return
         kernel = f"k{index}{'_batch' if batch else ''} (program {self.names[index]})"
-        found = describe_ub(gained, self.unit) or [f"UBSan: {gained.strip()[-2000:]}"]
+        found = describe_ub(gained, self.unit)
+        if not found:  # not UBSan's usual line: keep it whole (but not its SUMMARY lines)
+            rest = [ln for ln in gained.splitlines() if ln.strip() and "SUMMARY:" not in ln]
+            found = [f"UBSan: {chr(10).join(rest)[-2000:]}"] if rest else []
         with _UBSAN.lock:
             _UBSAN.reports += [f"{line} -- reported during a launch of {kernel}" for line in found]
 

@@ -55,15 +55,28 @@ def test_an_entry_from_another_nvrtc_is_not_loaded(
         anyio.run(fresh.shutdown)
 
 
-def test_the_prelude_text_is_part_of_the_compiler_fingerprint(fake: FakeDevice) -> None:
-    """An edited prelude misses the cache even if nobody bumped PRELUDE_VERSION."""
+def test_the_prelude_text_is_part_of_the_compiler_fingerprint(
+    fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fingerprint names the prelude by a digest of its text, and follows it.
+
+    So an edited prelude is a cache miss even if nobody bumped PRELUDE_VERSION.
+    """
     import blake3
 
+    import vyre_cupy.backend
     from vyre_cupy.prelude import PRELUDE, PRELUDE_DIGEST
 
     assert blake3.blake3(PRELUDE.encode()).hexdigest()[:16] == PRELUDE_DIGEST
     backend = create_backend(disk_cache=None)
     try:
         assert f"prelude {PRELUDE_DIGEST}" in backend.compiler_fingerprint()
+        before = backend.pipeline_identity(XOR)
+        monkeypatch.setattr(vyre_cupy.backend, "PRELUDE_DIGEST", "0" * 16)  # another text
+        edited = create_backend(disk_cache=None)
+        try:
+            assert edited.pipeline_identity(XOR) != before
+        finally:
+            anyio.run(edited.shutdown)
     finally:
         anyio.run(backend.shutdown)

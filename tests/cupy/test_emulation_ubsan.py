@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 
 from tests.cupy import emulator, fake_cupy
-from tests.cupy.conftest import fail_on_undefined_behaviour
 from tests.cupy.emulator import BuildJob, build_emulator, request_for
 from tests.cupy.fake_cupy import FakeDevice, take_sanitizer_reports
 from tests.cupy.op_table import CONST_RHS, OpCase, op_cases
@@ -194,7 +193,7 @@ def test_reports_left_after_a_test_phase_fail_it() -> None:
     with fake_cupy._UBSAN.lock:
         fake_cupy._UBSAN.reports.append("UBSan: planted report -- in kernel k9")
     with pytest.raises(pytest.fail.Exception, match="planted report -- in kernel k9"):
-        fail_on_undefined_behaviour()
+        fake_cupy.fail_on_sanitizer_reports()
     assert take_sanitizer_reports() == []
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -254,23 +255,56 @@ def test_pipeline_dispatch_is_recorded_too() -> None:
 # One compile per identity ----------------------------------------------------------------
 
 
+def _count_compile_entries(backend: SlowBackend) -> Callable[[int], bool]:
+    """Count callers reaching the shared-compile check; return ``wait_for(n, ...)``.
+
+    `VyreBackend._compile_once` peeks at the memory cache under its compile lock
+    just before a caller joins (or starts) the running compile, so ``n`` peeks
+    mean ``n`` callers are past the cache miss and will share one build.
+    """
+    peeked = threading.Condition()
+    count = 0
+    peek = backend.pipelines.peek
+
+    def counting_peek(identity: Any) -> Any:
+        nonlocal count
+        with peeked:
+            count += 1
+            peeked.notify_all()
+        return peek(identity)
+
+    backend.pipelines.peek = counting_peek  # type: ignore[method-assign]
+
+    def wait_for(n: int) -> bool:
+        with peeked:
+            return peeked.wait_for(lambda: count >= n, 30)
+
+    return wait_for
+
+
 def test_concurrent_compiles_of_one_identity_share_one_build() -> None:
-    backend = SlowBackend(compile_s=0.1)
+    backend = SlowBackend()
+    backend.held.add(A.op_id)  # the build waits until all four callers are in
+    arrived = _count_compile_entries(backend)
     results: list[Any] = []
     threads = [
         threading.Thread(target=lambda: results.append(backend.compile(A))) for _ in range(4)
     ]
     for t in threads:
         t.start()
+    assert arrived(4), "four compile() calls never reached the shared compile"
+    backend.gate.set()
     for t in threads:
         t.join()
     assert len(backend.builds) == 1
-    assert len({id(r) for r in results}) == 1
+    assert len(results) == 4 and len({id(r) for r in results}) == 1
 
 
 def test_concurrent_compile_errors_reach_every_waiter() -> None:
-    backend = SlowBackend(compile_s=0.05)
+    backend = SlowBackend()
+    backend.held.add(A.op_id)
     backend.fail_on.add(A.op_id)
+    arrived = _count_compile_entries(backend)
     errors: list[BaseException] = []
 
     def compile_a() -> None:
@@ -282,6 +316,8 @@ def test_concurrent_compile_errors_reach_every_waiter() -> None:
     threads = [threading.Thread(target=compile_a) for _ in range(3)]
     for t in threads:
         t.start()
+    assert arrived(3), "three compile() calls never reached the shared compile"
+    backend.gate.set()
     for t in threads:
         t.join()
     assert len(errors) == 3
@@ -295,7 +331,8 @@ async def test_a_dispatch_racing_the_prefetcher_waits_for_its_compile() -> None:
     """The prefetcher is compiling B when B is dispatched: B is built once.
 
     The background build of B is held at the compile gate until the racing
-    dispatch has looked B up and missed, so the two overlap on every run.
+    dispatch has missed the cache and reached the shared compile, so the two
+    overlap on every run.
     """
     backend = SlowBackend(pipeline_cache_capacity=2)
     for program in (A, B, C):
@@ -303,28 +340,19 @@ async def test_a_dispatch_racing_the_prefetcher_waits_for_its_compile() -> None:
     backend.held.add(B.op_id)
     await backend.dispatch(A, INPUTS)  # compiles A; predicts B (evicted) -> background compile
     assert await anyio.to_thread.run_sync(backend.entered.wait, 30)
-    looked_up = threading.Event()
-    lookup = backend.pipelines.get
-    b_identity = backend.pipeline_identity(B)
-
-    def get(identity: Any) -> Any:
-        found = lookup(identity)
-        if identity == b_identity:
-            looked_up.set()
-        return found
-
-    backend.pipelines.get = get  # type: ignore[method-assign]
+    arrived = _count_compile_entries(backend)  # counts from here: the racing dispatch only
     racing: list[PendingDispatch] = []
     thread = threading.Thread(target=lambda: racing.append(backend.dispatch(B, INPUTS)))
-    thread.start()  # blocks in the compile of B that the prefetcher is running
-    assert await anyio.to_thread.run_sync(looked_up.wait, 30), "the dispatch never looked B up"
+    thread.start()  # joins the compile of B that the prefetcher is running
+    assert await anyio.to_thread.run_sync(arrived, 1), "the dispatch never reached the compile"
     assert not racing  # still waiting for the held build
     backend.gate.set()
     await anyio.to_thread.run_sync(thread.join, 30)
     (pending,) = racing
     await pending
-    assert [op for op, _ in backend.builds].count(B.op_id) == 2  # cold + one prefetch, not 3
-    assert backend.builds[-1][1].startswith("vyre-prefetch")
+    b_builds = [thread for op, thread in backend.builds if op == B.op_id]
+    assert len(b_builds) == 2  # cold + one prefetch, not 3
+    assert b_builds[-1].startswith("vyre-prefetch")
     assert pending.context["cache_hit"] is False  # it missed and waited for the running build
     await backend.shutdown()
 

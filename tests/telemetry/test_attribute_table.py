@@ -3,15 +3,16 @@
 One table, one test: the table is parsed, workloads that between them set every
 documented key run on the reference backend, a test backend and the CUDA backend
 on the fake device (``tests/cupy/fake_cupy.py``), and the keys of every finished
-span are compared with the table, per span name, both ways. A misspelt key in the
-code (or in the docs) shows up as one missing and one undocumented key.
+span are compared with the table, per span name, both ways, and each value with
+its documented type. A misspelt key in the code (or in the docs) shows up as one
+missing and one undocumented key.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -36,20 +37,38 @@ XOR = elementwise_xor(N)
 INPUTS = [np.arange(N, dtype=np.uint32), np.ones(N, np.uint32)]
 
 
-def documented() -> dict[str, set[str]]:
-    """Return ``{span name: keys}`` from the "Span attributes" table of docs/tracing.md."""
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+#: The documented type of a key, as a check of one attribute value.
+TYPES: dict[str, Callable[[object], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "int": _is_int,
+    "float": lambda v: isinstance(v, float),
+    "bool": lambda v: isinstance(v, bool),
+    "int[3]": lambda v: isinstance(v, tuple | list) and len(v) == 3 and all(map(_is_int, v)),
+}
+
+
+def documented() -> tuple[dict[str, set[str]], dict[str, str]]:
+    """Return ``{span name: keys}`` and ``{key: type}`` from docs/tracing.md's table."""
     text = TABLE.read_text()
     section = text[text.index("### Span attributes") :]
     section = section[: section.index("\n#", 1)]
     table: dict[str, set[str]] = {name: set() for name in SPANS.values()}
+    types: dict[str, str] = {}
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     assert rows, "the span attribute table has no rows"
     for row in rows:
-        key_cell, span_cell, *_ = (cell.strip() for cell in row.strip("|").split("|"))
+        key_cell, span_cell, type_cell, _ = (cell.strip() for cell in row.strip("|").split("|"))
         (key,) = re.fullmatch(r"`([a-z0-9_.]+)`", key_cell).groups()  # type: ignore[union-attr]
+        assert key not in types, f"{key} has two rows"
+        assert type_cell in TYPES, f"{key}: unknown type {type_cell!r}"
+        types[key] = type_cell
         for span in span_cell.split(","):
             table[SPANS[span.strip()]].add(key)
-    return table
+    return table, types
 
 
 @pytest.fixture(scope="module")
@@ -130,11 +149,15 @@ async def test_every_documented_attribute_is_on_a_span_and_no_other(
     await _test_backend()
     await _reference()
     await _cuda(fake_cupy)
+    table, types = documented()
     seen: dict[str, set[str]] = {name: set() for name in SPANS.values()}
     for span in spans.get_finished_spans():
         if span.name in seen:
-            seen[span.name] |= set(span.attributes or {})
-    table = documented()
+            attributes = span.attributes or {}
+            seen[span.name] |= set(attributes)
+            for key, value in attributes.items():
+                kind = types.get(key)
+                assert kind is None or TYPES[kind](value), f"{key} = {value!r} is not {kind}"
     for name in SPANS.values():
         missing, extra = table[name] - seen[name], seen[name] - table[name]
         assert not missing, f"documented for {name} but on no span: {sorted(missing)}"
