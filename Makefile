@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/wire.py
 	$(BIN)/python benchmarks/reference.py
 	$(BIN)/python benchmarks/driver.py
+	$(BIN)/python benchmarks/host_overhead.py
 	$(BIN)/python benchmarks/telemetry.py
 
 bench-cuda: $(STAMP)
