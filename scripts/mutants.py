@@ -436,13 +436,19 @@ def pytest_collectreport(report):
 """
 
 
+def _env(copy: Path) -> dict[str, str]:
+    """The environment that makes Python import vyre from ``copy`` (ahead of the install)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(copy / "src"), str(copy / "src" / "backends")])
+    return env
+
+
 def _run_tests(copy: Path, tests: Sequence[str], timeout: float) -> tuple[int, set[str], str]:
     """Run ``tests`` in ``copy``; return (exit status, failed node ids, output tail)."""
     (copy / "_vyre_mutant_reporter.py").write_text(_REPORTER)
     failures = copy / "_vyre_mutant_failures.txt"
     failures.write_text("")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(copy / "src"), str(copy / "src" / "backends")])
+    env = _env(copy)
     env["VYRE_MUTANT_FAILURES"] = str(failures)
     env.pop("PYTEST_ADDOPTS", None)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
@@ -459,8 +465,7 @@ def _run_tests(copy: Path, tests: Sequence[str], timeout: float) -> tuple[int, s
 
 
 def _imports_from(copy: Path) -> bool:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(copy / "src"), str(copy / "src" / "backends")])
+    env = _env(copy)
     probe = "import vyre_async, vyre_cupy, vyre_reference as r; print(vyre_async.__file__)"
     probe += "; print(vyre_cupy.__file__); print(r.__file__)"
     out = subprocess.run(

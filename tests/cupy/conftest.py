@@ -139,14 +139,22 @@ def fake_device_programs() -> list[Program]:
 
 
 @contextmanager
-def installed(toolchain: Toolchain) -> Iterator[FakeDevice]:
-    """A new fake CUDA device, reachable as ``import cupy`` while the block runs."""
+def fake_device(library: Path, programs: list[Program]) -> Iterator[FakeDevice]:
+    """A new fake CUDA device running ``programs`` from the emulator ``library``,
+    reachable as ``import cupy`` while the block runs."""
     from tests.cupy.fake_cupy import FakeDevice
 
-    device = FakeDevice(toolchain.device_build.wait().binary, toolchain.device_programs)
+    device = FakeDevice(library, programs)
     with pytest.MonkeyPatch.context() as patch:
         for name, module in device.modules().items():
             patch.setitem(sys.modules, name, module)
+        yield device
+
+
+@contextmanager
+def installed(toolchain: Toolchain) -> Iterator[FakeDevice]:
+    """A new fake CUDA device with the session's kernels (`fake_device_programs`)."""
+    with fake_device(toolchain.device_build.wait().binary, toolchain.device_programs) as device:
         yield device
 
 

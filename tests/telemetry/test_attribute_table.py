@@ -11,7 +11,6 @@ missing and one undocumented key.
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -74,14 +73,11 @@ def documented() -> tuple[dict[str, set[str]], dict[str, str]]:
 @pytest.fixture(scope="module")
 def fake_cupy() -> Iterator[FakeDevice]:
     """The fake CUDA device, installed as ``cupy`` (the kernels the fake device knows)."""
-    from tests.cupy.conftest import fake_device_programs
+    from tests.cupy.conftest import fake_device, fake_device_programs
 
     programs = fake_device_programs()
-    library = build_emulator(programs, library=True).wait()
-    device = FakeDevice(library.binary, programs)
-    with pytest.MonkeyPatch.context() as patch:
-        for name, module in device.modules().items():
-            patch.setitem(sys.modules, name, module)
+    library = build_emulator(programs, library=True).wait().binary
+    with fake_device(library, programs) as device:
         yield device
 
 

@@ -10,8 +10,9 @@ the backend, code generator or compiler either.
 """
 
 # Private aliases only: the namespace holds nothing public but `__all__`'s names.
-import importlib as _importlib
 import typing as _typing
+
+from vyre_async.lazy import lazy_exports as _lazy_exports
 
 if _typing.TYPE_CHECKING:
     from vyre_cupy.backend import CudaKernel, CupyBackend, create_backend
@@ -54,16 +55,4 @@ _SOURCES = {
 }
 
 
-def __getattr__(name: str) -> object:
-    """Import and return the public ``name`` from its submodule on first access."""
-    source = _SOURCES.get(name)
-    if source is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_importlib.import_module(f"{__name__}.{source}"), name)
-    globals()[name] = value  # later lookups skip this hook
-    return value
-
-
-def __dir__() -> list[str]:
-    """List the module's attributes with every public name, loaded or not."""
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy_exports(__name__, _SOURCES, __all__)
