@@ -81,7 +81,7 @@ _UNSTARTED = _Unstarted()
 
 def ops_used(program: Program) -> frozenset[str]:
     """Return the operations ``program`` uses, named as in `CORE_OPS` (memoised)."""
-    cached = program._memo.get("ops_used")
+    cached = program.memo.get("ops_used")
     if cached is None:
         found: set[str] = set()
         for expr in iter_exprs(program.body):
@@ -92,7 +92,7 @@ def ops_used(program: Program) -> frozenset[str]:
             elif isinstance(expr, Atomic):
                 found.add(f"atomic.{expr.op.value}")
         cached = frozenset(found)
-        program._memo["ops_used"] = cached
+        program.memo["ops_used"] = cached
     return frozenset(cached)
 
 
@@ -654,7 +654,7 @@ class VyreBackend(abc.ABC):
         program = program or pipeline.program
         check_input_count(program, inputs)
         limit = (self._reported or self._capabilities_once()).max_storage_buffer_bytes
-        if limit and program._memo.get("storage_checked") != limit:
+        if limit and program.memo.get("storage_checked") != limit:
             self._check_static_sizes(program, limit)
         prepared = tuple(
             self._prepare_input(decl, value, limit)
@@ -748,7 +748,7 @@ class VyreBackend(abc.ABC):
         """Refuse buffers whose declared size is over ``limit`` bytes (memoised on the program)."""
         for decl in program.buffers:
             check_buffer_bytes(4 * decl.count, limit, f"buffer {decl.name!r} as declared")
-        program._memo["storage_checked"] = limit
+        program.memo["storage_checked"] = limit
 
     def _check_workgroup(self, workgroup: tuple[int, int, int]) -> None:
         """Refuse a workgroup over the backend's reported limits (not reported: IR limits only)."""

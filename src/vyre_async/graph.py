@@ -274,10 +274,10 @@ class GraphResult:
 
 
 def _atomic_targets(program: Program) -> frozenset[str]:
-    cached = program._memo.get("graph.atomic_targets")
+    cached = program.memo.get("graph.atomic_targets")
     if cached is None:
         cached = frozenset(e.buffer for e in iter_exprs(program.body) if isinstance(e, Atomic))
-        program._memo["graph.atomic_targets"] = cached
+        program.memo["graph.atomic_targets"] = cached
     return frozenset(cached)
 
 
@@ -643,7 +643,7 @@ def _resident_variant(program: Program) -> Program:
     zeroed buffer the two are the same kernel; the outputs (WRITE and READ_WRITE,
     in declaration order) and the inferred grid are unchanged.
     """
-    variant = program._memo.get("graph.resident_variant")
+    variant = program.memo.get("graph.resident_variant")
     if variant is None:
         if any(d.access is Access.WRITE for d in program.buffers):
             buffers = [
@@ -655,7 +655,7 @@ def _resident_variant(program: Program) -> Program:
             variant = Program(buffers, program.workgroup_size, program.body, op_id=program.op_id)
         else:
             variant = program
-        program._memo["graph.resident_variant"] = variant
+        program.memo["graph.resident_variant"] = variant
     assert isinstance(variant, Program)
     return variant
 
@@ -663,7 +663,7 @@ def _resident_variant(program: Program) -> Program:
 def _settled_at(pending: PendingDispatch) -> float:
     """When a dispatch's result was ready (``time.monotonic()`` clock)."""
     timing = pending.timing
-    return pending._created + (0.0 if timing is None or timing.wall_s is None else timing.wall_s)
+    return pending.created + (0.0 if timing is None or timing.wall_s is None else timing.wall_s)
 
 
 def _persistent_mode(arms: Sequence[Arm]) -> Literal["auto", "force", "disable"]:

@@ -168,6 +168,11 @@ class PendingDispatch:
         return self._timing
 
     @property
+    def created(self) -> float:
+        """``time.monotonic()`` when ``dispatch()`` was called (the timeout counts from here)."""
+        return self._created
+
+    @property
     def label(self) -> str | None:
         """The dispatch label from its config."""
         return self._label

@@ -276,7 +276,7 @@ def plan_dispatch(
         _axes_key(grid_override),
         _axes_key(workgroup_override),
     )
-    plans: dict[object, BindingPlan] = program._memo.setdefault("plans", {})
+    plans: dict[object, BindingPlan] = program.memo.setdefault("plans", {})
     cached = plans.get(memo_key)
     if cached is not None:
         return cached

@@ -236,9 +236,9 @@ def _program_attributes(backend_id: str, program: Any) -> dict[str, AttributeVal
     attributes: dict[str, AttributeValue] = {"vyre.backend.id": backend_id}
     if isinstance(program, Program):  # anything else failed validation
         attributes["vyre.program.op_id"] = program.op_id
-        fingerprint = program._memo.get("telemetry.fingerprint")
+        fingerprint = program.memo.get("telemetry.fingerprint")
         if fingerprint is None:
-            fingerprint = program._memo["telemetry.fingerprint"] = program.fingerprint().hex()
+            fingerprint = program.memo["telemetry.fingerprint"] = program.fingerprint().hex()
         attributes["vyre.program.fingerprint"] = fingerprint
     return attributes
 

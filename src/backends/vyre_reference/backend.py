@@ -164,13 +164,13 @@ class ReferenceBackend(VyreBackend):
         """
         plan = launch.plan
         program = plan.program
-        cost = program._memo.get("reference.cost")
+        cost = program.memo.get("reference.cost")
         if cost is None:
             fixed_ns, lane_steps, atomics = _static_cost(program.body)
             shared = 4 * sum(d.count for d in program.buffers if d.access is Access.WORKGROUP)
             per_lane_ns = lane_steps * _LANE_STMT_NS + atomics * _ATOMIC_LANE_NS
             cost = (fixed_ns, per_lane_ns, shared * _BYTE_NS)
-            program._memo["reference.cost"] = cost
+            program.memo["reference.cost"] = cost
         fixed_ns, per_lane_ns, shared_ns = cost
         copied_ns = (plan.bytes_in + plan.bytes_out) * _BYTE_NS
         if not lanes:

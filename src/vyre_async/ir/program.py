@@ -83,6 +83,16 @@ class Program:
         object.__setattr__(self, "op_id", op_id)
         object.__setattr__(self, "_memo", {})
 
+    @property
+    def memo(self) -> dict[str, Any]:
+        """Facts derived from this immutable program, cached per instance by the driver.
+
+        Keys are namespaced by the module that computes them (``"graph.resident_variant"``);
+        a value is computed once and never changes. Not part of equality, hashing or the
+        wire form.
+        """
+        return self._memo
+
     # Identity -------------------------------------------------------------------
     def __hash__(self) -> int:
         cached = self._memo.get("hash")

@@ -139,10 +139,10 @@ def validate(program: Program) -> list[Diagnostic]:
             f"validate() takes a Program, got {type(program).__name__}",
             fix="build the kernel with Program(buffers, workgroup_size, body)",
         )
-    cached = program._memo.get("diagnostics")
+    cached = program.memo.get("diagnostics")
     if cached is None:
         cached = tuple(_check_program(program))
-        program._memo["diagnostics"] = cached
+        program.memo["diagnostics"] = cached
     return list(cached)
 
 

@@ -69,10 +69,10 @@ def iter_exprs(statements: Iterable[Stmt]) -> Iterator[Expr]:
 
 def uses_atomics(program: Program) -> bool:
     """Return True when any expression of ``program`` is an `Atomic`."""
-    cached = program._memo.get("uses_atomics")
+    cached = program.memo.get("uses_atomics")
     if cached is None:
         cached = any(isinstance(e, Atomic) for e in iter_exprs(program.body))
-        program._memo["uses_atomics"] = cached
+        program.memo["uses_atomics"] = cached
     return bool(cached)
 
 

@@ -602,7 +602,7 @@ def encode_program(program: Program) -> bytes:
     """
     body = _encode_body(program)
     digest = _digest(body)
-    program._memo.setdefault("fingerprint", digest)
+    program.memo.setdefault("fingerprint", digest)
     return b"".join((_HEADER_PREFIX, digest, body))
 
 
@@ -618,7 +618,7 @@ def fingerprint(program: Program) -> bytes:
     Raises:
         InvalidProgram: as `encode_program`.
     """
-    wire = program._memo.get("wire")
+    wire = program.memo.get("wire")
     if wire is not None:
         return bytes(wire[8:HEADER_SIZE])
     return _digest(_encode_body(program))
@@ -726,11 +726,11 @@ def kernel_digest(program: Program, options: Mapping[str, object] | None = None)
             type, or the program exceeds a structural limit.
     """
     encoded_options = _encode_options(options)
-    hasher = program._memo.get("kernel_hasher")
+    hasher = program.memo.get("kernel_hasher")
     if hasher is None:
         hasher = blake3(KERNEL_DIGEST_DOMAIN)
         hasher.update(_encode_body(program, zero_counts=True))
-        program._memo["kernel_hasher"] = hasher
+        program.memo["kernel_hasher"] = hasher
     hasher = hasher.copy()
     hasher.update(encoded_options)
     return bytes(hasher.digest())
