@@ -310,7 +310,7 @@ def dispatch_batch_modes(repeats: int) -> dict[str, Any]:
             total.append(time.perf_counter() - start)
             issue.append(issued / repeats)
             assert all(np.array_equal(r, a ^ b) for r, (a, b) in zip(results, batch, strict=True))
-            ran = pendings[0].context["attributes"]["vyre.batch.mode"]
+            ran = (pendings[0].record.attributes or {})["vyre.batch.mode"]
         modes[mode] = {
             "ran_as": ran,
             "host_us_per_kernel": round(_median(issue[1:]) * 1e6, 2),

@@ -59,9 +59,8 @@ from vyre_async.ir.stmt import Store
 from vyre_async.ir.types import Access, BufferDecl, DType
 
 if TYPE_CHECKING:
-    from vyre_async.backend import VyreBackend
-    from vyre_async.pipeline import CompiledPipeline
     from vyre_async.policies.launch import ModeKind
+    from vyre_async.seams import BackendLike, PipelineLike
 
 __all__ = [
     "CALIBRATION_FORMAT_VERSION",
@@ -472,12 +471,12 @@ class CalibrationStore:
 
 
 _ABSENT = object()
-_memo: weakref.WeakKeyDictionary[VyreBackend, object] = weakref.WeakKeyDictionary()
+_memo: weakref.WeakKeyDictionary[BackendLike, object] = weakref.WeakKeyDictionary()
 _memo_lock = threading.Lock()
 
 
 def calibration_for(
-    backend: VyreBackend,
+    backend: BackendLike,
     *,
     measure: bool = False,
     refresh: bool = False,
@@ -559,8 +558,8 @@ def launch_probe_program() -> Program:
 
 
 def measure_host_costs(
-    backend: VyreBackend,
-    probe: VyreBackend,
+    backend: BackendLike,
+    probe: BackendLike,
     *,
     compile_once: Callable[[int], object],
     copy_bytes: int,
@@ -622,7 +621,7 @@ def measure_host_costs(
 
 
 def measure_batch_costs(
-    pipeline: CompiledPipeline,
+    pipeline: PipelineLike,
     inputs: Sequence[Any],
     *,
     record_ns: Callable[[], int | None],

@@ -30,8 +30,8 @@ from vyre_async.policies.launch import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from vyre_async.backend import VyreBackend
-    from vyre_async.pipeline import Launch
+    from vyre_async.frontend import Launch
+    from vyre_async.seams import BackendLike
 
 __all__ = [
     "UNSUPPORTED",
@@ -85,7 +85,7 @@ class ExecutionDecision:
 
 
 def choose_execution_mode(
-    backend: VyreBackend,
+    backend: BackendLike,
     *,
     batch_size: int,
     repeats: int,
@@ -186,7 +186,7 @@ _MODES = ("plain", "persistent", "command_reuse")
 
 
 def requested_mode(
-    backend: VyreBackend, decision: ExecutionDecision, mode: ModeKind, config: DispatchConfig
+    backend: BackendLike, decision: ExecutionDecision, mode: ModeKind, config: DispatchConfig
 ) -> ExecutionDecision:
     """Return ``decision`` with its mode replaced by the caller's ``mode`` (reason ``requested``).
 

@@ -888,11 +888,11 @@ class _Run:
     def _arm_run(
         self, arm: Arm, number: int, layer: tuple[int, ...], pending: PendingDispatch
     ) -> ArmRun:
-        attributes = pending.context.get("attributes", {})
+        attributes = pending.record.attributes or {}
         stream = attributes.get("vyre.stream")
         timing = pending.timing
         waits = self.plan.waits_for(arm.index)
-        cache_hit = pending.context.get("cache_hit")
+        cache_hit = pending.record.cache_hit
         return ArmRun(
             index=arm.index,
             label=arm.label,

@@ -2,14 +2,25 @@
 
 A backend creates the pair ``pending, completer = PendingDispatch.create(...)``,
 hands ``pending`` to the caller at once and settles it later through
-``completer`` from any thread (a worker, a CUDA event poller). Waiting never
-blocks an event loop: an awaiting task parks on an anyio event that the
-completing thread sets through the loop's own thread-safe entry point
-(``call_soon_threadsafe`` on asyncio, ``TrioToken.run_sync_soon`` on trio).
+``completer`` from any thread (a worker, a CUDA event poller).
+
+Waiting costs what the waiting side needs and nothing more:
+
+* awaited from asyncio, a dispatch that is already settled costs no loop turn;
+  one that is not costs one loop future, set directly when it settles on the
+  loop's own thread and through ``loop.call_soon_threadsafe`` from any other;
+  a deadline adds one loop timer (no cancel scope, no event object);
+* awaited from trio, the task parks in ``wait_task_rescheduled`` and is
+  rescheduled through the run's ``TrioToken``;
+* ``result()`` creates the one `threading.Event` it blocks on, on first use;
+* a backend that can notice completion cheaply (a CUDA event query) registers
+  a poll (`DispatchCompleter.poll_with`) that the awaiting loop calls between
+  its turns for a short, bounded time before parking on the future.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import sys
@@ -19,14 +30,15 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
 import numpy as np
 
 from vyre_async.arguments import to_seconds
 from vyre_async.errors import BackendError, DispatchFailed, DispatchTimeout, InvalidProgram
 
 __all__ = [
+    "DEFAULT_POLL_BUDGET_S",
     "DispatchCompleter",
+    "DispatchRecord",
     "DispatchTiming",
     "PendingDispatch",
     "ResultAlreadyTaken",
@@ -36,6 +48,11 @@ Outputs = list[np.ndarray]
 #: Longest single blocking wait; longer waits loop (platform clocks overflow near 2**63 ns).
 _MAX_WAIT_STEP = 86_400.0
 _PENDING, _DONE, _TIMED_OUT = "pending", "done", "timed_out"
+#: Default seconds an awaiting loop polls a dispatch that registered a poll, before
+#: it parks on its future and lets the backend's completion thread wake it.
+DEFAULT_POLL_BUDGET_S = 200e-6
+#: Loop turns between two polls grow 1, 1, 2, 2, 4, 4, 8, 8, 8 ... (the backoff).
+_MAX_POLL_SKIP = 8
 
 
 class ResultAlreadyTaken(RuntimeError):
@@ -59,6 +76,51 @@ class DispatchTiming:
     compile_s: float | None
 
 
+class DispatchRecord:
+    """What the driver knows about one dispatch besides its result (typed, slotted).
+
+    The front end fills it at launch, backends add to it through the completer
+    (`DispatchCompleter.annotate`, `record_phase`), telemetry reads it when the
+    dispatch settles. Read it as ``pending.record``.
+
+    Attributes:
+        cache_hit: The pipeline came from the memory cache.
+        attributes: Span attributes set since launch (policy verdicts, backend
+            annotations such as ``vyre.stream``), or None.
+        phases: ``(name, start_ns, end_ns)`` intervals (``time.time_ns`` clock), or None.
+        span: The open ``vyre.dispatch`` span while telemetry records one.
+        claimed: True while the span's outcome is still to be counted (once only).
+        trace: Telemetry's per-launch-shape facts (labels, byte counts), or None.
+        sent: The attributes already given to the span when it opened.
+        on_await_cancelled: Called with the pending dispatch when an awaiting task
+            is cancelled while the dispatch still runs.
+    """
+
+    __slots__ = (
+        "attributes",
+        "cache_hit",
+        "claimed",
+        "on_await_cancelled",
+        "phases",
+        "sent",
+        "span",
+        "trace",
+    )
+
+    def __init__(self, cache_hit: bool = False) -> None:
+        self.cache_hit = cache_hit
+        self.attributes: dict[str, str | bool | int | float] | None = None
+        self.phases: list[tuple[str, int, int]] | None = None
+        self.span: Any = None
+        self.claimed = False
+        self.trace: Any = None
+        self.sent: Mapping[str, object] | None = None
+        self.on_await_cancelled: Callable[[PendingDispatch], None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<DispatchRecord cache_hit={self.cache_hit} attributes={self.attributes!r}>"
+
+
 class _StopFlag(threading.Event):
     """A stop request that is also raised once the dispatch deadline has passed."""
 
@@ -72,6 +134,200 @@ class _StopFlag(threading.Event):
         return self._deadline is not None and time.monotonic() >= self._deadline
 
 
+class _AsyncioWaiter:
+    """One asyncio task parked on a loop future."""
+
+    __slots__ = ("future", "loop", "thread")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> None:
+        self.loop = loop
+        self.future = future
+        self.thread = threading.get_ident()
+
+    def wake(self) -> None:
+        if threading.get_ident() == self.thread:
+            _set_future(self.future)
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed while the dispatch ran
+            self.loop.call_soon_threadsafe(_set_future, self.future)
+
+
+class _TrioWaiter:
+    """One trio task parked in ``wait_task_rescheduled``."""
+
+    __slots__ = ("parked", "task", "token")
+
+    def __init__(self, token: Any, task: Any) -> None:
+        self.token = token
+        self.task = task
+        self.parked = True
+
+    def wake(self) -> None:
+        trio = sys.modules["trio"]
+        with contextlib.suppress(trio.RunFinishedError):
+            self.token.run_sync_soon(self.reschedule)
+
+    def reschedule(self) -> None:  # in the trio thread, like the abort that clears parked
+        if self.parked:
+            self.parked = False
+            sys.modules["trio"].lowlevel.reschedule(self.task)
+
+
+class _ThreadWaiter:
+    """A thread blocked in ``result()``."""
+
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def wake(self) -> None:
+        self.event.set()
+
+
+_Waiter = _AsyncioWaiter | _TrioWaiter | _ThreadWaiter
+
+
+def _set_future(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class _Core:
+    """The state both sides of one dispatch share (`PendingDispatch`, `DispatchCompleter`)."""
+
+    __slots__ = (
+        "callbacks",
+        "compile_s",
+        "created",
+        "deadline",
+        "device_s",
+        "error",
+        "label",
+        "lock",
+        "outputs",
+        "poll",
+        "poll_budget",
+        "record",
+        "settled_at",
+        "started",
+        "state",
+        "stop",
+        "taken",
+        "timeout",
+        "waiters",
+    )
+
+    def __init__(self, timeout: float | None, label: str | None, created: float | None) -> None:
+        self.created = time.monotonic() if created is None else created
+        self.timeout = timeout
+        self.deadline = None if timeout is None else self.created + to_seconds(timeout)
+        self.label = label
+        self.lock = threading.Lock()
+        self.state = _PENDING
+        self.outputs: Outputs | None = None
+        self.error: BaseException | None = None
+        self.taken = False
+        self.started: float | None = None
+        self.settled_at: float | None = None
+        self.device_s: float | None = None
+        self.compile_s: float | None = None
+        self.callbacks: list[Callable[[PendingDispatch], None]] | None = None
+        self.waiters: list[_Waiter] | None = None
+        self.stop: _StopFlag | None = None
+        self.poll: Callable[[], object] | None = None
+        self.poll_budget = DEFAULT_POLL_BUDGET_S
+        self.record = DispatchRecord()
+
+    def describe(self) -> str:
+        return repr(self.label) if self.label else f"at 0x{id(self):x}"
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def remaining(self) -> float:
+        if self.deadline is None:
+            return math.inf
+        return max(0.0, self.deadline - time.monotonic())
+
+    def stop_flag(self) -> _StopFlag:
+        stop = self.stop
+        if stop is None:
+            with self.lock:
+                if self.stop is None:
+                    self.stop = _StopFlag(self.deadline)
+                stop = self.stop
+        return stop
+
+    def add_waiter(self, waiter: _Waiter) -> bool:
+        with self.lock:
+            if self.state is not _PENDING:
+                return False
+            if self.waiters is None:
+                self.waiters = [waiter]
+            else:
+                self.waiters.append(waiter)
+            return True
+
+    def remove_waiter(self, waiter: _Waiter) -> None:
+        with self.lock:
+            if self.waiters is not None and waiter in self.waiters:
+                self.waiters.remove(waiter)
+
+    def expire(self, pending: PendingDispatch) -> None:
+        error = DispatchTimeout(
+            f"dispatch {self.describe()} did not finish within its timeout of "
+            f"{self.timeout} s (counted from dispatch())",
+            fix="raise DispatchConfig.timeout or split the work into smaller dispatches",
+            timeout=self.timeout,
+        )
+        self.settle(pending, _TIMED_OUT, None, error)
+
+    def settle(
+        self,
+        pending: PendingDispatch,
+        state: str,
+        outputs: Outputs | None,
+        error: BaseException | None,
+    ) -> bool:
+        with self.lock:
+            if self.state is not _PENDING:
+                return False
+            self.state, self.outputs, self.error = state, outputs, error
+            self.settled_at = time.monotonic()
+            callbacks, self.callbacks = self.callbacks, None
+            waiters, self.waiters = self.waiters, None
+            stop = self.stop
+        if state is _TIMED_OUT and stop is not None:
+            stop.set()  # (a flag made later reads the passed deadline)
+        # Callbacks (span end, bookkeeping) run before waiters wake, so a caller that
+        # resumes sees them done; waiters wake even if a callback raises SystemExit.
+        try:
+            if callbacks:
+                for fn in callbacks:
+                    _run_callback(fn, pending)
+        finally:
+            if waiters:
+                for waiter in waiters:
+                    waiter.wake()
+        return True
+
+    def take(self) -> Outputs:
+        with self.lock:
+            if self.taken:
+                raise ResultAlreadyTaken(
+                    f"the result of dispatch {self.describe()} was already taken\n"
+                    "Fix: keep the outputs from the first await or result() call"
+                )
+            self.taken = True
+            outputs, error = self.outputs, self.error
+            self.outputs = None  # the caller owns the arrays now
+        if error is not None:
+            raise error
+        assert outputs is not None
+        return outputs
+
+
 class PendingDispatch:
     """The awaitable result of a dispatch: ``outputs = await pending``.
 
@@ -83,58 +339,23 @@ class PendingDispatch:
     * cancelling an awaiting task leaves the dispatch running and untaken;
     * past ``DispatchConfig.timeout`` (counted from ``dispatch()``) awaiting or
       `result` raises `DispatchTimeout` and the backend is asked to stop.
+
+    Attributes:
+        record: The `DispatchRecord` of this dispatch (cache hit, attributes, phases).
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_callbacks",
-        "_created",
-        "_deadline",
-        "_error",
-        "_label",
-        "_lock",
-        "_outputs",
-        "_settled",
-        "_started",
-        "_state",
-        "_stop",
-        "_taken",
-        "_timeout",
-        "_timing",
-        "_wakers",
-        "context",
-    )
+    __slots__ = ("__weakref__", "_core", "record")
 
     def __init__(
-        self,
-        *,
-        _token: object = None,
-        timeout: float | None,
-        label: str | None,
-        created: float | None = None,
+        self, *args: object, _token: object = None, _core: Any = None, **_: object
     ) -> None:
-        if _token is not _CREATE:
+        if args or _token is not _CREATE or not isinstance(_core, _Core):
             raise TypeError(
                 "PendingDispatch objects come from backend.dispatch(); "
                 "backends create them with PendingDispatch.create()"
             )
-        self._created = time.monotonic() if created is None else created
-        self._timeout = timeout
-        self._deadline = None if timeout is None else self._created + to_seconds(timeout)
-        self._label = label
-        self._lock = threading.Lock()
-        self._settled = threading.Event()
-        self._state = _PENDING
-        self._outputs: Outputs | None = None
-        self._error: BaseException | None = None
-        self._taken = False
-        self._timing: DispatchTiming | None = None
-        self._started: float | None = None
-        self._callbacks: list[Callable[[PendingDispatch], None]] = []
-        self._wakers: list[Callable[[], None]] = []
-        self._stop = _StopFlag(self._deadline)
-        #: Free slot for the driver (telemetry span, shape-prediction bookkeeping).
-        self.context: dict[str, Any] = {}
+        self._core = _core
+        self.record = _core.record
 
     @classmethod
     def create(
@@ -152,35 +373,55 @@ class PendingDispatch:
             created: ``time.monotonic()`` when ``dispatch()`` was called (default: now),
                 so the timeout counts validation and compilation too.
         """
-        pending = cls(_token=_CREATE, timeout=timeout, label=label, created=created)
-        return pending, DispatchCompleter(pending)
+        core = _Core(timeout, label, created)
+        pending = cls(_token=_CREATE, _core=core)
+        return pending, DispatchCompleter(_CREATE, core, pending)
 
     # Caller side ----------------------------------------------------------------
     def done(self) -> bool:
         """Return True once the dispatch has finished, failed or timed out. Never blocks."""
-        if self._state is _PENDING and self._past_deadline():
-            self._expire()
-        return self._state is not _PENDING
+        core = self._core
+        if core.state is _PENDING:
+            if core.deadline is not None and time.monotonic() >= core.deadline:
+                core.expire(self)
+            elif core.poll is not None:
+                core.poll()
+        return core.state is not _PENDING
 
     @property
     def timing(self) -> DispatchTiming | None:
         """Timing of the finished dispatch, or ``None`` while it runs."""
-        return self._timing
-
-    @property
-    def created(self) -> float:
-        """``time.monotonic()`` when ``dispatch()`` was called (the timeout counts from here)."""
-        return self._created
+        core = self._core
+        if core.settled_at is None:
+            return None
+        return DispatchTiming(
+            wall_s=core.settled_at - core.created,
+            queue_s=None if core.started is None else core.started - core.created,
+            device_s=core.device_s,
+            compile_s=core.compile_s,
+        )
 
     @property
     def label(self) -> str | None:
         """The dispatch label from its config."""
-        return self._label
+        return self._core.label
+
+    @property
+    def created(self) -> float:
+        """``time.monotonic()`` when ``dispatch()`` was called (the timeout counts from here)."""
+        return self._core.created
 
     @property
     def stop_requested(self) -> threading.Event:
         """Set when the result is no longer wanted (timeout); backends poll it at safe points."""
-        return self._stop
+        return self._core.stop_flag()
+
+    def exception(self) -> BaseException | None:
+        """Return the error the dispatch settled with; None while it runs or if it succeeded.
+
+        Never blocks and takes nothing (for done-callbacks and telemetry).
+        """
+        return self._core.error
 
     def add_done_callback(self, fn: Callable[[PendingDispatch], None]) -> None:
         """Call ``fn(self)`` once the dispatch settles (at once if it already has).
@@ -197,9 +438,13 @@ class PendingDispatch:
                 f"add_done_callback needs a callable, got {fn!r}",
                 fix="pass a function taking the PendingDispatch",
             )
-        with self._lock:
-            if self._state is _PENDING:
-                self._callbacks.append(fn)
+        core = self._core
+        with core.lock:
+            if core.state is _PENDING:
+                if core.callbacks is None:
+                    core.callbacks = [fn]
+                else:
+                    core.callbacks.append(fn)
                 return
         _run_callback(fn, self)
 
@@ -221,140 +466,140 @@ class PendingDispatch:
             BackendError: the dispatch failed.
         """
         limit = _wait_limit(timeout)
-        if not self._settled.is_set() and not self.done():
+        core = self._core
+        if not self.done():
             _refuse_blocking_in_loop()
-            if not _wait(self._settled, min(limit, self._remaining())):
-                if self._past_deadline():
-                    self._expire()
-                else:
-                    raise TimeoutError(
-                        f"dispatch {self._describe()} not finished after {timeout} s of waiting; "
-                        "it keeps running and its result can still be taken"
-                    )
-        return self._take()
+            waiter = _ThreadWaiter()
+            if core.add_waiter(waiter):
+                try:
+                    woken = _wait(waiter.event, min(limit, core.remaining()))
+                finally:
+                    core.remove_waiter(waiter)
+                if not woken and not self.done():
+                    if core.past_deadline():
+                        core.expire(self)
+                    else:
+                        raise TimeoutError(
+                            f"dispatch {core.describe()} not finished after {timeout} s of "
+                            "waiting; it keeps running and its result can still be taken"
+                        )
+        return core.take()
 
     def __await__(self) -> Generator[Any, None, Outputs]:
-        return self._wait().__await__()
-
-    async def _wait(self) -> Outputs:
-        if not self.done():
-            event = anyio.Event()
-            wake = _thread_safe_setter(event)
-            if self._add_waker(wake):
-                try:
-                    with anyio.move_on_after(self._remaining()):
-                        await event.wait()
-                except BaseException:
-                    with self._lock:
-                        still_running = self._state is _PENDING
-                    if still_running:  # the awaiting task was cancelled mid-flight
-                        hook = self.context.get("await_cancelled")
-                        if hook is not None:
-                            hook(self)
-                    raise
-                finally:
-                    self._remove_waker(wake)
-            if not self.done():  # woken by the deadline, not by completion
-                self._expire()
-        return self._take()
+        core = self._core
+        if core.state is _PENDING and not self.done():
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # not asyncio: trio
+                yield from self._wait_trio().__await__()
+            else:
+                if core.poll is not None:
+                    yield from self._poll_turns()
+                if core.state is _PENDING:
+                    yield from self._wait_asyncio(loop)
+        return core.take()
 
     def __repr__(self) -> str:
-        state = "taken" if self._taken else self._state
-        return f"<PendingDispatch {self._describe()} {state}>"
+        core = self._core
+        state = "taken" if core.taken else core.state
+        return f"<PendingDispatch {core.describe()} {state}>"
 
     # Internals ------------------------------------------------------------------
-    def _describe(self) -> str:
-        return repr(self._label) if self._label else f"at 0x{id(self):x}"
+    def _poll_turns(self) -> Generator[None, None, None]:
+        """Call the backend's poll between loop turns, with backoff, for the poll budget."""
+        core = self._core
+        poll = core.poll
+        assert poll is not None
+        give_up = time.perf_counter() + core.poll_budget
+        skip = turn = 0
+        while core.state is _PENDING:
+            yield  # one loop turn (a bare yield reschedules an asyncio task)
+            turn += 1
+            if turn < skip:
+                continue
+            poll()
+            if core.state is not _PENDING or time.perf_counter() >= give_up:
+                return
+            turn, skip = 0, min(_MAX_POLL_SKIP, skip + 1 if skip < 2 else skip * 2)
 
-    def _past_deadline(self) -> bool:
-        return self._deadline is not None and time.monotonic() >= self._deadline
-
-    def _remaining(self) -> float:
-        if self._deadline is None:
-            return math.inf
-        return max(0.0, self._deadline - time.monotonic())
-
-    def _add_waker(self, wake: Callable[[], None]) -> bool:
-        with self._lock:
-            if self._state is not _PENDING:
-                return False
-            self._wakers.append(wake)
-            return True
-
-    def _remove_waker(self, wake: Callable[[], None]) -> None:
-        with self._lock:
-            if wake in self._wakers:
-                self._wakers.remove(wake)
-
-    def _take(self) -> Outputs:
-        with self._lock:
-            if self._taken:
-                raise ResultAlreadyTaken(
-                    f"the result of dispatch {self._describe()} was already taken\n"
-                    "Fix: keep the outputs from the first await or result() call"
-                )
-            self._taken = True
-            outputs, error = self._outputs, self._error
-            self._outputs = None  # the caller owns the arrays now
-        if error is not None:
-            raise error
-        assert outputs is not None
-        return outputs
-
-    def _expire(self) -> None:
-        error = DispatchTimeout(
-            f"dispatch {self._describe()} did not finish within its timeout of "
-            f"{self._timeout} s (counted from dispatch())",
-            fix="raise DispatchConfig.timeout or split the work into smaller dispatches",
-            timeout=self._timeout,
-        )
-        self._settle(_TIMED_OUT, None, error, None)
-
-    def _settle(
-        self,
-        state: str,
-        outputs: Outputs | None,
-        error: BaseException | None,
-        timing: DispatchTiming | None,
-    ) -> bool:
-        with self._lock:
-            if self._state is not _PENDING:
-                return False
-            self._state, self._outputs, self._error = state, outputs, error
-            self._timing = timing or self._host_timing()
-            callbacks, self._callbacks = self._callbacks, []
-            wakers, self._wakers = self._wakers, []
-        if state is _TIMED_OUT:
-            self._stop.set()
-        # Callbacks (span end, bookkeeping) run before waiters wake, so a caller that
-        # resumes sees them done; waiters wake even if a callback raises SystemExit.
+    def _wait_asyncio(self, loop: asyncio.AbstractEventLoop) -> Generator[Any, None, None]:
+        core = self._core
+        waiter = _AsyncioWaiter(loop, loop.create_future())
+        if not core.add_waiter(waiter):
+            return
+        timer = None
+        if core.deadline is not None:
+            timer = loop.call_later(core.remaining(), _set_future, waiter.future)
         try:
-            for fn in callbacks:
-                _run_callback(fn, self)
+            yield from waiter.future
+        except BaseException:
+            self._await_cancelled(waiter)
+            raise
         finally:
-            self._settled.set()
-            for wake in wakers:
-                wake()
-        return True
+            if timer is not None:
+                timer.cancel()
+        if core.state is _PENDING:  # woken by the deadline, not by completion
+            if core.waiters:
+                core.remove_waiter(waiter)
+            core.expire(self)
 
-    def _host_timing(self) -> DispatchTiming:
-        now = time.monotonic()
-        queue = None if self._started is None else self._started - self._created
-        return DispatchTiming(
-            wall_s=now - self._created, queue_s=queue, device_s=None, compile_s=None
-        )
+    async def _wait_trio(self) -> None:
+        trio = sys.modules.get("trio")
+        if trio is None:
+            raise RuntimeError(
+                "a PendingDispatch can only be awaited inside an asyncio or trio event loop\n"
+                "Fix: await it from async code, or call pending.result() from plain code"
+            )
+        core = self._core
+        waiter = _TrioWaiter(trio.lowlevel.current_trio_token(), trio.lowlevel.current_task())
+        if not core.add_waiter(waiter):
+            return
+
+        def abort(_: object) -> Any:
+            waiter.parked = False
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        try:
+            if core.deadline is None:
+                await trio.lowlevel.wait_task_rescheduled(abort)
+            else:
+                with trio.move_on_at(trio.current_time() + core.remaining()):
+                    await trio.lowlevel.wait_task_rescheduled(abort)
+        except BaseException:
+            self._await_cancelled(waiter)
+            raise
+        if core.state is _PENDING:  # woken by the deadline, not by completion
+            core.remove_waiter(waiter)
+            core.expire(self)
+
+    def _await_cancelled(self, waiter: _Waiter) -> None:
+        core = self._core
+        core.remove_waiter(waiter)
+        hook = core.record.on_await_cancelled
+        if core.state is _PENDING and hook is not None:  # cancelled mid-flight
+            hook(self)
 
 
 _CREATE = object()
 
 
 class DispatchCompleter:
-    """The backend's side of a `PendingDispatch`: settle it from any thread, once."""
+    """The backend's side of a `PendingDispatch`: settle it from any thread, once.
 
-    __slots__ = ("pending",)
+    Attributes:
+        pending: The pending dispatch it settles.
+    """
 
-    def __init__(self, pending: PendingDispatch) -> None:
-        self.pending = pending
+    __slots__ = ("_core", "pending")
+
+    def __init__(self, *args: Any) -> None:
+        if len(args) != 3 or args[0] is not _CREATE:
+            raise TypeError(
+                "DispatchCompleter objects come with their pending dispatch: backends "
+                "create both with PendingDispatch.create()"
+            )
+        self._core: _Core = args[1]
+        self.pending: PendingDispatch = args[2]
 
     @property
     def stop_requested(self) -> threading.Event:
@@ -363,11 +608,35 @@ class DispatchCompleter:
         Poll ``is_set()`` at safe points; the deadline does not wake a thread
         blocked in ``wait()`` (an explicit stop does).
         """
-        return self.pending._stop
+        return self._core.stop_flag()
+
+    @property
+    def record(self) -> DispatchRecord:
+        """The dispatch's `DispatchRecord`."""
+        return self._core.record
 
     def mark_started(self) -> None:
         """Record that execution started (ends the queueing time)."""
-        self.pending._started = time.monotonic()
+        self._core.started = time.monotonic()
+
+    def poll_with(
+        self, check: Callable[[], object], *, budget_s: float = DEFAULT_POLL_BUDGET_S
+    ) -> None:
+        """Let an awaiting event loop notice completion by calling ``check()`` between turns.
+
+        For work that usually ends within microseconds (a short GPU kernel): the
+        awaiting task calls ``check()`` after each of its loop turns (with a
+        backoff) for up to ``budget_s`` seconds, then parks until the dispatch
+        settles. ``check`` must be cheap and non-blocking, callable from the
+        loop's thread, and settle the dispatch itself (`resolve`/`fail`) when it
+        sees the work finished; its return value is ignored. The backend must
+        still settle the dispatch on its own (a completion thread) if nobody
+        polls; settling is once-only, so a race between the two is harmless.
+        `PendingDispatch.done` calls ``check()`` too.
+        """
+        core = self._core
+        core.poll_budget = budget_s
+        core.poll = check
 
     def record_phase(self, name: str, start_ns: int, end_ns: int) -> None:
         """Record an interval (``time.time_ns()`` clock) shown as a child span of the dispatch.
@@ -375,15 +644,27 @@ class DispatchCompleter:
         Names: ``vyre.compile``, ``vyre.wait``, ``vyre.upload``, ``vyre.launch``,
         ``vyre.readback``.
         """
-        self.pending.context.setdefault("phases", []).append((name, start_ns, end_ns))
+        record = self._core.record
+        if record.phases is None:
+            record.phases = [(name, start_ns, end_ns)]
+        else:
+            record.phases.append((name, start_ns, end_ns))
 
     def annotate(self, key: str, value: str | bool | int | float) -> None:
         """Attach an attribute (``vyre.stream``, ``vyre.policy.*``) to the dispatch span."""
-        self.pending.context.setdefault("attributes", {})[key] = value
+        record = self._core.record
+        if record.attributes is None:
+            record.attributes = {key: value}
+        else:
+            record.attributes[key] = value
 
     def annotate_all(self, attributes: Mapping[str, str | bool | int | float]) -> None:
         """Attach several attributes at once (as `annotate` each)."""
-        self.pending.context.setdefault("attributes", {}).update(attributes)
+        record = self._core.record
+        if record.attributes is None:
+            record.attributes = dict(attributes)
+        else:
+            record.attributes.update(attributes)
 
     def resolve(
         self,
@@ -393,33 +674,30 @@ class DispatchCompleter:
         compile_s: float | None = None,
     ) -> bool:
         """Settle with ``outputs``; return False if the dispatch had already settled (timed out)."""
-        p = self.pending
-        if p._past_deadline():  # too late: the result is a DispatchTimeout, discard this
-            p._expire()
+        core = self._core
+        if core.deadline is not None and time.monotonic() >= core.deadline:
+            core.expire(self.pending)  # too late: the result is a DispatchTimeout
             return False
-        now = time.monotonic()
-        queue = None if p._started is None else p._started - p._created
-        timing = DispatchTiming(
-            wall_s=now - p._created, queue_s=queue, device_s=device_s, compile_s=compile_s
-        )
-        return p._settle(_DONE, list(outputs), None, timing)
+        core.device_s, core.compile_s = device_s, compile_s
+        return core.settle(self.pending, _DONE, list(outputs), None)
 
     def fail(self, error: BaseException, *, compile_s: float | None = None) -> bool:
         """Settle with ``error``; foreign exceptions are wrapped in `DispatchFailed`.
 
         Returns False if the dispatch had already settled.
         """
-        if self.pending._past_deadline():
-            self.pending._expire()
+        core = self._core
+        if core.past_deadline():
+            core.expire(self.pending)
             return False
         if not isinstance(error, BackendError):
             wrapped = DispatchFailed(
-                f"dispatch {self.pending._describe()} failed: {type(error).__name__}: {error}",
+                f"dispatch {core.describe()} failed: {type(error).__name__}: {error}",
                 fix="inspect the chained exception; check inputs and backend health",
             )
             wrapped.__cause__ = error
             error = wrapped
-        return self.pending._settle(_DONE, None, error, None)
+        return core.settle(self.pending, _DONE, None, error)
 
 
 def _wait_limit(timeout: object) -> float:
@@ -463,8 +741,6 @@ def _run_callback(fn: Callable[[PendingDispatch], None], pending: PendingDispatc
 
 def _running_library() -> str | None:
     """Return ``"asyncio"`` or ``"trio"`` when called inside that running loop, else None."""
-    import asyncio
-
     try:
         asyncio.get_running_loop()
         return "asyncio"
@@ -478,29 +754,6 @@ def _running_library() -> str | None:
         except RuntimeError:
             pass
     return None
-
-
-def _thread_safe_setter(event: anyio.Event) -> Callable[[], None]:
-    """Return a function that sets ``event`` from any thread, through the running loop."""
-    if _running_library() == "trio":
-        import trio
-
-        token = trio.lowlevel.current_trio_token()
-
-        def wake_trio() -> None:
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(event.set)
-
-        return wake_trio
-    import asyncio
-
-    loop = asyncio.get_running_loop()
-
-    def wake_asyncio() -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed while the dispatch ran
-            loop.call_soon_threadsafe(event.set)
-
-    return wake_asyncio
 
 
 def _refuse_blocking_in_loop() -> None:

@@ -7,29 +7,23 @@ inputs of any size.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-
+from vyre_async import telemetry
 from vyre_async.annotations import dispatch_attributes
 from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import InvalidProgram
 from vyre_async.execution import choose_execution_mode, requested_mode
+from vyre_async.frontend import DispatchFrontEnd, InputLike, Launch
 from vyre_async.ir.program import Program
-from vyre_async.pending import DispatchCompleter, PendingDispatch
-from vyre_async.plan import BindingPlan
+from vyre_async.pending import PendingDispatch
 from vyre_async.policies.launch import ModeKind
-from vyre_async.resident import ResidentBuffer
+from vyre_async.seams import BackendLike
 
-if TYPE_CHECKING:
-    from vyre_async.backend import VyreBackend
-
-__all__ = ["CompiledPipeline", "Launch", "compile"]
-
-InputLike = np.ndarray | bytes | bytearray | memoryview | ResidentBuffer
+__all__ = ["CompiledPipeline", "InputLike", "Launch", "compile"]
 
 
 class CompiledPipeline:
@@ -47,12 +41,22 @@ class CompiledPipeline:
         source: ``"compiled"``, ``"disk"`` (loaded from the disk cache).
     """
 
-    __slots__ = ("backend", "compile_s", "config", "identity", "native", "program", "source")
+    __slots__ = (
+        "backend",
+        "compile_s",
+        "config",
+        "front",
+        "identity",
+        "native",
+        "program",
+        "source",
+    )
 
     def __init__(
         self,
         *,
-        backend: VyreBackend,
+        backend: BackendLike,
+        front: DispatchFrontEnd,
         program: Program,
         config: DispatchConfig,
         identity: PipelineIdentity,
@@ -61,6 +65,7 @@ class CompiledPipeline:
         source: str,
     ) -> None:
         self.backend = backend
+        self.front = front
         self.program = program
         self.config = config
         self.identity = identity
@@ -76,6 +81,7 @@ class CompiledPipeline:
         """
         return CompiledPipeline(
             backend=self.backend,
+            front=self.front,
             program=program,
             config=config,
             identity=self.identity,
@@ -94,7 +100,7 @@ class CompiledPipeline:
                 (another ``ulp_budget`` or ``workgroup_override``).
             UnsupportedFeature: the config asks for something the backend lacks.
         """
-        return self.backend._dispatch_pipeline(self, inputs, config, cache_hit=True)
+        return self.front.launch(self, inputs, config, cache_hit=True)
 
     def dispatch_batch(
         self,
@@ -144,12 +150,25 @@ class CompiledPipeline:
         if mode is not None:
             decision = requested_mode(self.backend, decision, mode, config or self.config)
         planned: list[tuple[Launch, Any]] = []
+        front = self.front
         with dispatch_attributes(decision.span_attributes()):
             try:
                 for inputs in items:
-                    self.backend._dispatch_pipeline(
-                        self, inputs, config, cache_hit=True, batch=planned
-                    )
+                    trace = telemetry.start_dispatch()
+                    try:
+                        planned.append(
+                            front.prepare(
+                                self,
+                                inputs,
+                                config,
+                                cache_hit=True,
+                                trace=trace,
+                                called=time.monotonic(),
+                            )
+                        )
+                    except BaseException as exc:
+                        telemetry.fail_before_launch(trace, exc, self.backend.id, self.program)
+                        raise
             except BaseException as exc:
                 for launch, _ in planned:  # planned, never started: end their spans
                     launch.completer.fail(exc)
@@ -161,7 +180,7 @@ class CompiledPipeline:
             for launch in launches:
                 launch.completer.fail(exc)  # no-op for those already settled
             raise
-        prefetcher = self.backend.prefetcher
+        prefetcher = front.prefetcher
         if prefetcher is not None:
             for _, job in planned:
                 if job is not None:
@@ -175,34 +194,8 @@ class CompiledPipeline:
         )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Launch:
-    """Everything a backend's ``enqueue`` hook needs to run one dispatch.
-
-    Attributes:
-        pipeline: The compiled pipeline. Its ``program`` may differ from
-            ``plan.program`` in buffer counts (one pipeline serves every size);
-            use ``plan.program`` and ``plan.counts`` for sizes.
-        plan: Binding plan: the dispatched program, geometry and every buffer's count.
-        inputs: One item per input buffer: a private host array, or a
-            `ResidentBuffer` of this backend.
-        config: The dispatch config.
-        pending: The pending result handed to the caller.
-        completer: Settles ``pending``; call exactly one of ``resolve``/``fail``.
-        compile_s: Compile time this dispatch waited for.
-    """
-
-    pipeline: CompiledPipeline
-    plan: BindingPlan
-    inputs: tuple[np.ndarray | ResidentBuffer, ...]
-    config: DispatchConfig
-    pending: PendingDispatch
-    completer: DispatchCompleter
-    compile_s: float
-
-
 def compile(
-    backend: VyreBackend, program: Program, config: DispatchConfig | None = None
+    backend: BackendLike, program: Program, config: DispatchConfig | None = None
 ) -> CompiledPipeline:
     """Return ``program`` compiled for ``backend`` (memory cache → disk cache → compile).
 
@@ -210,4 +203,5 @@ def compile(
         InvalidProgram: the program does not validate.
         KernelCompileFailed: the backend's compiler rejected it.
     """
-    return backend.compile(program, config)
+    pipeline: CompiledPipeline = backend.compile(program, config)
+    return pipeline

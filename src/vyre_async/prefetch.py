@@ -40,9 +40,9 @@ from vyre_async.policies.shapes import (
 )
 
 if TYPE_CHECKING:
-    from vyre_async.backend import VyreBackend
     from vyre_async.pending import PendingDispatch
-    from vyre_async.pipeline import CompiledPipeline
+    from vyre_async.seams import PipelineLike
+    from vyre_async.store import PipelineStore
 
 __all__ = ["PrefetchJob", "PrefetchStats", "Prefetcher"]
 
@@ -100,7 +100,7 @@ class Prefetcher:
     ``backend.prefetcher``. Thread-safe: dispatches may come from any thread.
 
     Args:
-        backend: The backend whose pipelines are prefetched.
+        store: The pipeline store of the backend whose pipelines are prefetched.
         capacity: Shape fingerprints kept (default 16).
         window: Predictions in the rolling hit rate (default 64).
         max_queue: Background compiles queued or running at most; further
@@ -110,7 +110,7 @@ class Prefetcher:
 
     def __init__(
         self,
-        backend: VyreBackend,
+        store: PipelineStore,
         *,
         capacity: int = SHAPE_HISTORY_CAPACITY,
         window: int = HIT_RATE_WINDOW,
@@ -119,7 +119,8 @@ class Prefetcher:
     ) -> None:
         if max_queue < 1:
             raise InvalidProgram(f"max_queue must be >= 1, got {max_queue}", fix="pass max_queue=4")
-        self.backend = backend
+        self.store = store
+        self.backend_id = store.backend.id
         self.max_queue = max_queue
         self.idle_s = idle_s
         self._history: ShapeHistory[ShapeFingerprint] = ShapeHistory(capacity)
@@ -145,7 +146,7 @@ class Prefetcher:
     # Dispatch path (keep it cheap) ------------------------------------------------
     def observe(
         self,
-        pipeline: CompiledPipeline,
+        pipeline: PipelineLike,
         geometry: LaunchGeometry,
         cache_hit: bool,
         pending: PendingDispatch,
@@ -198,16 +199,17 @@ class Prefetcher:
                 if nxt is not None and nxt != fp and nxt[0] not in self._inflight:
                     job = self._job_for(nxt)
             if predicted is not None and telemetry.is_recording():
-                attributes = pending.context.get("attributes")
+                record = pending.record
+                attributes = record.attributes
                 if attributes is None:
-                    pending.context["attributes"] = {
+                    record.attributes = {
                         "vyre.prefetch.hit": hit,
                         "vyre.prefetch.hit_rate": rate,
                     }
                 else:
                     attributes["vyre.prefetch.hit"] = hit
                     attributes["vyre.prefetch.hit_rate"] = rate
-                telemetry.record_prefetch(self.backend.id, pipeline.program, hit)
+                telemetry.record_prefetch(self.backend_id, pipeline.program, hit)
             return job
         except Exception:  # never break a dispatch over bookkeeping
             _log.warning("shape-prediction bookkeeping failed", exc_info=True)
@@ -216,7 +218,7 @@ class Prefetcher:
     def _job_for(self, fp: ShapeFingerprint) -> PrefetchJob | None:
         """Return a compile job for ``fp`` when its pipeline is not cached (lock held)."""
         payload = self._history.payload_for(fp)
-        if payload is None or self.backend.pipelines.peek(payload[2]) is not None:
+        if payload is None or self.store.peek(payload[2]) is not None:
             return None
         return PrefetchJob(program=payload[0], config=payload[1], identity=payload[2])
 
@@ -233,7 +235,7 @@ class Prefetcher:
                 self._queue.append(job)
                 if self._worker is None:
                     self._worker = threading.Thread(
-                        target=self._serve, name=f"vyre-prefetch-{self.backend.id}", daemon=True
+                        target=self._serve, name=f"vyre-prefetch-{self.backend_id}", daemon=True
                     )
                     self._worker.start()
                 else:
@@ -259,8 +261,8 @@ class Prefetcher:
     def _compile(self, job: PrefetchJob) -> None:
         digest = job.identity.digest
         try:
-            if self.backend.pipelines.peek(job.identity) is None:
-                self.backend._compile_once(job.program, job.config, job.identity)
+            if self.store.peek(job.identity) is None:
+                self.store.compile_once(job.program, job.config, job.identity)
                 with self._lock:
                     self._compiles += 1
                     self._prefetched.add(digest)
@@ -319,4 +321,4 @@ class Prefetcher:
     def __repr__(self) -> str:
         s = self.stats()
         rate = "n/a" if s.hit_rate is None else f"{s.hit_rate:.0%}"
-        return f"<Prefetcher {self.backend.id} hit rate {rate} over {s.window}>"
+        return f"<Prefetcher {self.backend_id} hit rate {rate} over {s.window}>"

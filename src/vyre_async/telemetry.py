@@ -34,8 +34,9 @@ from vyre_async.errors import DispatchTimeout
 from vyre_async.ir.program import Program
 
 if TYPE_CHECKING:
-    from vyre_async.pending import PendingDispatch
-    from vyre_async.pipeline import Launch
+    from vyre_async.config import DispatchConfig
+    from vyre_async.pending import DispatchRecord, PendingDispatch
+    from vyre_async.plan import BindingPlan
 
 __all__ = [
     "DispatchTrace",
@@ -207,14 +208,26 @@ class DispatchTrace:
     ``traced`` is False when only metrics are recorded (no SDK tracer provider).
     """
 
-    __slots__ = ("context", "parent", "start_ns", "traced")
+    __slots__ = ("parent", "record", "start_ns", "traced")
 
     def __init__(self, traced: bool) -> None:
         self.traced = traced
         self.parent: Context | None = get_current() if traced else None
         self.start_ns = time.time_ns()
-        #: The pending dispatch's context once `attach` ran (holds its span and claim).
-        self.context: dict[str, Any] | None = None
+        #: The dispatch's record once `attach` ran (holds its span and claim).
+        self.record: DispatchRecord | None = None
+
+
+class _Facts:
+    """What telemetry needs of a dispatch that depends only on its launch shape."""
+
+    __slots__ = ("bytes_in", "bytes_out", "label_attrs", "labels")
+
+    def __init__(self, labels: tuple[tuple[str, str], ...], bytes_in: int, bytes_out: int) -> None:
+        self.labels = labels
+        self.label_attrs = dict(labels)
+        self.bytes_in = bytes_in
+        self.bytes_out = bytes_out
 
 
 def start_dispatch() -> DispatchTrace | None:
@@ -260,11 +273,15 @@ def fail_before_launch(
     """Record a dispatch that ``dispatch()`` itself rejected, before any launch."""
     if started is None:
         return
-    attached = started.context
-    if attached is not None and attached.pop("open", None) is None:
-        return  # the dispatch already settled and was counted (its span ended)
+    record = started.record
+    span = None
+    if record is not None:
+        with _claim_lock:
+            if not record.claimed:
+                return  # the dispatch already settled and was counted (its span ended)
+            record.claimed = False
+            span, record.span = record.span, None
     if started.traced:
-        span = None if attached is None else attached.pop("span", None)
         if span is None:  # raised before attach: open the span now
             span = _open(started, _program_attributes(backend_id, program))
         span.set_attribute("vyre.error.code", int(getattr(error, "code", 0)))
@@ -277,45 +294,59 @@ def fail_before_launch(
     _tallies.add("vyre.dispatch.count", (*labels, ("vyre.status", "rejected")))
 
 
-def attach(started: DispatchTrace | None, launch: Launch, *, cache_hit: bool) -> None:
+#: Guards the once-only claim of a dispatch's outcome (finish, cancelled await, rejection).
+_claim_lock = threading.Lock()
+
+
+def attach(
+    started: DispatchTrace | None,
+    pending: PendingDispatch,
+    plan: BindingPlan,
+    config: DispatchConfig,
+    backend_id: str,
+) -> None:
     """Open the dispatch span with the launch's attributes; end it when the dispatch settles."""
     if started is None:
         return
-    pending = launch.pending
-    plan = launch.plan
     program = plan.program
-    backend_id = launch.pipeline.backend.id
-    context = pending.context
-    extra = context.get("attributes")  # arm-scheduler / batch verdicts, known by now
+    record = pending.record
+    extra = record.attributes  # arm-scheduler / batch verdicts, known by now
     if started.traced:
         attributes = _program_attributes(backend_id, program)
         attributes["vyre.launch.grid"] = plan.geometry.grid
         attributes["vyre.launch.workgroup"] = plan.geometry.workgroup
         attributes["vyre.bytes.in"] = plan.bytes_in
         attributes["vyre.bytes.out"] = plan.bytes_out
-        attributes["vyre.pipeline.cache_hit"] = cache_hit
-        if launch.config.label:
-            attributes["vyre.label"] = launch.config.label
-        if launch.config.profile:
-            attributes["vyre.profile"] = launch.config.profile
+        attributes["vyre.pipeline.cache_hit"] = record.cache_hit
+        if config.label:
+            attributes["vyre.label"] = config.label
+        if config.profile:
+            attributes["vyre.profile"] = config.profile
         if extra:
             attributes.update(extra)
-            context["attributes_sent"] = dict(extra)
-        context["span"] = _open(started, attributes)
-    context["open"] = True  # claimed once: by finish, await-cancelled or fail_before_launch
-    started.context = context
-    labels = _labels(backend_id, program)
-    context["labels"] = labels
-    context["label_attrs"] = dict(labels)
-    context["bytes"] = (plan.bytes_in, plan.bytes_out)
-    context["await_cancelled"] = _await_cancelled
+            record.sent = dict(extra)
+        record.span = _open(started, attributes)
+    record.claimed = True  # claimed once: by finish, await-cancelled or fail_before_launch
+    started.record = record
+    record.trace = _Facts(_labels(backend_id, program), plan.bytes_in, plan.bytes_out)
+    record.on_await_cancelled = _await_cancelled
     pending.add_done_callback(finish_dispatch)
 
 
+def _claim(record: DispatchRecord) -> tuple[bool, Span | None]:
+    with _claim_lock:
+        if not record.claimed:
+            return False, None
+        record.claimed = False
+        span, record.span = record.span, None
+        return True, span
+
+
 def _await_cancelled(pending: PendingDispatch) -> None:
-    if pending.context.pop("open", None) is None:  # atomic claim: finish ran first
+    record = pending.record
+    claimed, span = _claim(record)
+    if not claimed:  # finish ran first
         return
-    span: Span | None = pending.context.pop("span", None)
     if span is not None:
         if span.is_recording():
             span.set_attribute("vyre.await.cancelled", True)
@@ -325,38 +356,42 @@ def _await_cancelled(pending: PendingDispatch) -> None:
                 )
             )
         span.end()
-    _tallies.add("vyre.dispatch.count", (*pending.context["labels"], ("vyre.status", "cancelled")))
+    _tallies.add("vyre.dispatch.count", (*record.trace.labels, ("vyre.status", "cancelled")))
 
 
 def finish_dispatch(pending: PendingDispatch) -> None:
     """End the dispatch span with the outcome, timing, phases and backend attributes."""
-    context = pending.context
-    labels: tuple[tuple[str, str], ...] = context["labels"]
+    record = pending.record
+    facts: _Facts = record.trace
+    labels = facts.labels
     timing = pending.timing
-    error = pending._error
+    error = pending.exception()
     status = (
         "ok" if error is None else ("timeout" if isinstance(error, DispatchTimeout) else "error")
     )
-    cache = "vyre.pipeline.cache.hits" if context["cache_hit"] else "vyre.pipeline.cache.misses"
+    cache = "vyre.pipeline.cache.hits" if record.cache_hit else "vyre.pipeline.cache.misses"
     counts = [(cache, labels, 1)]
-    if context.pop("open", None) is not None:  # atomic claim: not counted as cancelled
+    claimed, span = _claim(record)
+    if claimed:  # not counted as cancelled
         counts.append(("vyre.dispatch.count", (*labels, ("vyre.status", status)), 1))
-        span: Span | None = context.pop("span", None)
         if span is not None:
             _end_span(span, pending, error)
     if error is None:
-        bytes_in, bytes_out = context["bytes"]
-        counts += [("vyre.bytes.in", labels, bytes_in), ("vyre.bytes.out", labels, bytes_out)]
+        counts += [
+            ("vyre.bytes.in", labels, facts.bytes_in),
+            ("vyre.bytes.out", labels, facts.bytes_out),
+        ]
     _tallies.add_many(counts)
     if timing is not None and timing.wall_s is not None:
-        _latency.record(timing.wall_s, context["label_attrs"])
+        _latency.record(timing.wall_s, facts.label_attrs)
     if timing is not None and timing.device_s is not None:
-        _device.record(timing.device_s, context["label_attrs"])
+        _device.record(timing.device_s, facts.label_attrs)
 
 
 def _end_span(span: Span, pending: PendingDispatch, error: BaseException | None) -> None:
     if span.is_recording():
-        phases = pending.context.get("phases")
+        record = pending.record
+        phases = record.phases
         if phases:
             parent = trace.set_span_in_context(span)
             for name, start_ns, end_ns in phases:
@@ -364,9 +399,9 @@ def _end_span(span: Span, pending: PendingDispatch, error: BaseException | None)
                 child.end(end_time=max(start_ns, end_ns))
         timing = pending.timing
         final: dict[str, AttributeValue] = {}
-        later = pending.context.get("attributes")
+        later = record.attributes
         if later:  # set since attach (prefetch outcome, backend annotations)
-            sent = pending.context.get("attributes_sent", {})
+            sent = record.sent or {}
             final = {k: v for k, v in later.items() if k not in sent or sent[k] != v}
         if timing is not None and timing.device_s is not None:
             final["vyre.device.time_s"] = timing.device_s

@@ -46,7 +46,7 @@ def _variants(case: Case, n: int) -> list[list[np.ndarray]]:
 
 
 def _attributes(pending: PendingDispatch) -> dict[str, Any]:
-    return dict(pending.context.get("attributes", {}))
+    return dict(pending.record.attributes or {})
 
 
 def _check_items(case: Case, batch: list[list[np.ndarray]], results: list[Any]) -> None:

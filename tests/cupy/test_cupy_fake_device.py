@@ -121,10 +121,10 @@ async def test_outputs_are_private_arrays_with_device_timing_and_phases(
     assert outputs[0].tolist() == (a ^ (a * 3)).tolist()
     assert outputs[0].flags.owndata and outputs[0].flags.writeable
     assert pending.timing is not None and pending.timing.device_s is not None
-    phases = [name for name, _, _ in pending.context["phases"]]
+    phases = [name for name, _, _ in pending.record.phases]
     assert phases[-3:] == ["vyre.upload", "vyre.launch", "vyre.readback"]
-    assert all(start <= end for _, start, end in pending.context["phases"])
-    assert "vyre.stream" in pending.context["attributes"]
+    assert all(start <= end for _, start, end in pending.record.phases)
+    assert "vyre.stream" in pending.record.attributes
 
 
 @pytest.mark.anyio

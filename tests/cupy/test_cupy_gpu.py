@@ -124,7 +124,7 @@ def test_device_timing_phases_and_one_completion_thread(gpu: CupyBackend) -> Non
         assert np.array_equal(pending.result()[0], a ^ k)
     timing = pendings[-1].timing
     assert timing is not None and timing.device_s is not None and timing.device_s > 0
-    phases = [name for name, _, _ in pendings[-1].context["phases"]]
+    phases = [name for name, _, _ in pendings[-1].record.phases]
     assert phases[-3:] == ["vyre.upload", "vyre.launch", "vyre.readback"]
 
 
@@ -210,4 +210,4 @@ def test_large_persistent_batch_loops_its_blocks_over_every_task(gpu: CupyBacken
         pendings = pipeline.dispatch_batch(batch, mode=mode)
         for (a, b), pending in zip(batch, pendings, strict=True):
             np.testing.assert_array_equal(pending.result()[0], a ^ b)
-            assert pending.context["attributes"]["vyre.batch.mode"] == mode
+            assert pending.record.attributes["vyre.batch.mode"] == mode

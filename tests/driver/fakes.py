@@ -79,22 +79,20 @@ class DelayBackend(BytesBackend):
     def __init__(self, delay: float = 0.001, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.delay = delay
-        self._queue: queue.SimpleQueue[Launch | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Launch, int] | None] = queue.SimpleQueue()
         self._worker = threading.Thread(target=self._serve, daemon=True)
         self._worker.start()
 
     def enqueue(self, launch: Launch) -> PendingDispatch:
-        launch.pending.context["enqueued_ns"] = time.time_ns()
-        self._queue.put(launch)
+        self._queue.put((launch, time.time_ns()))
         return launch.pending
 
     def _serve(self) -> None:
-        while (launch := self._queue.get()) is not None:
+        while (item := self._queue.get()) is not None:
+            launch, enqueued_ns = item
             started = time.time_ns()
             launch.completer.mark_started()
-            launch.completer.record_phase(
-                "vyre.wait", launch.pending.context["enqueued_ns"], started
-            )
+            launch.completer.record_phase("vyre.wait", enqueued_ns, started)
             time.sleep(self.delay)
             outputs = [
                 np.zeros(launch.plan.count_of(d.name), d.dtype.numpy) for d in launch.plan.outputs

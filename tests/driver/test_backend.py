@@ -71,8 +71,8 @@ def test_miss_reasons() -> None:
     backend.compile(elementwise_xor(8), DispatchConfig(ulp_budget=1, timeout=3, label="x"))
     assert backend.pipelines.last_miss_reason == "policy_changed"  # the previous was a hit
     assert backend.cache_stats().hits == 1
-    backend._device_key = "another-gpu"  # as if the driver changed under a new process
-    backend._identities.clear()
+    backend.store._device_key = "another-gpu"  # as if the driver changed under a new process
+    backend.store._identities.clear()
     backend.compile(elementwise_xor(8))
     assert backend.pipelines.last_miss_reason == "device_changed"
     assert backend.cache_stats().miss_reasons == {
@@ -122,8 +122,8 @@ def test_dispatch_outputs_and_launch_plan() -> None:
     launch = backend.launches[-1]
     assert launch.plan.geometry.grid == (1, 1, 1)
     assert launch.config.label == "L"
-    assert pending.context["cache_hit"] is False
-    assert backend.dispatch(elementwise_xor(10), _xor_inputs(10)).context["cache_hit"] is True
+    assert pending.record.cache_hit is False
+    assert backend.dispatch(elementwise_xor(10), _xor_inputs(10)).record.cache_hit is True
 
 
 def test_inputs_are_copied_before_dispatch_returns() -> None:

@@ -316,10 +316,10 @@ def test_dispatch_batch_records_the_verdict_on_every_span(tmp_path: Path) -> Non
     inputs = [np.zeros(64, np.uint32)] * 2
     pendings = pipeline.dispatch_batch([inputs] * 500)
     assert len(pendings) == 500
-    attrs = [dict(p.context.get("attributes", {})) for p in pendings]
+    attrs = [dict(p.record.attributes or {}) for p in pendings]
     assert all(a["vyre.policy.execution_mode"] == "persistent" for a in attrs)
     small = pipeline.dispatch_batch([inputs] * 3)
-    assert small[0].context["attributes"]["vyre.policy.execution_mode"] == "plain"
+    assert small[0].record.attributes["vyre.policy.execution_mode"] == "plain"
 
 
 def test_dispatch_batch_on_the_reference_backend_is_plain() -> None:
@@ -328,7 +328,7 @@ def test_dispatch_batch_on_the_reference_backend_is_plain() -> None:
     pendings = pipeline.dispatch_batch([[np.ones(64, np.uint32)] * 2] * 4)
     for pending in pendings:
         assert pending.result()[0].tolist() == [0] * 64
-        attrs = pending.context["attributes"]
+        attrs = pending.record.attributes
         assert attrs["vyre.policy.execution_mode"] == "plain"
         assert attrs["vyre.policy.execution_mode.reason"] == "unsupported_by_backend"
 

@@ -49,7 +49,7 @@ class RecordingBackend(ReferenceBackend):
         return super().enqueue(launch)
 
     def attributes(self) -> list[dict[str, Any]]:
-        return [dict(p.context.get("attributes", {})) for p in self.launched]
+        return [dict(p.record.attributes or {}) for p in self.launched]
 
 
 class HostOnlyBackend(RecordingBackend):

@@ -67,7 +67,7 @@ def _recording(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _attrs(pending: PendingDispatch) -> dict[str, Any]:
-    return dict(pending.context.get("attributes", {}))
+    return dict(pending.record.attributes or {})
 
 
 @pytest.mark.anyio
@@ -103,7 +103,7 @@ async def test_cyclic_workload_prefetches_every_pipeline_after_warm_up() -> None
         pendings.append(pending)
     after = pendings[warm_up:]
     for pending in after:
-        assert pending.context["cache_hit"] is True
+        assert pending.record.cache_hit is True
         assert pending.timing is not None and pending.timing.compile_s == 0.0
         assert _attrs(pending)["vyre.prefetch.hit"] is True
     stats = prefetcher.stats()
@@ -131,7 +131,7 @@ async def test_without_prefetch_every_cycled_dispatch_waits_for_a_compile() -> N
         pending = backend.dispatch([A, B, C][k % 3], INPUTS)
         await pending
         pendings.append(pending)
-    assert all(p.context["cache_hit"] is False for p in pendings)
+    assert all(p.record.cache_hit is False for p in pendings)
     assert len(backend.builds) == 9
     await backend.shutdown()
 
@@ -353,7 +353,7 @@ async def test_a_dispatch_racing_the_prefetcher_waits_for_its_compile() -> None:
     b_builds = [thread for op, thread in backend.builds if op == B.op_id]
     assert len(b_builds) == 2  # cold + one prefetch, not 3
     assert b_builds[-1].startswith("vyre-prefetch")
-    assert pending.context["cache_hit"] is False  # it missed and waited for the running build
+    assert pending.record.cache_hit is False  # it missed and waited for the running build
     await backend.shutdown()
 
 

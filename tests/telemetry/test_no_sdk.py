@@ -65,7 +65,7 @@ def test_no_sdk_means_no_telemetry_work_then_an_sdk_turns_spans_on() -> None:
         assert telemetry.is_enabled() and not telemetry.is_recording()
         assert telemetry.start_dispatch() is None
         before = dispatch()
-        assert "labels" not in before.context and "span" not in before.context
+        assert before.record.trace is None and before.record.span is None
 
         exporter = InMemorySpanExporter()
         provider = TracerProvider()
@@ -93,7 +93,7 @@ def test_metrics_only_sdk_counts_dispatches_without_spans() -> None:
         assert started is not None and not started.traced
         pending = dispatch()
         dispatch()
-        assert "span" not in pending.context
+        assert pending.record.span is None and pending.record.trace is not None
         assert dispatch_counts(reader) == 2
         """
     )

@@ -404,7 +404,7 @@ class ReferenceBackend(VyreBackend):
         """
         self.check_open()
         dtype, array = upload_request(
-            data, label=label, max_bytes=self._capabilities_once().max_storage_buffer_bytes
+            data, label=label, max_bytes=self.front.capabilities().max_storage_buffer_bytes
         )
         return self._keep(dtype, array, label)
 
@@ -419,7 +419,7 @@ class ReferenceBackend(VyreBackend):
         """
         self.check_open()
         kind, elements = alloc_request(
-            dtype, count, max_bytes=self._capabilities_once().max_storage_buffer_bytes
+            dtype, count, max_bytes=self.front.capabilities().max_storage_buffer_bytes
         )
         try:
             array = np.zeros(elements, kind.numpy)

@@ -1,0 +1,447 @@
+"""The dispatch front end: check inputs, plan, make the launch record, enqueue.
+
+Every dispatch — ``backend.dispatch``, ``pipeline.dispatch``, each item of
+``pipeline.dispatch_batch`` — goes through `DispatchFrontEnd.launch` once its
+pipeline is known (`vyre_async.store` finds or compiles it). The work splits
+in two:
+
+* what depends only on the pipeline, the config and the input sizes — the
+  config checks, the declared-size checks, the binding plan, the output-size
+  limit, the workgroup limits — is done once per launch shape and kept in a
+  `LaunchTemplate` (a small LRU per front end, keyed by the program and config
+  objects and the input sizes);
+* what depends on this call — copying each host input once, the
+  `PendingDispatch`, the `Launch` record, the telemetry span, the prefetcher's
+  bookkeeping — is all a warm dispatch pays.
+
+Then the backend's ``enqueue`` hook starts the work. The front end reaches the
+backend only through its public hooks (`vyre_async.seams.BackendLike`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from vyre_async import telemetry
+from vyre_async.annotations import current_dispatch_attributes
+from vyre_async.cache.identity import policy_digest
+from vyre_async.capabilities import BackendCapabilities
+from vyre_async.config import DispatchConfig
+from vyre_async.errors import InvalidProgram, UnsupportedFeature
+from vyre_async.ir.program import Program
+from vyre_async.pending import DispatchCompleter, PendingDispatch
+from vyre_async.plan import (
+    BindingPlan,
+    LaunchGeometry,
+    check_buffer_bytes,
+    check_input_count,
+    normalize_input,
+    plan_dispatch,
+)
+from vyre_async.resident import ResidentBuffer
+from vyre_async.seams import BackendLike, PipelineLike
+
+__all__ = ["DispatchFrontEnd", "InputLike", "Launch", "LaunchTemplate", "as_config"]
+
+InputLike = np.ndarray | bytes | bytearray | memoryview | ResidentBuffer
+
+#: Launch shapes one front end remembers (least recently used dropped first).
+TEMPLATE_CAPACITY = 256
+
+
+class Launch:
+    """Everything a backend's ``enqueue`` hook needs to run one dispatch (read-only).
+
+    Attributes:
+        pipeline: The compiled pipeline. Its ``program`` may differ from
+            ``plan.program`` in buffer counts (one pipeline serves every size);
+            use ``plan.program`` and ``plan.counts`` for sizes.
+        plan: Binding plan: the dispatched program, geometry and every buffer's count.
+        inputs: One item per input buffer: a private host array, or a
+            `ResidentBuffer` of this backend.
+        config: The dispatch config.
+        pending: The pending result handed to the caller.
+        completer: Settles ``pending``; call exactly one of ``resolve``/``fail``.
+        compile_s: Compile time this dispatch waited for.
+        template: The `LaunchTemplate` of this launch shape: a backend may keep
+            what it derives from the shape alone in ``template.backend_state``.
+    """
+
+    __slots__ = (
+        "compile_s",
+        "completer",
+        "config",
+        "inputs",
+        "pending",
+        "pipeline",
+        "plan",
+        "template",
+    )
+
+    def __init__(
+        self,
+        *,
+        pipeline: Any,
+        plan: BindingPlan,
+        inputs: tuple[np.ndarray | ResidentBuffer, ...],
+        config: DispatchConfig,
+        pending: PendingDispatch,
+        completer: DispatchCompleter,
+        compile_s: float,
+        template: LaunchTemplate | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.plan = plan
+        self.inputs = inputs
+        self.config = config
+        self.pending = pending
+        self.completer = completer
+        self.compile_s = compile_s
+        self.template = template
+
+    def __repr__(self) -> str:
+        return f"<Launch {self.plan.program.op_id or 'program'} {self.plan.geometry}>"
+
+
+class LaunchTemplate:
+    """What one launch shape (program, config, input sizes) fixes for every dispatch of it.
+
+    Attributes:
+        program: The dispatched program.
+        config: The dispatch config.
+        plan: The binding plan.
+        backend_state: Free for the backend's per-shape facts (kernel arguments,
+            arena layout); None until the backend sets it.
+    """
+
+    __slots__ = ("backend_state", "config", "plan", "program")
+
+    def __init__(self, program: Program, config: DispatchConfig, plan: BindingPlan) -> None:
+        self.program = program
+        self.config = config
+        self.plan = plan
+        self.backend_state: Any = None
+
+
+class PrefetchHook(Protocol):
+    """The prefetcher as the front end calls it (`vyre_async.prefetch.Prefetcher`)."""
+
+    def observe(
+        self,
+        pipeline: Any,
+        geometry: LaunchGeometry,
+        cache_hit: bool,
+        pending: PendingDispatch,
+    ) -> Any: ...
+
+    def schedule(self, job: Any) -> None: ...
+
+
+class _Unstarted:
+    """Marks a `DispatchFrontEnd.launch` call whose dispatch trace has not started yet."""
+
+
+UNSTARTED: Any = _Unstarted()
+
+
+def as_config(config: object, default: DispatchConfig) -> DispatchConfig:
+    """Return ``config`` (``default`` for None), refusing anything that is not a config.
+
+    Raises:
+        InvalidProgram: ``config`` is neither None nor a `DispatchConfig`.
+    """
+    if config is None:
+        return default
+    if isinstance(config, DispatchConfig):
+        return config
+    raise InvalidProgram(
+        f"config must be a DispatchConfig or None, got a {type(config).__name__}",
+        fix="pass DispatchConfig(...), e.g. DispatchConfig(timeout=1.0)",
+    )
+
+
+class DispatchFrontEnd:
+    """The front half of every dispatch of one backend (created by `VyreBackend`).
+
+    Args:
+        backend: The backend whose ``enqueue`` hook starts the work.
+        prefetcher: The shape-prediction prefetcher, or None.
+    """
+
+    def __init__(self, backend: BackendLike, prefetcher: PrefetchHook | None) -> None:
+        self.backend = backend
+        self.prefetcher = prefetcher
+        self._by_id: OrderedDict[
+            tuple[int, int, tuple[int, ...]], tuple[Program, DispatchConfig, LaunchTemplate]
+        ] = OrderedDict()
+        self._by_value: OrderedDict[
+            tuple[Program, DispatchConfig, tuple[int, ...]], LaunchTemplate
+        ] = OrderedDict()
+        self._caps: BackendCapabilities | None = None
+
+    def capabilities(self) -> BackendCapabilities:
+        """Return the backend's capabilities, read once (the checks use its limits)."""
+        if self._caps is None:
+            self._caps = self.backend.capabilities()
+        return self._caps
+
+    # The dispatch path -------------------------------------------------------------
+    def launch(
+        self,
+        pipeline: PipelineLike,
+        inputs: Sequence[InputLike],
+        config: DispatchConfig | None,
+        *,
+        cache_hit: bool,
+        compile_s: float = 0.0,
+        trace: Any = UNSTARTED,
+        compile_phase: tuple[int, int] | None = None,
+        program: Program | None = None,
+        called: float | None = None,
+    ) -> PendingDispatch:
+        """Plan one dispatch of ``program`` (default: the pipeline's) and enqueue it.
+
+        ``program`` may differ from ``pipeline.program`` in buffer counts only
+        (they share a kernel digest). ``trace`` is the `telemetry.DispatchTrace`
+        started by the caller; left out, the dispatch span starts here.
+
+        Raises:
+            InvalidProgram: wrong inputs, or ``config`` needs different code.
+            UnsupportedFeature: the config asks for something the backend lacks.
+            BackendClosed: the backend was closed.
+        """
+        own_trace = trace is UNSTARTED  # pipeline.dispatch(): the span starts here
+        if own_trace:
+            trace = telemetry.start_dispatch()
+            called = time.monotonic() if called is None else called
+        try:
+            launch, job = self.prepare(
+                pipeline,
+                inputs,
+                config,
+                cache_hit=cache_hit,
+                compile_s=compile_s,
+                trace=trace,
+                compile_phase=compile_phase,
+                program=program,
+                called=called,
+            )
+            pending = self.backend.enqueue(launch)
+        except BaseException as exc:
+            if own_trace:  # otherwise the caller that started the trace reports it
+                telemetry.fail_before_launch(
+                    trace, exc, self.backend.id, program or pipeline.program
+                )
+            raise
+        if job is not None and self.prefetcher is not None:
+            self.prefetcher.schedule(job)
+        return pending
+
+    def prepare(
+        self,
+        pipeline: PipelineLike,
+        inputs: Sequence[InputLike],
+        config: DispatchConfig | None,
+        *,
+        cache_hit: bool,
+        compile_s: float = 0.0,
+        trace: Any = None,
+        compile_phase: tuple[int, int] | None = None,
+        program: Program | None = None,
+        called: float | None = None,
+    ) -> tuple[Launch, Any]:
+        """Check and plan one dispatch; return its `Launch` and prefetch job, enqueue nothing.
+
+        `CompiledPipeline.dispatch_batch` plans every item this way before it
+        starts any; `launch` is this followed by the backend's ``enqueue``.
+
+        Raises:
+            InvalidProgram: wrong inputs, or ``config`` needs different code.
+            UnsupportedFeature: the config asks for something the backend lacks.
+            BackendClosed: the backend was closed.
+        """
+        backend = self.backend
+        if backend.closed:
+            backend.check_open()
+        cfg = pipeline.config if config is None else as_config(config, pipeline.config)
+        program = program or pipeline.program
+        check_input_count(program, inputs)
+        limit = self.capabilities().max_storage_buffer_bytes
+        prepared = tuple(
+            _prepare_input(decl, value, limit, backend)
+            for decl, value in zip(program.inputs, inputs, strict=True)
+        )
+        sizes = tuple(
+            item.count if isinstance(item, ResidentBuffer) else item.size for item in prepared
+        )
+        template = self.template(pipeline, program, cfg, sizes)
+        pending, completer = PendingDispatch.create(
+            timeout=cfg.timeout, label=cfg.label, created=called
+        )
+        record = pending.record
+        record.cache_hit = cache_hit
+        extra = current_dispatch_attributes()  # arm scheduler / batch verdicts
+        if extra is not None:
+            record.attributes = dict(extra)
+        if compile_phase is not None:
+            completer.record_phase("vyre.compile", *compile_phase)
+        plan = template.plan
+        launch = Launch(
+            pipeline=pipeline,
+            plan=plan,
+            inputs=prepared,
+            config=cfg,
+            pending=pending,
+            completer=completer,
+            compile_s=compile_s,
+            template=template,
+        )
+        if trace is not None:
+            telemetry.attach(trace, pending, plan, cfg, backend.id)
+        prefetcher = self.prefetcher
+        if prefetcher is None or cfg.speculation == "disable":
+            return launch, None
+        # Shape prediction: score and record before the enqueue (the span may end
+        # inside it); the caller starts a predicted compile after it.
+        return launch, prefetcher.observe(pipeline, plan.geometry, cache_hit, pending)
+
+    def template(
+        self,
+        pipeline: PipelineLike,
+        program: Program,
+        config: DispatchConfig,
+        sizes: tuple[int, ...],
+    ) -> LaunchTemplate:
+        """Return the `LaunchTemplate` of this launch shape, checking and planning it once.
+
+        Raises:
+            InvalidProgram: the config needs different code than ``pipeline``, a
+                declared buffer or the outputs are too large, or the plan fails.
+            UnsupportedFeature: the config forces a feature the backend lacks.
+        """
+        key = (id(program), id(config), sizes)  # the same objects again: no hashing
+        by_id = self._by_id
+        seen = by_id.get(key)
+        if seen is not None and seen[0] is program and seen[1] is config:
+            return seen[2]
+        by_value = self._by_value
+        value_key = (program, config, sizes)  # equal objects (a new but equal config)
+        found = by_value.get(value_key)
+        if found is None:
+            found = self._plan(pipeline, program, config, sizes)
+            by_value[value_key] = found
+            if len(by_value) > TEMPLATE_CAPACITY:
+                by_value.popitem(last=False)
+        by_id[key] = (program, config, found)  # holds them: their ids stay theirs
+        if len(by_id) > TEMPLATE_CAPACITY:
+            by_id.popitem(last=False)
+        return found
+
+    def _plan(
+        self,
+        pipeline: PipelineLike,
+        program: Program,
+        cfg: DispatchConfig,
+        sizes: tuple[int, ...],
+    ) -> LaunchTemplate:
+        if cfg is not pipeline.config and policy_digest(cfg) != policy_digest(pipeline.config):
+            raise InvalidProgram(
+                "this pipeline was compiled for another ulp_budget/workgroup_override",
+                fix="compile a pipeline for this config: backend.compile(program, config)",
+            )
+        if cfg.speculation == "force" or cfg.cooperative or cfg.persistent_thread == "force":
+            self._check_forced(cfg)
+        caps = self.capabilities()
+        limit = caps.max_storage_buffer_bytes
+        if limit:
+            for decl in program.buffers:
+                check_buffer_bytes(4 * decl.count, limit, f"buffer {decl.name!r} as declared")
+        plan = plan_dispatch(
+            program,
+            sizes,
+            grid_override=cfg.grid_override,
+            workgroup_override=cfg.workgroup_override,
+        )
+        if cfg.workgroup_override is not None:
+            self._check_workgroup(plan.geometry.workgroup, caps)
+        if cfg.max_output_bytes is not None and plan.bytes_out > cfg.max_output_bytes:
+            raise InvalidProgram(
+                f"the outputs would take {plan.bytes_out} bytes, over max_output_bytes="
+                f"{cfg.max_output_bytes}",
+                fix="raise DispatchConfig.max_output_bytes or dispatch less data",
+            )
+        return LaunchTemplate(program, cfg, plan)
+
+    def _check_workgroup(self, workgroup: tuple[int, int, int], caps: BackendCapabilities) -> None:
+        """Refuse a workgroup over the backend's reported limits (not reported: IR limits only)."""
+        per_axis, lanes = caps.max_workgroup_size, caps.max_workgroup_lanes
+        if lanes <= 1:  # the conservative default record: nothing reported
+            return
+        total = workgroup[0] * workgroup[1] * workgroup[2]
+        if total > lanes or any(w > m for w, m in zip(workgroup, per_axis, strict=True)):
+            raise UnsupportedFeature(
+                f"workgroup_override {workgroup} exceeds backend {self.backend.id!r}'s limits "
+                f"(at most {per_axis} per axis, {lanes} lanes)",
+                fix="choose a workgroup within backend.capabilities().max_workgroup_size",
+                feature="workgroup size",
+            )
+
+    def _check_forced(self, config: DispatchConfig) -> None:
+        """Refuse what a config forces and this backend lacks (called only when one is forced)."""
+        backend_id = self.backend.id
+        if config.speculation == "force" and self.prefetcher is None:
+            raise UnsupportedFeature(
+                f"backend {backend_id!r} was built with prefetch=False, so it cannot honour "
+                'DispatchConfig(speculation="force")',
+                fix='use speculation="auto", or build the backend with prefetch=True',
+                feature="speculation",
+            )
+        caps = self.capabilities()
+        if config.cooperative and not caps.grid_sync:
+            raise UnsupportedFeature(
+                f"backend {backend_id!r} cannot run cooperative (grid-sync) launches",
+                fix="set DispatchConfig(cooperative=False) or use a backend with grid_sync",
+                feature="grid_sync",
+            )
+        if config.persistent_thread == "force" and not caps.persistent_threads:
+            raise UnsupportedFeature(
+                f"backend {backend_id!r} has no persistent-thread execution",
+                fix='use DispatchConfig(persistent_thread="auto")',
+                feature="persistent_threads",
+            )
+
+
+def _prepare_input(
+    decl: Any, value: object, limit: int, backend: BackendLike
+) -> np.ndarray | ResidentBuffer:
+    """Check one input (and copy a host one); ``limit``: largest buffer in bytes, 0 = none."""
+    if isinstance(value, ResidentBuffer):
+        value.native(backend)  # ownership (this instance) and liveness
+        if value.dtype is not decl.dtype:
+            raise InvalidProgram(
+                f"resident buffer #{value.id} holds {value.dtype.value}; buffer "
+                f"{decl.name!r} is {decl.dtype.value}",
+                fix="upload the data with the buffer's dtype",
+            )
+        if decl.count and value.count != decl.count:
+            raise InvalidProgram(
+                f"resident buffer #{value.id} has {value.count} elements; buffer "
+                f"{decl.name!r} declares count={decl.count}",
+                fix=f"pass a buffer of exactly {decl.count} elements",
+            )
+        return value
+    if limit:  # checked before anything is copied: a huge (broadcast) input fails fast
+        if isinstance(value, np.ndarray):
+            nbytes = 4 * value.size
+        elif isinstance(value, bytes | bytearray | memoryview):
+            nbytes = memoryview(value).nbytes
+        else:
+            nbytes = 0  # normalize_input says what is wrong with it
+        if nbytes > limit:
+            check_buffer_bytes(nbytes, limit, f"the input for buffer {decl.name!r}")
+    return normalize_input(decl, value)

@@ -1,0 +1,219 @@
+"""The pipeline store: cache identities, the memory and disk caches, compile once.
+
+One `PipelineStore` per backend instance. `PipelineStore.lookup` is what a
+dispatch pays when the pipeline is warm: a memoised identity (keyed by the
+program object and the config's policy digest) and one LRU lookup. On a miss,
+`PipelineStore.compile_once` loads the disk cache entry or calls the backend's
+``build_pipeline`` hook, and makes sure two callers (a dispatch racing the
+prefetcher, two tasks) share one compile instead of compiling twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections import OrderedDict
+from concurrent.futures import Future
+from typing import Any
+
+from vyre_async.cache.disk import DiskPipelineCache, PipelineCacheWarning
+from vyre_async.cache.identity import PipelineIdentity, pipeline_identity, policy_digest
+from vyre_async.cache.memory import MemoryPipelineCache
+from vyre_async.config import DispatchConfig
+from vyre_async.errors import BackendError, InvalidProgram, KernelCompileFailed, UnsupportedFeature
+from vyre_async.frontend import DispatchFrontEnd
+from vyre_async.ir.expr import Atomic, Bin, Un
+from vyre_async.ir.program import Program
+from vyre_async.ir.validate import validate_or_raise
+from vyre_async.ir.walk import iter_exprs
+from vyre_async.pipeline import CompiledPipeline
+from vyre_async.seams import BackendLike
+
+__all__ = ["PipelineStore", "ops_used"]
+
+
+def ops_used(program: Program) -> frozenset[str]:
+    """Return the operations ``program`` uses, named as in `CORE_OPS` (memoised)."""
+    cached = program.memo.get("ops_used")
+    if cached is None:
+        found: set[str] = set()
+        for expr in iter_exprs(program.body):
+            if isinstance(expr, Bin):
+                found.add(f"bin.{expr.op.value}")
+            elif isinstance(expr, Un):
+                found.add(f"un.{expr.op.value}")
+            elif isinstance(expr, Atomic):
+                found.add(f"atomic.{expr.op.value}")
+        cached = frozenset(found)
+        program.memo["ops_used"] = cached
+    return frozenset(cached)
+
+
+class PipelineStore:
+    """Compiled pipelines of one backend: identity memo, memory LRU, disk cache, compile-once.
+
+    Args:
+        backend: The backend whose hooks build, serialise and load pipelines.
+        front: The backend's dispatch front end (the pipelines dispatch through it).
+        capacity: Entries of the in-memory LRU (the identity memo keeps 4x as many).
+        disk_cache: Where serialised pipelines persist across processes, or None.
+
+    Attributes:
+        memory: The in-memory LRU (``backend.pipelines``).
+        disk_cache: The disk cache, or None.
+    """
+
+    def __init__(
+        self,
+        backend: BackendLike,
+        front: DispatchFrontEnd,
+        capacity: int,
+        disk_cache: DiskPipelineCache | None,
+    ) -> None:
+        self.backend = backend
+        self.front = front
+        self.memory: MemoryPipelineCache[CompiledPipeline] = MemoryPipelineCache(capacity)
+        self.disk_cache = disk_cache
+        self._identities: OrderedDict[tuple[Program, bytes], PipelineIdentity] = OrderedDict()
+        self._identity_lock = threading.Lock()
+        self._device_key: str | None = None
+        # Compiles in progress by identity digest: a second caller waits for the first.
+        self._compiling: dict[bytes, Future[CompiledPipeline]] = {}
+        self._compiling_lock = threading.Lock()
+
+    def identity(self, program: Program, config: DispatchConfig) -> PipelineIdentity:
+        """Return the cache identity of ``program`` under ``config`` (memoised)."""
+        memo_key = (program, policy_digest(config))
+        with self._identity_lock:
+            identity = self._identities.get(memo_key)
+            if identity is not None:
+                self._identities.move_to_end(memo_key)
+                return identity
+        backend = self.backend
+        if self._device_key is None:
+            self._device_key = backend.device_fingerprint()
+        identity = pipeline_identity(
+            program,
+            config,
+            backend_id=backend.id,
+            backend_version=backend.version,
+            device_fingerprint=self._device_key,
+            compiler=backend.compiler_fingerprint(),
+            compile_options=backend.compile_options(config),
+        )
+        with self._identity_lock:
+            self._identities[memo_key] = identity
+            while len(self._identities) > 4 * self.memory.capacity:
+                self._identities.popitem(last=False)
+        return identity
+
+    def lookup(self, program: Program, config: DispatchConfig) -> tuple[CompiledPipeline, bool]:
+        """Return ``(pipeline, cache_hit)`` for ``program``: validated, cached or compiled.
+
+        Raises:
+            InvalidProgram: ``program`` is not a valid `Program`.
+            UnsupportedFeature: it uses an operation the backend lacks.
+            KernelCompileFailed: the backend's compiler rejected it.
+            BackendClosed: the backend was closed.
+        """
+        backend = self.backend
+        if backend.closed:
+            backend.check_open()
+        if not isinstance(program, Program):
+            raise InvalidProgram(
+                f"dispatch expects a Program, got {type(program).__name__}",
+                fix="build the kernel with vyre_async.ir.Program(...)",
+            )
+        validate_or_raise(program)
+        missing = ops_used(program) - backend.supported_ops()
+        if missing:
+            raise UnsupportedFeature(
+                f"backend {backend.id!r} does not implement {', '.join(sorted(missing))}",
+                fix="rewrite the program without these operations or use another backend",
+                feature=sorted(missing),
+            )
+        identity = self.identity(program, config)
+        cached = self.memory.get(identity)
+        if cached is not None:
+            return cached, True
+        return self.compile_once(program, config, identity), False
+
+    def peek(self, identity: PipelineIdentity) -> CompiledPipeline | None:
+        """Return the cached pipeline of ``identity`` without counting a lookup."""
+        return self.memory.peek(identity)
+
+    def compile_once(
+        self, program: Program, config: DispatchConfig, identity: PipelineIdentity
+    ) -> CompiledPipeline:
+        """Load or build ``identity`` and cache it; concurrent callers share one compile."""
+        digest = identity.digest
+        with self._compiling_lock:
+            ready = self.memory.peek(identity)
+            if ready is not None:  # finished while this caller was looking
+                return ready
+            running = self._compiling.get(digest)
+            if running is None:
+                mine: Future[CompiledPipeline] = Future()
+                self._compiling[digest] = mine
+        if running is not None:
+            return running.result()  # the first caller's pipeline, or its error
+        try:
+            pipeline = self._load_or_build(program, config, identity)
+            self.memory.put(identity, pipeline)
+        except BaseException as exc:
+            mine.set_exception(exc)
+            raise
+        else:
+            mine.set_result(pipeline)
+            return pipeline
+        finally:
+            with self._compiling_lock:
+                del self._compiling[digest]
+
+    def _load_or_build(
+        self, program: Program, config: DispatchConfig, identity: PipelineIdentity
+    ) -> CompiledPipeline:
+        backend = self.backend
+
+        def make(native: Any, compile_s: float, source: str) -> CompiledPipeline:
+            return CompiledPipeline(
+                backend=backend,
+                front=self.front,
+                program=program,
+                config=config,
+                identity=identity,
+                native=native,
+                compile_s=compile_s,
+                source=source,
+            )
+
+        if self.disk_cache is not None:
+            payload = self.disk_cache.get(identity.hex)
+            if payload is not None:
+                try:
+                    return make(backend.load_pipeline(payload, program, config), 0.0, "disk")
+                except Exception as exc:  # a bad entry is a miss, then overwritten
+                    warnings.warn(
+                        f"pipeline cache entry {identity.hex} could not be loaded by backend "
+                        f"{backend.id!r} ({type(exc).__name__}: {exc}); recompiling",
+                        PipelineCacheWarning,
+                        stacklevel=2,
+                    )
+        start = time.perf_counter()
+        try:
+            native = backend.build_pipeline(program, config)
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise KernelCompileFailed(
+                f"backend {backend.id!r} failed to compile {program.op_id or 'a program'}: "
+                f"{type(exc).__name__}: {exc}",
+                fix="report this with the program's wire bytes (program.to_wire())",
+            ) from exc
+        compile_s = time.perf_counter() - start
+        if self.disk_cache is not None:
+            payload = backend.serialize_pipeline(native)
+            if payload is not None:
+                self.disk_cache.put(identity.hex, payload)
+        return make(native, compile_s, "compiled")
