@@ -70,6 +70,7 @@ class Launch:
         compile_s: Compile time this dispatch waited for.
         template: The `LaunchTemplate` of this launch shape: a backend may keep
             what it derives from the shape alone in ``template.backend_state``.
+        resident: True when any input is a `ResidentBuffer` (False: host arrays only).
     """
 
     __slots__ = (
@@ -80,12 +81,12 @@ class Launch:
         "pending",
         "pipeline",
         "plan",
+        "resident",
         "template",
     )
 
     def __init__(
         self,
-        *,
         pipeline: Any,
         plan: BindingPlan,
         inputs: tuple[np.ndarray | ResidentBuffer, ...],
@@ -94,6 +95,7 @@ class Launch:
         completer: DispatchCompleter,
         compile_s: float,
         template: LaunchTemplate | None = None,
+        resident: bool | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.plan = plan
@@ -103,6 +105,11 @@ class Launch:
         self.completer = completer
         self.compile_s = compile_s
         self.template = template
+        self.resident = (
+            any(isinstance(item, ResidentBuffer) for item in inputs)
+            if resident is None
+            else resident
+        )
 
     def __repr__(self) -> str:
         return f"<Launch {self.plan.program.op_id or 'program'} {self.plan.geometry}>"
@@ -119,13 +126,15 @@ class LaunchTemplate:
             arena layout); None until the backend sets it.
     """
 
-    __slots__ = ("backend_state", "config", "plan", "program")
+    __slots__ = ("backend_state", "config", "fingerprint", "plan", "program")
 
     def __init__(self, program: Program, config: DispatchConfig, plan: BindingPlan) -> None:
         self.program = program
         self.config = config
         self.plan = plan
         self.backend_state: Any = None
+        #: The shape fingerprint the prefetcher records (kept: built once per shape).
+        self.fingerprint: tuple[bytes, tuple[int, int, int], tuple[int, int, int]] | None = None
 
 
 class PrefetchHook(Protocol):
@@ -137,6 +146,8 @@ class PrefetchHook(Protocol):
         geometry: LaunchGeometry,
         cache_hit: bool,
         pending: PendingDispatch,
+        fingerprint: Any = None,
+        recording: bool | None = None,
     ) -> Any: ...
 
     def schedule(self, job: Any) -> None: ...
@@ -183,12 +194,25 @@ class DispatchFrontEnd:
             tuple[Program, DispatchConfig, tuple[int, ...]], LaunchTemplate
         ] = OrderedDict()
         self._caps: BackendCapabilities | None = None
+        self._limit: int | None = None
+        self._specs: dict[int, tuple[Program, tuple[tuple[Any, np.dtype[Any], int], ...]]] = {}
 
     def capabilities(self) -> BackendCapabilities:
         """Return the backend's capabilities, read once (the checks use its limits)."""
         if self._caps is None:
             self._caps = self.backend.capabilities()
         return self._caps
+
+    def _input_specs(self, program: Program) -> tuple[tuple[Any, np.dtype[Any], int], ...]:
+        """Return ``(decl, numpy dtype, declared count)`` per input buffer of ``program``."""
+        known = self._specs.get(id(program))
+        if known is not None and known[0] is program:
+            return known[1]
+        specs = tuple((decl, decl.dtype.numpy, decl.count) for decl in program.inputs)
+        if len(self._specs) >= TEMPLATE_CAPACITY:
+            self._specs.clear()
+        self._specs[id(program)] = (program, specs)  # holds the program: its id stays its own
+        return specs
 
     # The dispatch path -------------------------------------------------------------
     def launch(
@@ -220,16 +244,16 @@ class DispatchFrontEnd:
             trace = telemetry.start_dispatch()
             called = time.monotonic() if called is None else called
         try:
-            launch, job = self.prepare(
+            launch, job = self._prepare(
                 pipeline,
                 inputs,
                 config,
-                cache_hit=cache_hit,
-                compile_s=compile_s,
-                trace=trace,
-                compile_phase=compile_phase,
-                program=program,
-                called=called,
+                cache_hit,
+                compile_s,
+                trace,
+                compile_phase,
+                program,
+                called,
             )
             pending = self.backend.enqueue(launch)
         except BaseException as exc:
@@ -265,21 +289,61 @@ class DispatchFrontEnd:
             UnsupportedFeature: the config asks for something the backend lacks.
             BackendClosed: the backend was closed.
         """
+        return self._prepare(
+            pipeline, inputs, config, cache_hit, compile_s, trace, compile_phase, program, called
+        )
+
+    def _prepare(
+        self,
+        pipeline: PipelineLike,
+        inputs: Sequence[InputLike],
+        config: DispatchConfig | None,
+        cache_hit: bool,
+        compile_s: float,
+        trace: Any,
+        compile_phase: tuple[int, int] | None,
+        program: Program | None,
+        called: float | None,
+    ) -> tuple[Launch, Any]:
         backend = self.backend
         if backend.closed:
             backend.check_open()
-        cfg = pipeline.config if config is None else as_config(config, pipeline.config)
+        if config is None:
+            cfg = pipeline.config
+        elif type(config) is DispatchConfig:
+            cfg = config
+        else:
+            cfg = as_config(config, pipeline.config)
         program = program or pipeline.program
-        check_input_count(program, inputs)
-        limit = self.capabilities().max_storage_buffer_bytes
-        prepared = tuple(
-            _prepare_input(decl, value, limit, backend)
-            for decl, value in zip(program.inputs, inputs, strict=True)
-        )
-        sizes = tuple(
-            item.count if isinstance(item, ResidentBuffer) else item.size for item in prepared
-        )
-        template = self.template(pipeline, program, cfg, sizes)
+        specs = self._input_specs(program)
+        if (type(inputs) is not list and type(inputs) is not tuple) or len(inputs) != len(specs):
+            check_input_count(program, inputs)
+        limit = self._limit
+        if limit is None:
+            limit = self._limit = self.capabilities().max_storage_buffer_bytes
+        prepared: list[np.ndarray | ResidentBuffer] = []
+        sizes: list[int] = []
+        resident = False
+        for (decl, want, count), value in zip(specs, inputs, strict=False):  # (counted)
+            if type(value) is np.ndarray and value.dtype is want:
+                size = value.size
+                if (not count or size == count) and (not limit or 4 * size <= limit):
+                    prepared.append(value.flatten())  # the common case: one copy, flat
+                    sizes.append(size)
+                    continue
+            item = _prepare_input(decl, value, limit, backend)
+            if isinstance(item, ResidentBuffer):
+                resident = True
+                sizes.append(item.count)
+            else:
+                sizes.append(item.size)
+            prepared.append(item)
+        key = (id(program), id(cfg), tuple(sizes))  # the template of this launch shape
+        seen = self._by_id.get(key)
+        if seen is not None and seen[0] is program and seen[1] is cfg:
+            template = seen[2]
+        else:
+            template = self.template(pipeline, program, cfg, key[2])
         pending, completer = PendingDispatch.create(
             timeout=cfg.timeout, label=cfg.label, created=called
         )
@@ -292,14 +356,7 @@ class DispatchFrontEnd:
             completer.record_phase("vyre.compile", *compile_phase)
         plan = template.plan
         launch = Launch(
-            pipeline=pipeline,
-            plan=plan,
-            inputs=prepared,
-            config=cfg,
-            pending=pending,
-            completer=completer,
-            compile_s=compile_s,
-            template=template,
+            pipeline, plan, tuple(prepared), cfg, pending, completer, compile_s, template, resident
         )
         if trace is not None:
             telemetry.attach(trace, pending, plan, cfg, backend.id)
@@ -308,7 +365,15 @@ class DispatchFrontEnd:
             return launch, None
         # Shape prediction: score and record before the enqueue (the span may end
         # inside it); the caller starts a predicted compile after it.
-        return launch, prefetcher.observe(pipeline, plan.geometry, cache_hit, pending)
+        fingerprint = template.fingerprint
+        if fingerprint is None or fingerprint[0] is not pipeline.identity.digest:
+            geometry = plan.geometry
+            fingerprint = (pipeline.identity.digest, geometry.grid, geometry.workgroup)
+            template.fingerprint = fingerprint
+        recording = trace is not None
+        return launch, prefetcher.observe(
+            pipeline, plan.geometry, cache_hit, pending, fingerprint, recording
+        )
 
     def template(
         self,

@@ -194,49 +194,32 @@ def _set_future(future: asyncio.Future[None]) -> None:
 
 
 class _Core:
-    """The state both sides of one dispatch share (`PendingDispatch`, `DispatchCompleter`)."""
+    """The state both sides of one dispatch share (`PendingDispatch`, `DispatchCompleter`).
 
-    __slots__ = (
-        "callbacks",
-        "compile_s",
-        "created",
-        "deadline",
-        "device_s",
-        "error",
-        "label",
-        "lock",
-        "outputs",
-        "poll",
-        "poll_budget",
-        "record",
-        "settled_at",
-        "started",
-        "state",
-        "stop",
-        "taken",
-        "timeout",
-        "waiters",
-    )
+    Fields that start as None live on the class until first written: creating
+    one per dispatch sets only what differs.
+    """
+
+    outputs: Outputs | None = None
+    error: BaseException | None = None
+    taken = False
+    started: float | None = None
+    settled_at: float | None = None
+    device_s: float | None = None
+    compile_s: float | None = None
+    callbacks: list[Callable[[PendingDispatch], None]] | None = None
+    waiters: list[_Waiter] | None = None
+    stop: _StopFlag | None = None
+    poll: Callable[[], object] | None = None
+    poll_budget = DEFAULT_POLL_BUDGET_S
 
     def __init__(self, timeout: float | None, label: str | None, created: float | None) -> None:
-        self.created = time.monotonic() if created is None else created
+        self.created = created = time.monotonic() if created is None else created
         self.timeout = timeout
-        self.deadline = None if timeout is None else self.created + to_seconds(timeout)
+        self.deadline = None if timeout is None else created + to_seconds(timeout)
         self.label = label
         self.lock = threading.Lock()
         self.state = _PENDING
-        self.outputs: Outputs | None = None
-        self.error: BaseException | None = None
-        self.taken = False
-        self.started: float | None = None
-        self.settled_at: float | None = None
-        self.device_s: float | None = None
-        self.compile_s: float | None = None
-        self.callbacks: list[Callable[[PendingDispatch], None]] | None = None
-        self.waiters: list[_Waiter] | None = None
-        self.stop: _StopFlag | None = None
-        self.poll: Callable[[], object] | None = None
-        self.poll_budget = DEFAULT_POLL_BUDGET_S
         self.record = DispatchRecord()
 
     def describe(self) -> str:
@@ -346,10 +329,8 @@ class PendingDispatch:
 
     __slots__ = ("__weakref__", "_core", "record")
 
-    def __init__(
-        self, *args: object, _token: object = None, _core: Any = None, **_: object
-    ) -> None:
-        if args or _token is not _CREATE or not isinstance(_core, _Core):
+    def __init__(self, _core: Any = None, **_: object) -> None:
+        if type(_core) is not _Core or _:
             raise TypeError(
                 "PendingDispatch objects come from backend.dispatch(); "
                 "backends create them with PendingDispatch.create()"
@@ -374,8 +355,8 @@ class PendingDispatch:
                 so the timeout counts validation and compilation too.
         """
         core = _Core(timeout, label, created)
-        pending = cls(_token=_CREATE, _core=core)
-        return pending, DispatchCompleter(_CREATE, core, pending)
+        pending = cls(core)
+        return pending, DispatchCompleter(core, pending)
 
     # Caller side ----------------------------------------------------------------
     def done(self) -> bool:
@@ -580,9 +561,6 @@ class PendingDispatch:
             hook(self)
 
 
-_CREATE = object()
-
-
 class DispatchCompleter:
     """The backend's side of a `PendingDispatch`: settle it from any thread, once.
 
@@ -592,14 +570,14 @@ class DispatchCompleter:
 
     __slots__ = ("_core", "pending")
 
-    def __init__(self, *args: Any) -> None:
-        if len(args) != 3 or args[0] is not _CREATE:
+    def __init__(self, core: Any = None, pending: Any = None) -> None:
+        if type(core) is not _Core or not isinstance(pending, PendingDispatch):
             raise TypeError(
                 "DispatchCompleter objects come with their pending dispatch: backends "
                 "create both with PendingDispatch.create()"
             )
-        self._core: _Core = args[1]
-        self.pending: PendingDispatch = args[2]
+        self._core: _Core = core
+        self.pending: PendingDispatch = pending
 
     @property
     def stop_requested(self) -> threading.Event:
@@ -614,6 +592,14 @@ class DispatchCompleter:
     def record(self) -> DispatchRecord:
         """The dispatch's `DispatchRecord`."""
         return self._core.record
+
+    @property
+    def wants_phases(self) -> bool:
+        """True when a span records this dispatch, so `record_phase` intervals are shown.
+
+        A backend may skip taking the timestamps for phases when this is False.
+        """
+        return self._core.record.span is not None
 
     def mark_started(self) -> None:
         """Record that execution started (ends the queueing time)."""

@@ -150,6 +150,8 @@ class Prefetcher:
         geometry: LaunchGeometry,
         cache_hit: bool,
         pending: PendingDispatch,
+        fingerprint: ShapeFingerprint | None = None,
+        recording: bool | None = None,
     ) -> PrefetchJob | None:
         """Score the previous prediction, record this dispatch and predict the next.
 
@@ -161,6 +163,9 @@ class Prefetcher:
             geometry: Its launch geometry.
             cache_hit: Whether the pipeline was ready without a compile wait.
             pending: The dispatch's pending result (its span gets the attributes).
+            fingerprint: The dispatch's shape fingerprint when the caller keeps it
+                (the front end keeps one per launch template); built here when None.
+            recording: Whether telemetry records this dispatch (asked here when None).
 
         Returns:
             The job to hand to `schedule` after the enqueue, or None.
@@ -168,12 +173,24 @@ class Prefetcher:
         try:
             identity = pipeline.identity
             digest = identity.digest
-            fp: ShapeFingerprint = (digest, geometry.grid, geometry.workgroup)
+            fp: ShapeFingerprint = fingerprint or (digest, geometry.grid, geometry.workgroup)
             job = None
+            steady = False
             with self._lock:
                 self._dispatches += 1
                 predicted = self._predicted
-                if predicted is None:
+                if (
+                    cache_hit
+                    and (predicted is fp or predicted == fp)
+                    and self._window_hits == self.window
+                    and not self._prefetched
+                    and self._history.latest() is fp
+                ):  # the same shape again, predicted and ready: nothing changes but counts
+                    self._predictions += 1
+                    self._hits += 1
+                    self._history.push(fp)  # a repeat of the latest: an append
+                    hit, rate, steady = True, 1.0, True
+                elif predicted is None:
                     payload: object = (pipeline.program, pipeline.config, identity)
                 else:
                     right = predicted == fp
@@ -192,13 +209,16 @@ class Prefetcher:
                     rate = self._window_hits / len(outcomes)
                     # A right prediction came from the window, where fp's payload still is.
                     payload = None if right else (pipeline.program, pipeline.config, identity)
-                if cache_hit and self._prefetched and digest in self._prefetched:
-                    self._prefetched.discard(digest)
-                    self._used += 1
-                nxt = self._predicted = self._history.push(fp, payload)
-                if nxt is not None and nxt != fp and nxt[0] not in self._inflight:
-                    job = self._job_for(nxt)
-            if predicted is not None and telemetry.is_recording():
+                if not steady:
+                    if cache_hit and self._prefetched and digest in self._prefetched:
+                        self._prefetched.discard(digest)
+                        self._used += 1
+                    nxt = self._predicted = self._history.push(fp, payload)
+                    if nxt is not None and nxt != fp and nxt[0] not in self._inflight:
+                        job = self._job_for(nxt)
+            if recording is None:
+                recording = telemetry.is_recording()
+            if predicted is not None and recording:
                 record = pending.record
                 attributes = record.attributes
                 if attributes is None:

@@ -78,6 +78,9 @@ class PipelineStore:
         self._identities: OrderedDict[tuple[Program, bytes], PipelineIdentity] = OrderedDict()
         self._identity_lock = threading.Lock()
         self._device_key: str | None = None
+        # (id(program), id(config)) -> the objects and their identity, validated and
+        # checked for operations: a warm lookup of the same objects skips all of it.
+        self._hot: dict[tuple[int, int], tuple[Program, DispatchConfig, PipelineIdentity]] = {}
         # Compiles in progress by identity digest: a second caller waits for the first.
         self._compiling: dict[bytes, Future[CompiledPipeline]] = {}
         self._compiling_lock = threading.Lock()
@@ -120,6 +123,11 @@ class PipelineStore:
         backend = self.backend
         if backend.closed:
             backend.check_open()
+        hot = self._hot.get((id(program), id(config)))
+        if hot is not None and hot[0] is program and hot[1] is config:
+            cached = self.memory.get(hot[2])  # checked before: only the cache to ask
+            if cached is not None:
+                return cached, True
         if not isinstance(program, Program):
             raise InvalidProgram(
                 f"dispatch expects a Program, got {type(program).__name__}",
@@ -134,6 +142,10 @@ class PipelineStore:
                 feature=sorted(missing),
             )
         identity = self.identity(program, config)
+        hot_key = (id(program), id(config))
+        if len(self._hot) >= 4 * self.memory.capacity:
+            self._hot.clear()
+        self._hot[hot_key] = (program, config, identity)  # holds them: ids stay theirs
         cached = self.memory.get(identity)
         if cached is not None:
             return cached, True

@@ -161,6 +161,8 @@ _INERT_METER_PROVIDERS: tuple[type, ...] = (
 _tracing = False
 _metering = False
 _UNKNOWN = object()
+#: The API's provider objects when `_sdk_installed` last looked.
+_seen: tuple[object, object] = (_UNKNOWN, _UNKNOWN)
 
 
 def _installed(module: Any, name: str, public: Callable[[], Any], inert: tuple[type, ...]) -> bool:
@@ -183,9 +185,22 @@ def _sdk_installed() -> tuple[bool, bool]:
 
     Until one is, the API drops every span and measurement, so a dispatch skips
     all telemetry work (what keeps the no-SDK cost near zero). An SDK provider
-    cannot be uninstalled, so a True answer is kept.
+    cannot be uninstalled, so a True answer is kept; until then the answer is
+    recomputed only when the API's provider objects change.
     """
-    global _tracing, _metering
+    global _tracing, _metering, _seen
+    if _tracing and _metering:
+        return True, True
+    tracer_provider = getattr(_trace_api, "_TRACER_PROVIDER", _UNKNOWN)
+    meter_provider = getattr(_metrics_api, "_METER_PROVIDER", _UNKNOWN)
+    seen = _seen
+    if (
+        tracer_provider is seen[0]
+        and meter_provider is seen[1]
+        and tracer_provider is not _UNKNOWN
+        and meter_provider is not _UNKNOWN
+    ):
+        return _tracing, _metering
     if not _tracing:
         _tracing = _installed(
             _trace_api, "_TRACER_PROVIDER", trace.get_tracer_provider, _INERT_TRACER_PROVIDERS
@@ -194,6 +209,7 @@ def _sdk_installed() -> tuple[bool, bool]:
         _metering = _installed(
             _metrics_api, "_METER_PROVIDER", metrics.get_meter_provider, _INERT_METER_PROVIDERS
         )
+    _seen = (tracer_provider, meter_provider)
     return _tracing, _metering
 
 

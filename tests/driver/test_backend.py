@@ -73,6 +73,7 @@ def test_miss_reasons() -> None:
     assert backend.cache_stats().hits == 1
     backend.store._device_key = "another-gpu"  # as if the driver changed under a new process
     backend.store._identities.clear()
+    backend.store._hot.clear()
     backend.compile(elementwise_xor(8))
     assert backend.pipelines.last_miss_reason == "device_changed"
     assert backend.cache_stats().miss_reasons == {

@@ -61,9 +61,11 @@ def _recording(monkeypatch: pytest.MonkeyPatch) -> None:
     """Record prediction outcomes as if an OpenTelemetry SDK listened.
 
     Without one the prefetcher skips the span attributes these tests read from
-    each dispatch's context (tests/telemetry/test_no_sdk.py covers that side).
+    each dispatch's record (tests/telemetry/test_no_sdk.py covers that side): a
+    dispatch here starts a metrics-only trace, as with an SDK meter provider.
     """
     monkeypatch.setattr(telemetry, "is_recording", lambda: True)
+    monkeypatch.setattr(telemetry, "start_dispatch", lambda: telemetry.DispatchTrace(False))
 
 
 def _attrs(pending: PendingDispatch) -> dict[str, Any]:

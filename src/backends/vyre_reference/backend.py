@@ -192,26 +192,33 @@ class ReferenceBackend(VyreBackend):
             InvalidProgram: the launch has more than `MAX_LANES` lanes.
             DispatchFailed: no worker thread could be started.
         """
-        self.check_open()
-        lanes = launch.plan.geometry.lanes
-        if lanes > MAX_LANES:
-            raise InvalidProgram(
-                f"the launch has {lanes} lanes (grid {launch.plan.geometry.grid} x workgroup "
-                f"{launch.plan.geometry.workgroup}); the reference engine holds one value per "
-                f"lane in host memory and takes at most {MAX_LANES}",
-                fix="use a smaller grid_override, or split the work into several dispatches",
-            )
-        tiny = self._estimate_ns(launch, lanes) < self.inline_ns
-        natives = [
-            item.native(self) if isinstance(item, ResidentBuffer) else item
-            for item in launch.inputs
-        ]
-        if not any(isinstance(item, ResidentBuffer) for item in launch.inputs):
+        if self._closed:
+            self.check_open()
+        template = launch.template
+        shape = None if template is None else template.backend_state
+        if shape is None:  # what the launch shape alone decides, once per shape
+            lanes = launch.plan.geometry.lanes
+            if lanes > MAX_LANES:
+                raise InvalidProgram(
+                    f"the launch has {lanes} lanes (grid {launch.plan.geometry.grid} x workgroup "
+                    f"{launch.plan.geometry.workgroup}); the reference engine holds one value "
+                    f"per lane in host memory and takes at most {MAX_LANES}",
+                    fix="use a smaller grid_override, or split the work into several dispatches",
+                )
+            shape = _Shape(tiny=self._estimate_ns(launch, lanes) < self.inline_ns)
+            if template is not None:
+                template.backend_state = shape
+        tiny = shape.tiny
+        inputs = launch.inputs
+        if not launch.resident:
             if tiny:
-                self._run(launch, None, natives, (), None)
+                self._run_inline(launch)
             else:
-                self._submit(_Job(self, launch, natives, (), None))
+                self._submit(_Job(self, launch, list(inputs), (), None))  # type: ignore[arg-type]
             return launch.pending
+        natives = [
+            item.native(self) if isinstance(item, ResidentBuffer) else item for item in inputs
+        ]
         # Registering and queueing happen under one lock, so the pool (FIFO) never
         # holds a dispatch ahead of an earlier one it waits for.
         with self._order_lock:
@@ -224,6 +231,33 @@ class ReferenceBackend(VyreBackend):
         if job is None:
             self._run(launch, None, natives, (), done)
         return launch.pending
+
+    def _run_inline(self, launch: Launch) -> None:
+        """Run a tiny launch without resident buffers here and now, and settle it.
+
+        Nothing else can want to stop it while it runs (the caller is running
+        it), so the engine checks for a stop only when the dispatch has a deadline.
+        """
+        completer = launch.completer
+        completer.mark_started()
+        phases = completer.wants_phases
+        started_ns = time.time_ns() if phases else 0
+        start = time.perf_counter()
+        try:
+            outputs = run_plan(
+                launch.plan,
+                launch.inputs,  # type: ignore[arg-type]  # host arrays only (checked)
+                compiled=launch.pipeline.native,
+                fixpoint_iterations=launch.config.iterations,
+                cancel=None if launch.config.timeout is None else completer.stop_requested,
+            )
+        except Exception as exc:
+            completer.fail(self._failure(launch, exc))
+            return
+        device_s = time.perf_counter() - start
+        if phases:
+            completer.record_phase("vyre.launch", started_ns, time.time_ns())
+        completer.resolve(outputs, device_s=device_s, compile_s=launch.compile_s)
 
     def _submit(self, job: _Job) -> None:
         with self._pool_lock:
@@ -646,6 +680,15 @@ def _expr_nodes(stmt: Stmt) -> tuple[int, int]:
         atoms += isinstance(expr, Atomic)
         stack.extend(child_exprs(expr))
     return nodes, atoms
+
+
+class _Shape:
+    """What a launch shape decides for the reference backend (kept on its template)."""
+
+    __slots__ = ("tiny",)
+
+    def __init__(self, *, tiny: bool) -> None:
+        self.tiny = tiny
 
 
 def _timeout(launch: Launch) -> DispatchTimeout:
