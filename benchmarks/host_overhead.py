@@ -254,6 +254,7 @@ _PACKAGES = ("vyre_async", "vyre_cupy", "vyre_reference")
 _FAKE_PARTS = ("tests", "cupy")
 _BLOCKING = (*_WAITS, "sleep")
 _BRIDGE_THREAD = "vyre-cupy-completion"
+_WARM = 200
 
 
 def _cuda_module_of(filename: str, name: str) -> str:
@@ -275,37 +276,47 @@ def _cuda_module_of(filename: str, name: str) -> str:
     return "other"
 
 
-def _own_time_by_module(stats: pstats.Stats) -> tuple[dict[str, float], float]:
-    """Split a thread's profiled time into the fake's share and everyone else's, by module.
+_PRINCIPALS = ("vyre_", "fake", "asyncio", "anyio", "benchmark")
 
-    A function of the fake counts wholly as the fake's, and so does, transitively,
-    a function only the fake's code calls; a function with callers on both sides
-    is split by its callers' shares of its own time. Blocked time is dropped.
+
+def _own_time_by_module(stats: pstats.Stats) -> tuple[dict[str, float], float]:
+    """Split a thread's profiled CPU time among the modules that spent it.
+
+    A function of vyre, of the fake, of asyncio or anyio owns its own time; any
+    other function (builtins, numpy, threading, the standard library) counts for
+    whoever called it, split by its callers' shares of its time and followed up
+    the call chain — so ``np.frombuffer`` called by ``vyre_cupy/launch`` is
+    launch's, and ``ctypes`` called by the fake is the fake's. Blocked time
+    (epoll, locks, sleeps) is not CPU and is dropped.
 
     Returns:
-        Non-fake CPU seconds per module, and the fake's CPU seconds.
+        CPU seconds per owning module (the fake's excluded), and the fake's.
     """
     table = stats.stats  # type: ignore[attr-defined]
     module = {func: _cuda_module_of(func[0], func[2]) for func in table}
-    fake_share = {func: 1.0 if module[func] == "fake" else 0.0 for func in table}
-    for _ in range(8):  # propagate down call chains (a few levels suffice)
+    principal = {func: module[func].startswith(_PRINCIPALS) for func in table}
+    owners: dict[Any, dict[str, float]] = {func: {module[func]: 1.0} for func in table}
+    for _ in range(12):  # follow call chains up (a dozen levels is plenty)
         for func, (_cc, _nc, _tt, _ct, callers) in table.items():
-            if module[func] == "fake" or not callers:
+            if principal[func] or not callers:
                 continue
-            total = sum(edge[2] for edge in callers.values()) or 0.0
-            if total <= 0:
-                weights = {c: 1.0 / len(callers) for c in callers}
-            else:
-                weights = {c: edge[2] / total for c, edge in callers.items()}
-            fake_share[func] = sum(w * fake_share.get(c, 0.0) for c, w in weights.items())
+            total = sum(edge[2] for edge in callers.values())
+            mixed: dict[str, float] = defaultdict(float)
+            for caller, edge in callers.items():
+                weight = edge[2] / total if total > 0 else 1.0 / len(callers)
+                for owner, share in owners.get(caller, {module[func]: 1.0}).items():
+                    mixed[owner] += weight * share
+            owners[func] = dict(mixed)
     own: dict[str, float] = defaultdict(float)
     fake = 0.0
     for func, row in table.items():
         if module[func].startswith("blocked"):
             continue
-        share = fake_share[func]
-        fake += row[2] * share
-        own[module[func]] += row[2] * (1.0 - share)
+        for owner, share in owners[func].items():
+            if owner == "fake":
+                fake += row[2] * share
+            elif not owner.startswith("blocked"):
+                own[owner] += row[2] * share
     return dict(own), fake
 
 
@@ -373,7 +384,7 @@ async def cuda_fake(args: argparse.Namespace) -> dict[str, Any]:
 
         # Unprofiled CPU time of both threads, interleaved rounds.
         backend = create_backend(disk_cache=None)
-        await run(backend, 200)  # warm: compile, streams, events, bridge thread
+        await run(backend, _WARM)  # warm: compile, streams, events, bridge thread
         main_us: list[float] = []
         bridge_us: list[float] = []
         wall_us: list[float] = []
@@ -397,16 +408,16 @@ async def cuda_fake(args: argparse.Namespace) -> dict[str, Any]:
         # Profiles: the main thread, and the completion thread of a fresh backend.
         with _profile_thread(_BRIDGE_THREAD) as bridge_profile:
             backend = create_backend(disk_cache=None)
-            await run(backend, 200)
+            await run(backend, _WARM)
             main_profile = cProfile.Profile()
             main_profile.enable()
             await run(backend, args.profile)
             main_profile.disable()
             await backend.aclose()  # ends the completion thread, and its profile
     threads: dict[str, Any] = {}
-    for label, profile, measured in (
-        ("main", main_profile, main_us),
-        ("completion", bridge_profile, bridge_us),
+    for label, profile, measured, dispatches in (
+        ("main", main_profile, main_us, args.profile),
+        ("completion", bridge_profile, bridge_us, args.profile + _WARM),  # its whole life
     ):
         own, fake = _own_time_by_module(pstats.Stats(profile))
         cpu = statistics.median(measured)
@@ -415,6 +426,10 @@ async def cuda_fake(args: argparse.Namespace) -> dict[str, Any]:
         ranked = sorted(own.items(), key=lambda kv: -kv[1])
         threads[label] = {
             "cpu_us": round(cpu, 2),
+            "profiled_own_us": round(sum(own.values()) / dispatches * 1e6, 2),
+            "vyre_cupy_us": round(
+                sum(t for name, t in own.items() if name.startswith("vyre_cupy")) * scale, 2
+            ),
             "fake_us": round(fake * scale, 2),
             "driver_own_us": round(sum(own.values()) * scale, 2),
             "breakdown_us_by_module": {
@@ -425,8 +440,10 @@ async def cuda_fake(args: argparse.Namespace) -> dict[str, Any]:
         "round_trip_us": round(statistics.median(wall_us), 2),
         "driver_own_us": round(sum(t["driver_own_us"] for t in threads.values()), 2),
         "threads": threads,
-        "note": "CPU time per awaited dispatch; fake = time inside tests/cupy's fake CuPy "
-        "(and what only it calls); the completion thread's figure includes its polling",
+        "note": "CPU time per awaited dispatch (unprofiled), split by module in the "
+        "proportions of a cProfile run (profiled_own_us: that run's own raw figure); fake = "
+        "time inside tests/cupy's fake CuPy and what only it calls; the completion thread's "
+        "figure includes its polling",
     }
 
 
