@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     report["throughput"] = throughput(backend, 1.0 if args.quick else 4.0)
     report["compile"] = compile_times()
     report["saxpy_2_24"] = saxpy_2_24(backend, 5 if args.quick else 20)
-    report["config"] = {"quick": args.quick, "streams": backend._streams.size}
+    report["config"] = {"quick": args.quick, "streams": backend.device_context.streams.size}
     anyio.run(backend.shutdown)
     text = json.dumps(report, indent=2)
     print(text)

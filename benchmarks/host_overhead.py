@@ -21,8 +21,21 @@ batch of dispatches, own time per module scaled to the measured median, so the
 shares are those of the profile and the total is the real one; time blocked in
 epoll or on a lock is its own line). Modules stand in for phases: ``backend``
 (front end and pipeline lookup), ``plan``, ``pending``, ``prefetch``,
-``telemetry``, the engine's own modules. The CUDA path on
-the fake device is not measured here yet.
+``telemetry``, the engine's own modules.
+
+- **CUDA on the fake device** (``cuda_fake``): the warm awaited round trip of
+  the same xor on the ``cupy`` backend over the fake CuPy of ``tests/cupy``
+  (installed as ``tests.cupy.conftest.fake_device`` does; needs ``g++`` to
+  build the emulator library once, cached). The round trip there is mostly the
+  fake's stream threads and polling, so the driver's own cost is measured as
+  CPU time instead: the main thread's (``time.thread_time``) and the
+  completion thread's (its CPU clock) over ``--repeats`` awaited dispatches,
+  unprofiled, times the share of each thread's profiled (``cProfile``) CPU
+  time NOT spent inside the fake: a function of ``tests/cupy`` and whatever
+  only it calls (ctypes, its numpy copies) counts as the fake's, a function
+  called from both is split by its callers' shares; time blocked in epoll,
+  locks or sleeps is not CPU and is left out. Reported per thread, with a
+  breakdown by module (scaled the same way).
 
 Goals (issue 14, as added cost over the floor): null inline <= 6 us, null thread
 <= 10 us, reference <= engine + 8 us.
@@ -34,16 +47,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import json
 import platform
 import pstats
 import queue
 import statistics
+import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +208,8 @@ def engine_alone() -> Callable[[], Any]:
     return run
 
 
-_SRC = Path(__file__).resolve().parents[1] / "src"
+_ROOT = Path(__file__).resolve().parents[1]
+_SRC = _ROOT / "src"
 
 
 _WAITS = ("poll", "acquire", "wait", "select")
@@ -230,6 +246,205 @@ async def breakdown(dispatch: Callable[[], Awaitable[Any]], n: int, total_us: fl
     whole = sum(own.values()) or 1.0
     ranked = sorted(own.items(), key=lambda kv: -kv[1])
     return {name: round(total_us * t / whole, 2) for name, t in ranked if t / whole >= 0.01}
+
+
+# CUDA on the fake device ------------------------------------------------------------
+
+_PACKAGES = ("vyre_async", "vyre_cupy", "vyre_reference")
+_FAKE_PARTS = ("tests", "cupy")
+_BLOCKING = (*_WAITS, "sleep")
+_BRIDGE_THREAD = "vyre-cupy-completion"
+_WARM = 200
+
+
+def _cuda_module_of(filename: str, name: str) -> str:
+    """Like `_module_of`, by package (``vyre_cupy/launch``), wherever the sources live."""
+    if filename == "~":
+        return "blocked (epoll, locks, sleep)" if any(w in name for w in _BLOCKING) else "builtins"
+    parts = Path(filename).parts
+    for package in _PACKAGES:
+        if package in parts:
+            at = len(parts) - 1 - parts[::-1].index(package)
+            return "/".join(parts[at:]).removesuffix(".py")
+    if any(parts[i : i + 2] == _FAKE_PARTS for i in range(len(parts) - 1)):
+        return "fake"
+    for library in ("numpy", "anyio", "asyncio", "threading", "queue", "contextlib"):
+        if library in parts or Path(filename).stem == library:
+            return library
+    if Path(filename).name == "host_overhead.py":
+        return "benchmark (loop)"
+    return "other"
+
+
+_PRINCIPALS = ("vyre_", "fake", "asyncio", "anyio", "benchmark")
+
+
+def _own_time_by_module(stats: pstats.Stats) -> tuple[dict[str, float], float]:
+    """Split a thread's profiled CPU time among the modules that spent it.
+
+    A function of vyre, of the fake, of asyncio or anyio owns its own time; any
+    other function (builtins, numpy, threading, the standard library) counts for
+    whoever called it, split by its callers' shares of its time and followed up
+    the call chain — so ``np.frombuffer`` called by ``vyre_cupy/launch`` is
+    launch's, and ``ctypes`` called by the fake is the fake's. Blocked time
+    (epoll, locks, sleeps) is not CPU and is dropped.
+
+    Returns:
+        CPU seconds per owning module (the fake's excluded), and the fake's.
+    """
+    table = stats.stats  # type: ignore[attr-defined]
+    module = {func: _cuda_module_of(func[0], func[2]) for func in table}
+    principal = {func: module[func].startswith(_PRINCIPALS) for func in table}
+    owners: dict[Any, dict[str, float]] = {func: {module[func]: 1.0} for func in table}
+    for _ in range(12):  # follow call chains up (a dozen levels is plenty)
+        for func, (_cc, _nc, _tt, _ct, callers) in table.items():
+            if principal[func] or not callers:
+                continue
+            total = sum(edge[2] for edge in callers.values())
+            mixed: dict[str, float] = defaultdict(float)
+            for caller, edge in callers.items():
+                weight = edge[2] / total if total > 0 else 1.0 / len(callers)
+                for owner, share in owners.get(caller, {module[func]: 1.0}).items():
+                    mixed[owner] += weight * share
+            owners[func] = dict(mixed)
+    own: dict[str, float] = defaultdict(float)
+    fake = 0.0
+    for func, row in table.items():
+        if module[func].startswith("blocked"):
+            continue
+        for owner, share in owners[func].items():
+            if owner == "fake":
+                fake += row[2] * share
+            elif not owner.startswith("blocked"):
+                own[owner] += row[2] * share
+    return dict(own), fake
+
+
+@contextlib.contextmanager
+def _profile_thread(name: str) -> Iterator[cProfile.Profile]:
+    """Profile the thread called ``name`` started inside the block, for its whole life."""
+    profile = cProfile.Profile()
+    run = threading.Thread.run
+
+    def profiled(self: threading.Thread) -> None:
+        if self.name != name:
+            run(self)
+            return
+        profile.enable()
+        try:
+            run(self)
+        finally:
+            profile.disable()
+
+    threading.Thread.run = profiled  # type: ignore[method-assign]
+    try:
+        yield profile
+    finally:
+        threading.Thread.run = run  # type: ignore[method-assign]
+
+
+def _thread_cpu_s(name: str) -> float:
+    """CPU seconds the live thread called ``name`` has used so far (0 when none runs)."""
+    for thread in threading.enumerate():
+        if thread.name == name and thread.ident is not None:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    return 0.0
+
+
+@contextlib.contextmanager
+def _fake_cupy() -> Iterator[Any]:
+    """Install a fake CUDA device holding the xor kernel, as ``tests.cupy.conftest.fake_device``."""
+    if str(_ROOT) not in sys.path:
+        sys.path.insert(0, str(_ROOT))
+    from tests.cupy.emulator import build_emulator
+    from tests.cupy.fake_cupy import FakeDevice
+
+    library = build_emulator([PROGRAM], library=True).wait().binary
+    device = FakeDevice(library, [PROGRAM])
+    saved = {name: sys.modules.get(name) for name in device.modules()}
+    sys.modules.update(device.modules())
+    try:
+        yield device
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+async def cuda_fake(args: argparse.Namespace) -> dict[str, Any]:
+    """The driver's own CPU time per warm awaited dispatch on the fake CUDA device, per thread."""
+    with _fake_cupy():
+        from vyre_cupy import create_backend
+
+        async def run(backend: Any, n: int) -> None:
+            for _ in range(n):
+                await backend.dispatch(PROGRAM, INPUTS)
+
+        # Unprofiled CPU time of both threads, interleaved rounds.
+        backend = create_backend(disk_cache=None)
+        await run(backend, _WARM)  # warm: compile, streams, events, bridge thread
+        main_us: list[float] = []
+        bridge_us: list[float] = []
+        wall_us: list[float] = []
+        for _ in range(args.rounds):
+            cpu0, bridge0, wall0 = (
+                time.thread_time(),
+                _thread_cpu_s(_BRIDGE_THREAD),
+                time.perf_counter(),
+            )
+            await run(backend, args.repeats)
+            wall1, bridge1, cpu1 = (
+                time.perf_counter(),
+                _thread_cpu_s(_BRIDGE_THREAD),
+                time.thread_time(),
+            )
+            main_us.append((cpu1 - cpu0) / args.repeats * 1e6)
+            bridge_us.append((bridge1 - bridge0) / args.repeats * 1e6)
+            wall_us.append((wall1 - wall0) / args.repeats * 1e6)
+        await backend.aclose()
+
+        # Profiles: the main thread, and the completion thread of a fresh backend.
+        with _profile_thread(_BRIDGE_THREAD) as bridge_profile:
+            backend = create_backend(disk_cache=None)
+            await run(backend, _WARM)
+            main_profile = cProfile.Profile()
+            main_profile.enable()
+            await run(backend, args.profile)
+            main_profile.disable()
+            await backend.aclose()  # ends the completion thread, and its profile
+    threads: dict[str, Any] = {}
+    for label, profile, measured, dispatches in (
+        ("main", main_profile, main_us, args.profile),
+        ("completion", bridge_profile, bridge_us, args.profile + _WARM),  # its whole life
+    ):
+        own, fake = _own_time_by_module(pstats.Stats(profile))
+        cpu = statistics.median(measured)
+        profiled = sum(own.values()) + fake or 1.0
+        scale = cpu / profiled
+        ranked = sorted(own.items(), key=lambda kv: -kv[1])
+        threads[label] = {
+            "cpu_us": round(cpu, 2),
+            "profiled_own_us": round(sum(own.values()) / dispatches * 1e6, 2),
+            "vyre_cupy_us": round(
+                sum(t for name, t in own.items() if name.startswith("vyre_cupy")) * scale, 2
+            ),
+            "fake_us": round(fake * scale, 2),
+            "driver_own_us": round(sum(own.values()) * scale, 2),
+            "breakdown_us_by_module": {
+                name: round(t * scale, 2) for name, t in ranked if t / profiled >= 0.01
+            },
+        }
+    return {
+        "round_trip_us": round(statistics.median(wall_us), 2),
+        "driver_own_us": round(sum(t["driver_own_us"] for t in threads.values()), 2),
+        "threads": threads,
+        "note": "CPU time per awaited dispatch (unprofiled), split by module in the "
+        "proportions of a cProfile run (profiled_own_us: that run's own raw figure); fake = "
+        "time inside tests/cupy's fake CuPy and what only it calls; the completion thread's "
+        "figure includes its polling",
+    }
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -273,6 +488,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     hand_off.close()
     for backend in (inline, threaded, reference):
         await backend.aclose()
+    cuda = await cuda_fake(args) if args.cuda_fake else None
     return {
         "benchmark": "host_overhead",
         "program": f"xor, {N} lanes",
@@ -287,6 +503,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "goals_us": GOALS_US,
         "goals_met": {k: own[k] <= GOALS_US[k] for k in own},
         "breakdown_us_by_module": profiles,
+        "cuda_fake": cuda,
         "rounds": args.rounds,
         "repeats": args.repeats,
         "vyre_async": __version__,
@@ -302,4 +519,19 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds")
     parser.add_argument("--repeats", type=int, default=200, help="samples per case per round")
     parser.add_argument("--profile", type=int, default=2000, help="dispatches per breakdown")
-    print(json.dumps(asyncio.run(main(parser.parse_args())), indent=2))
+    parser.add_argument(
+        "--no-cuda-fake",
+        dest="cuda_fake",
+        action="store_false",
+        help="skip the CUDA path on the fake device (it needs g++ and tests/cupy)",
+    )
+    parser.add_argument(
+        "--only-cuda-fake",
+        action="store_true",
+        help="measure the CUDA path on the fake device only",
+    )
+    options = parser.parse_args()
+    if options.only_cuda_fake:
+        print(json.dumps({"cuda_fake": asyncio.run(cuda_fake(options))}, indent=2))
+    else:
+        print(json.dumps(asyncio.run(main(options)), indent=2))

@@ -229,7 +229,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "span-key-undocumented",
-        "src/backends/vyre_cupy/batch.py",
+        "src/backends/vyre_cupy/launch.py",
         'attributes["vyre.copy.staging"] = "pinned"',
         'attributes["vyre.copy.staging"] = "pinned"\n        attributes["vyre.copy.bytes"] = 0',
         (TABLE,),

@@ -136,8 +136,8 @@ async def test_one_completion_thread_for_many_dispatches(backend: CupyBackend) -
     assert sum(n.startswith("vyre-cupy-completion") for n in names) == 1
     for k, pending in enumerate(pendings):
         assert (await pending)[0].tolist() == (a ^ k).tolist()
-    assert max(backend._streams.busy()) == 0
-    assert backend._streams.created() <= backend._streams.size
+    assert max(backend.device_context.streams.busy()) == 0
+    assert backend.device_context.streams.created() <= backend.device_context.streams.size
 
 
 @pytest.mark.anyio
@@ -256,7 +256,7 @@ async def test_shutdown_finishes_work_and_refuses_more(fake: FakeDevice) -> None
     pendings = [backend.dispatch(program, [a, a]) for _ in range(20)]
     await backend.shutdown()
     assert all(p.done() for p in pendings)
-    assert not backend._bridge.running
+    assert not backend.device_context.bridge.running
     with pytest.raises(BackendClosed):
         backend.dispatch(program, [a, a])
 
@@ -301,7 +301,7 @@ async def test_cancelling_waiters_releases_everything(backend: CupyBackend) -> N
     assert len(scopes) == 100 and cancelled == 100
     assert survivors_ok == 100
     await backend.flush()  # the cancelled dispatches' device work ended and was released
-    assert backend.in_flight == 0 and max(backend._streams.busy()) == 0
+    assert backend.in_flight == 0 and max(backend.device_context.streams.busy()) == 0
     assert _threads() <= threads_before
     out = await backend.dispatch(xor, [np.full(256, 3, np.uint32), np.ones(256, np.uint32)])
     assert out[0].tolist() == [2] * 256
@@ -325,7 +325,7 @@ async def test_empty_buffers_and_results_discarded_after_a_timeout(backend: Cupy
     assert "gated" in str(info.value) and "Fix:" in str(info.value)
     ctypes.memmove(flag.native(backend).ptr, np.ones(1, np.uint32).ctypes.data, 4)
     await backend.flush()  # the kernel ended; its result was dropped and its memory released
-    assert backend.in_flight == 0 and max(backend._streams.busy()) == 0
+    assert backend.in_flight == 0 and max(backend.device_context.streams.busy()) == 0
     backend.free(flag)
 
 

@@ -15,11 +15,12 @@ import typing as _typing
 from vyre_async.lazy import lazy_exports as _lazy_exports
 
 if _typing.TYPE_CHECKING:
-    from vyre_cupy.backend import CudaKernel, CupyBackend, create_backend
+    from vyre_cupy.backend import CupyBackend, create_backend
     from vyre_cupy.codegen import CODEGEN_VERSION, KernelParam, KernelSource, generate, sanitize
     from vyre_cupy.compile import NVRTC_OPTIONS, CompiledKernel
     from vyre_cupy.completion import CompletionBridge
     from vyre_cupy.device import DeviceInfo, capabilities_of
+    from vyre_cupy.kernel import CudaKernel
 
 __all__ = [
     "CODEGEN_VERSION",
@@ -43,7 +44,7 @@ _SOURCES = {
     "NVRTC_OPTIONS": "compile",
     "CompiledKernel": "compile",
     "CompletionBridge": "completion",
-    "CudaKernel": "backend",
+    "CudaKernel": "kernel",
     "CupyBackend": "backend",
     "DeviceInfo": "device",
     "KernelParam": "codegen",

@@ -42,8 +42,10 @@ class StreamPool:
     def lease(self) -> tuple[int, Any]:
         """Return ``(index, stream)`` of the least busy stream and count one more user of it."""
         with self._lock:
-            order = [(self._cursor + k) % self.size for k in range(self.size)]
-            index = min(order, key=lambda i: self._busy[i])
+            busy, index = self._busy, self._cursor
+            if busy[index]:  # else the cursor's stream is idle: the least busy, first in order
+                order = [(index + k) % self.size for k in range(self.size)]
+                index = min(order, key=busy.__getitem__)
             self._cursor = (index + 1) % self.size
             self._busy[index] += 1
             stream = self._streams[index]

@@ -1,0 +1,587 @@
+"""One launch on CUDA: arguments, staging, the in-flight record, enqueueing and readback.
+
+A plain dispatch (`enqueue_launch`) becomes, on one leased non-blocking stream
+and without any host synchronisation::
+
+    event  H2D (pinned staging -> arena)  memset (WRITE buffers)  event
+           kernel x iterations  event  D2H (arena -> pinned readback)  event
+
+and a `Flight` handed to the completion bridge, which copies the outputs out of
+pinned memory and settles the dispatch when the last event fired.
+
+Everything that depends only on the kernel and the plan's buffer counts — the
+arena layout, the ``vy_lens`` bytes, which input goes to which parameter, the
+kernel-argument offsets, where each output is read back, the span attributes
+of the copy — is a `LaunchTemplate` built once (`template_for`) and kept on the
+kernel; a warm dispatch only allocates, copies its inputs into pinned staging
+and enqueues. Launches with resident inputs (`DeviceBuffer`) plan their own
+layout and order themselves after the buffers' earlier work (stream waits on
+events); launches without any never look at that machinery.
+
+The helpers the batch modes (`vyre_cupy.batch`) share are public here:
+`template_for`, `fill_staging`, `annotate_copy`, `record_phases`, `Flight`,
+`timeout_error`. Layering: imports `vyre_cupy.context`, `kernel`, `layout`;
+imported by `batch` and `backend`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vyre_async.errors import BackendError, DispatchTimeout
+from vyre_async.ir.types import Access
+from vyre_async.pipeline import Launch
+from vyre_async.plan import BindingPlan
+from vyre_async.policies.arms import ArmSummary
+from vyre_async.policies.overlap import CopyVerdict, can_overlap_copy_with_kernel
+from vyre_async.resident import ResidentBuffer
+from vyre_cupy.codegen import KernelParam
+from vyre_cupy.context import DeviceContext
+from vyre_cupy.kernel import CudaKernel, LaunchTemplate, OutputSlot
+from vyre_cupy.layout import ALIGN, ArenaLayout, Slot, Source, plan_layout
+
+__all__ = [
+    "PRIVATE_ARENA",
+    "DeviceBuffer",
+    "Flight",
+    "ResidentCopy",
+    "annotate_copy",
+    "copy_attributes",
+    "enqueue_launch",
+    "fill_staging",
+    "read_outputs",
+    "record_phases",
+    "template_for",
+    "timeout_error",
+]
+
+_log = logging.getLogger("vyre_async.cupy")
+#: Launch templates kept per kernel (one per set of buffer counts; oldest dropped).
+TEMPLATES_PER_KERNEL = 256
+#: Reader events kept per resident buffer before finished ones are pruned.
+_READERS_KEPT = 32
+
+#: The copy-overlap verdict of an upload into a dispatch's own fresh arena: no
+#: kernel can be reading or writing memory allocated for this dispatch alone.
+PRIVATE_ARENA = can_overlap_copy_with_kernel("private_arena", ArmSummary())
+
+_COPY_ATTRIBUTES: dict[tuple[CopyVerdict, str], dict[str, str]] = {}
+
+
+def copy_attributes(verdict: CopyVerdict, target: str = "private_arena") -> Mapping[str, str]:
+    """Return the span attributes of an upload's copy-overlap verdict (memoised).
+
+    ``vyre.policy.copy_overlap`` (``overlap``/``serialize``), its reason when
+    serialised, the upload's target and its staging (always pinned memory).
+    """
+    attributes = _COPY_ATTRIBUTES.get((verdict, target))
+    if attributes is None:
+        attributes = {"vyre.policy.copy_overlap": verdict.kind}
+        if verdict.reason is not None:
+            attributes["vyre.policy.copy_overlap.reason"] = verdict.reason
+        attributes["vyre.copy.target"] = target
+        attributes["vyre.copy.staging"] = "pinned"
+        _COPY_ATTRIBUTES[(verdict, target)] = attributes
+    return attributes
+
+
+def annotate_copy(launch: Launch, verdict: CopyVerdict, target: str = "private_arena") -> None:
+    """Record the copy-overlap verdict of ``launch``'s upload on its span (`copy_attributes`)."""
+    launch.completer.annotate_all(copy_attributes(verdict, target))
+
+
+def timeout_error(launch: Launch, *, started: bool = False) -> DispatchTimeout:
+    """The `DispatchTimeout` of a dispatch past its timeout (not started, or ended late)."""
+    name = launch.config.label or launch.plan.program.op_id or ""
+    what = (
+        "ended after its timeout of {} s; its result was discarded"
+        if started
+        else "was not started: past its timeout of {} s"
+    )
+    return DispatchTimeout(
+        f"dispatch {name} " + what.format(launch.config.timeout),
+        fix="raise DispatchConfig.timeout or split the work into smaller dispatches",
+    )
+
+
+# Templates ------------------------------------------------------------------------------
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _output_slots(
+    plan: BindingPlan, params: Sequence[KernelParam], slots: Sequence[Slot]
+) -> tuple[OutputSlot, ...]:
+    by_name = {p.name: slot for p, slot in zip(params, slots, strict=True)}
+    counts = dict(zip((d.name for d in plan.program.buffers), plan.counts, strict=True))
+    outputs = []
+    for decl in plan.outputs:
+        readback = by_name[decl.name].readback
+        assert readback is not None
+        outputs.append(OutputSlot(np.dtype(decl.dtype.numpy), counts[decl.name], readback))
+    return tuple(outputs)
+
+
+def _pinned_sizes(layout: ArenaLayout) -> tuple[int, int]:
+    """Offset of the readback region in a launch's one pinned buffer, and its size."""
+    readback_at = _align(layout.upload_bytes)
+    return readback_at, readback_at + max(layout.readback_bytes, 4)
+
+
+def template_for(kernel: CudaKernel, plan: BindingPlan) -> LaunchTemplate:
+    """Return the `LaunchTemplate` of ``plan``'s buffer counts on ``kernel`` (built once).
+
+    Every plan dispatched on one kernel names the kernel's parameters (the
+    pipeline's program has the same buffers; only their counts differ), so the
+    counts are the whole key.
+    """
+    found = kernel.templates.get(plan.counts)
+    if found is not None:
+        return found
+    params = kernel.source.params
+    count_of = dict(zip((d.name for d in plan.program.buffers), plan.counts, strict=True))
+    input_at = {d.name: i for i, d in enumerate(plan.inputs)}
+    counts = tuple(count_of[p.name] for p in params)
+    inputs = tuple(input_at.get(p.name) for p in params)
+    layout = plan_layout([p.decl.access for p in params], counts, [None] * len(params))
+    uploads = []
+    for slot, at in zip(layout.slots, inputs, strict=True):
+        if slot.source is Source.HOST and slot.nbytes:
+            assert at is not None and slot.offset is not None
+            uploads.append((at, slot.offset, slot.nbytes))
+    readback_at, pinned_bytes = _pinned_sizes(layout)
+    template = LaunchTemplate(
+        counts=counts,
+        lens=np.array(counts, dtype=np.uint32).tobytes(),
+        inputs=inputs,
+        layout=layout,
+        uploads=tuple(uploads),
+        arg_offsets=tuple(int(slot.offset or 0) for slot in layout.slots),
+        outputs=_output_slots(plan, params, layout.slots),
+        readback_at=readback_at,
+        pinned_bytes=pinned_bytes,
+        copy_attributes=copy_attributes(PRIVATE_ARENA),
+    )
+    templates = kernel.templates
+    if len(templates) >= TEMPLATES_PER_KERNEL:
+        templates.pop(next(iter(templates)), None)
+    templates[plan.counts] = template
+    return template
+
+
+# Staging and readback ---------------------------------------------------------------------
+def fill_staging(host: np.ndarray, template: LaunchTemplate, inputs: Sequence[Any]) -> None:
+    """Write ``vy_lens`` and every host input of one launch into its staging bytes ``host``."""
+    lens = template.lens
+    host[: len(lens)] = np.frombuffer(lens, np.uint8)
+    for at, offset, nbytes in template.uploads:
+        item = inputs[at]
+        np.copyto(host[offset : offset + nbytes].view(item.dtype), item, casting="no")
+
+
+def read_outputs(outputs: Sequence[OutputSlot], readback: Any, base: int) -> list[np.ndarray]:
+    """Copy each output out of pinned ``readback`` (this launch's region starts at ``base``)."""
+    return [
+        np.frombuffer(readback, out.dtype, out.count, base + out.readback).copy() for out in outputs
+    ]
+
+
+def record_phases(ctx: DeviceContext, launches: Sequence[Launch], events: Sequence[Any]) -> float:
+    """Record upload/launch/readback spans from device event times on each launch; return kernel s.
+
+    The times are the whole flight's (one span per phase and dispatch, shared).
+    """
+    upload = ctx.elapsed_ns(events[0], events[1])
+    kernel = ctx.elapsed_ns(events[1], events[2])
+    readback = ctx.elapsed_ns(events[2], events[3])
+    end = time.time_ns()
+    t2 = end - int(readback)
+    t1 = t2 - int(kernel)
+    t0 = t1 - int(upload)
+    for launch in launches:
+        completer = launch.completer
+        completer.record_phase("vyre.upload", t0, t1)
+        completer.record_phase("vyre.launch", t1, t2)
+        completer.record_phase("vyre.readback", t2, end)
+    return kernel / 1e9
+
+
+class Flight:
+    """Work enqueued on one stream — one dispatch, or a batch — watched to completion.
+
+    The completion bridge calls `ready` (``cudaEventQuery`` on ``events[3]``) and
+    then `finish` once, in stream order.
+
+    Attributes:
+        launches: The dispatches it settles (item ``b``'s outputs start at
+            ``readback_at + b * stride`` in ``readback``).
+        outputs: Where each output sits in an item's readback region.
+        keep: Device arena, staging, stream and resident buffers: alive until done.
+        keep_done: ``events[3]`` is also an ordering event (a resident buffer's
+            last write or a graph's last replay): never recycle it.
+    """
+
+    __slots__ = (
+        "ctx",
+        "events",
+        "keep",
+        "keep_done",
+        "launches",
+        "outputs",
+        "readback",
+        "readback_at",
+        "stream",
+        "stride",
+    )
+
+    def __init__(
+        self,
+        ctx: DeviceContext,
+        launches: Sequence[Launch],
+        outputs: Sequence[OutputSlot],
+        *,
+        stream: int,
+        keep: tuple[Any, ...],
+        readback: Any,
+        events: list[Any],
+        readback_at: int = 0,
+        stride: int = 0,
+        keep_done: bool = False,
+    ) -> None:
+        self.ctx = ctx
+        self.launches = launches
+        self.outputs = outputs
+        self.stream = stream
+        self.keep = keep
+        self.readback = readback
+        self.readback_at = readback_at
+        self.stride = stride
+        self.events = events
+        self.keep_done = keep_done
+
+    def ready(self) -> bool:
+        """Return True once the completion event fired (``cudaEventQuery``)."""
+        return bool(self.events[3].done)
+
+    def abandon(self, error: BaseException) -> None:
+        """Fail every dispatch of the flight with ``error`` (the backend closed before it ended)."""
+        for launch in self.launches:
+            launch.completer.fail(error)
+
+    def finish(self, error: BaseException | None) -> None:
+        """Copy each dispatch's outputs out and settle it (or fail them); release resources."""
+        ctx = self.ctx
+        try:
+            with ctx.errors("running the kernel"):
+                if error is not None:
+                    raise error
+                self._settle()
+        except BackendError as failure:
+            for launch in self.launches:
+                launch.completer.fail(failure)
+        else:
+            ctx.recycle(self.events[:3] if self.keep_done else self.events)
+        finally:
+            ctx.streams.release(self.stream)
+            self.keep = ()
+            self.readback = None
+
+    def _settle(self) -> None:
+        launches = self.launches
+        stopped = [launch.completer.stop_requested.is_set() for launch in launches]
+        device_s = 0.0
+        if not any(stopped):
+            device_s = record_phases(self.ctx, launches, self.events) / len(launches)
+        elif not all(stopped):
+            live = [launch for launch, stop in zip(launches, stopped, strict=True) if not stop]
+            device_s = record_phases(self.ctx, live, self.events) / len(launches)
+        at = self.readback_at
+        for launch, stop in zip(launches, stopped, strict=True):
+            if stop:  # timed out: nobody takes the result
+                launch.completer.fail(timeout_error(launch, started=True))
+            else:
+                outputs = read_outputs(self.outputs, self.readback, at)
+                launch.completer.resolve(outputs, device_s=device_s, compile_s=launch.compile_s)
+            at += self.stride
+
+
+# Plain launches ---------------------------------------------------------------------------
+def enqueue_launch(ctx: DeviceContext, owner: object, launch: Launch, kernel: CudaKernel) -> None:
+    """Enqueue ``launch``'s upload, kernel launch(es) and readback on a leased stream.
+
+    Never synchronises; the `Flight` reaches the completion bridge in stream
+    order. ``owner`` is the backend (resident buffers answer only to it).
+    Exceptions propagate as raised (the caller maps them, `DeviceContext.errors`).
+    """
+    template = template_for(kernel, launch.plan)
+    inputs = launch.inputs
+    for item in inputs:
+        if isinstance(item, ResidentBuffer):
+            _enqueue_with_residents(ctx, owner, launch, kernel, template)
+            return
+    layout = template.layout
+    streams = ctx.streams
+    ctx.use_device()
+    index, stream = streams.lease()
+    try:
+        arena = ctx.alloc(layout.total_bytes, stream)  # the memory pool ties it to this stream
+        pinned = ctx.pinned(template.pinned_bytes)  # staging, then readback
+        fill_staging(np.frombuffer(pinned, np.uint8, layout.upload_bytes), template, inputs)
+        events = ctx.events(4)
+        base = int(arena.ptr)
+        args = tuple([np.uint64(base + offset) for offset in template.arg_offsets])
+        args += (np.uint64(base),)
+        rt, sp = ctx.runtime, stream.ptr
+        completer = launch.completer
+        # One dispatch's operations are contiguous on its stream, and reach the bridge
+        # in stream order.
+        with streams.ordering(index):
+            completer.mark_started()
+            completer.annotate("vyre.stream", index)
+            completer.annotate_all(template.copy_attributes)
+            events[0].record(stream)
+            rt.memcpyAsync(base, pinned.ptr, layout.upload_bytes, rt.memcpyHostToDevice, sp)
+            if layout.zero_bytes:
+                rt.memsetAsync(base + layout.zero_offset, 0, layout.zero_bytes, sp)
+            events[1].record(stream)
+            geometry = launch.plan.geometry
+            if geometry.lanes:
+                for _ in range(launch.config.iterations):
+                    kernel.function(geometry.grid, geometry.workgroup, args, stream=stream)
+            events[2].record(stream)
+            if layout.download_bytes:
+                rt.memcpyAsync(
+                    pinned.ptr + template.readback_at,
+                    base + layout.download_offset,
+                    layout.download_bytes,
+                    rt.memcpyDeviceToHost,
+                    sp,
+                )
+            events[3].record(stream)
+            flight = Flight(
+                ctx,
+                (launch,),
+                template.outputs,
+                stream=index,
+                keep=(arena, pinned, stream),
+                readback=pinned,
+                readback_at=template.readback_at,
+                events=events,
+            )
+            ctx.bridge.submit(flight, queue=index)
+    except BaseException:
+        streams.release(index)
+        raise
+
+
+# Resident buffers -------------------------------------------------------------------------
+@dataclass(eq=False)
+class DeviceBuffer:
+    """Device memory behind a `ResidentBuffer`, with its stream-ordering events.
+
+    Attributes:
+        memory: CuPy's allocation (keeps the memory alive).
+        ptr: Its device address.
+        nbytes: Its size.
+        last_write: Event after the last write (upload, memset, dispatch), or None.
+        readers: Events of dispatches reading it since that write.
+    """
+
+    memory: Any
+    ptr: int
+    nbytes: int
+    last_write: Any = None
+    readers: list[Any] = field(default_factory=list)
+
+
+def resident_sources(params: Sequence[KernelParam], items: Sequence[Any]) -> list[Source | None]:
+    """DIRECT for resident inputs, DEVICE for READ_WRITE ones also passed in another slot."""
+    seen = Counter(item.id for item in items if isinstance(item, ResidentBuffer))
+    out: list[Source | None] = []
+    for param, item in zip(params, items, strict=True):
+        if not isinstance(item, ResidentBuffer):
+            out.append(None)
+        elif param.decl.access is Access.READ_WRITE and seen[item.id] > 1:
+            out.append(Source.DEVICE)
+        else:
+            out.append(Source.DIRECT)
+    return out
+
+
+def _writes(slot: Slot, item: Any) -> bool:
+    return isinstance(item, ResidentBuffer) and slot.readback is not None
+
+
+def _fill_with_residents(
+    host: np.ndarray, layout: ArenaLayout, lens: bytes, items: Sequence[Any]
+) -> None:
+    host[: len(lens)] = np.frombuffer(lens, np.uint8)
+    for slot, item in zip(layout.slots, items, strict=True):
+        if slot.source is Source.HOST and slot.nbytes:
+            assert isinstance(item, np.ndarray) and slot.offset is not None
+            view = host[slot.offset : slot.offset + slot.nbytes].view(item.dtype)
+            np.copyto(view, item, casting="no")
+
+
+def _enqueue_with_residents(
+    ctx: DeviceContext, owner: object, launch: Launch, kernel: CudaKernel, template: LaunchTemplate
+) -> None:
+    """`enqueue_launch` for a launch with resident inputs: own layout, device-side ordering."""
+    params = kernel.source.params
+    items: list[Any] = [None if at is None else launch.inputs[at] for at in template.inputs]
+    layout = plan_layout(
+        [p.decl.access for p in params], template.counts, resident_sources(params, items)
+    )
+    readback_at, pinned_bytes = _pinned_sizes(layout)
+    outputs = _output_slots(launch.plan, params, layout.slots)
+    ctx.use_device()
+    index, stream = ctx.streams.lease()
+    try:
+        arena = ctx.alloc(layout.total_bytes, stream)
+        pinned = ctx.pinned(pinned_bytes)
+        _fill_with_residents(
+            np.frombuffer(pinned, np.uint8, layout.upload_bytes), layout, template.lens, items
+        )
+        events = ctx.events(4)
+        base = int(arena.ptr)
+        rt, sp = ctx.runtime, stream.ptr
+        with ctx.streams.ordering(index):
+            launch.completer.mark_started()
+            launch.completer.annotate("vyre.stream", index)
+            launch.completer.annotate_all(template.copy_attributes)
+            events[0].record(stream)
+            rt.memcpyAsync(base, pinned.ptr, layout.upload_bytes, rt.memcpyHostToDevice, sp)
+            residents = _order_residents(ctx, owner, items, layout, stream)
+            for slot, item in zip(layout.slots, items, strict=True):
+                if slot.source is Source.DEVICE:
+                    assert isinstance(item, ResidentBuffer) and slot.offset is not None
+                    source = item.native(owner)
+                    rt.memcpyAsync(
+                        base + slot.offset, source.ptr, slot.nbytes, rt.memcpyDeviceToDevice, sp
+                    )
+            if layout.zero_bytes:
+                rt.memsetAsync(base + layout.zero_offset, 0, layout.zero_bytes, sp)
+            events[1].record(stream)
+            args = [
+                np.uint64(
+                    int(item.native(owner).ptr)
+                    if slot.source is Source.DIRECT
+                    else base + int(slot.offset or 0)
+                )
+                for slot, item in zip(layout.slots, items, strict=True)
+            ]
+            args.append(np.uint64(base))
+            geometry = launch.plan.geometry
+            if geometry.lanes:
+                for _ in range(launch.config.iterations):
+                    kernel.function(geometry.grid, geometry.workgroup, tuple(args), stream=stream)
+            events[2].record(stream)
+            for slot, item in zip(layout.slots, items, strict=True):
+                if slot.source is Source.DEVICE and _writes(slot, item):
+                    assert isinstance(item, ResidentBuffer) and slot.offset is not None
+                    target = item.native(owner)
+                    rt.memcpyAsync(
+                        target.ptr, base + slot.offset, slot.nbytes, rt.memcpyDeviceToDevice, sp
+                    )
+            readback = pinned.ptr + readback_at
+            if layout.download_bytes:
+                rt.memcpyAsync(
+                    readback,
+                    base + layout.download_offset,
+                    layout.download_bytes,
+                    rt.memcpyDeviceToHost,
+                    sp,
+                )
+            for slot, item in zip(layout.slots, items, strict=True):
+                if slot.source is Source.DIRECT and slot.readback is not None and slot.nbytes:
+                    assert isinstance(item, ResidentBuffer)
+                    rt.memcpyAsync(
+                        readback + slot.readback,
+                        item.native(owner).ptr,
+                        slot.nbytes,
+                        rt.memcpyDeviceToHost,
+                        sp,
+                    )
+            events[3].record(stream)
+            _after_residents(ctx, residents, events[3])
+            flight = Flight(
+                ctx,
+                (launch,),
+                outputs,
+                stream=index,
+                keep=(arena, pinned, stream, residents),
+                readback=pinned,
+                readback_at=readback_at,
+                events=events,
+                keep_done=bool(residents),  # events[3] orders the resident buffers
+            )
+            ctx.bridge.submit(flight, queue=index)
+    except BaseException:
+        ctx.streams.release(index)
+        raise
+
+
+def _order_residents(
+    ctx: DeviceContext, owner: object, items: list[Any], layout: ArenaLayout, stream: Any
+) -> list[tuple[DeviceBuffer, bool]]:
+    """Make ``stream`` wait for earlier work on the resident buffers this dispatch uses."""
+    uses: dict[int, tuple[DeviceBuffer, bool]] = {}
+    for slot, item in zip(layout.slots, items, strict=True):
+        if isinstance(item, ResidentBuffer):
+            buf = item.native(owner)
+            written = _writes(slot, item)
+            previous = uses.get(id(buf))
+            uses[id(buf)] = (buf, written or (previous is not None and previous[1]))
+    with ctx.lock:
+        for buf, written in uses.values():
+            if buf.last_write is not None:
+                stream.wait_event(buf.last_write)
+            if written:
+                for event in buf.readers:
+                    stream.wait_event(event)
+    return list(uses.values())
+
+
+def _after_residents(ctx: DeviceContext, uses: list[tuple[DeviceBuffer, bool]], done: Any) -> None:
+    with ctx.lock:
+        for buf, written in uses:
+            if written:
+                buf.last_write, buf.readers = done, []
+            else:
+                if len(buf.readers) >= _READERS_KEPT:
+                    buf.readers = [e for e in buf.readers if not e.done]
+                buf.readers.append(done)
+
+
+class ResidentCopy:
+    """A resident-buffer upload or memset, watched so its staging and stream lease are released."""
+
+    __slots__ = ("ctx", "done", "keep", "stream")
+
+    def __init__(self, ctx: DeviceContext, stream: int, done: Any, keep: tuple[Any, ...]) -> None:
+        self.ctx = ctx
+        self.stream = stream
+        self.done = done
+        self.keep = keep
+
+    def ready(self) -> bool:
+        """Return True once the copy finished."""
+        return bool(self.done.done)
+
+    def abandon(self, error: BaseException) -> None:
+        """The backend closed before the copy ended: nothing waits on it."""
+
+    def finish(self, error: BaseException | None) -> None:
+        """Release the staging memory and the stream lease; log a device error."""
+        self.ctx.streams.release(self.stream)
+        self.keep = ()
+        if error is not None:
+            failure = self.ctx.translate(error, "copying a resident buffer")
+            _log.error("resident buffer copy failed: %s", failure)
