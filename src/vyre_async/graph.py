@@ -776,6 +776,7 @@ class _Schedule:
     steps: tuple[_Step, ...]
     uploads: tuple[str, ...]  # resources some arm reads before any arm WRITEs them
     writes_bool: bool  # an arm writes a BOOL resource (host joins)
+    last_writer: Mapping[str, int]  # resource -> the last arm (submission order) writing it
     execution_config: DispatchConfig
 
     @staticmethod
@@ -839,6 +840,7 @@ class _Schedule:
                 for decl in arm.program.buffers
             ),
             execution_config=DispatchConfig(persistent_thread=_persistent_mode(arms)),
+            last_writer={resource: step.arm.index for step in steps for resource in step.outputs},
         )
 
 
@@ -871,6 +873,9 @@ class _Run:
         self.arm_runs: list[ArmRun] = []
         self.in_flight: list[PendingDispatch] = []
         self.host_join_reason: str | None = None
+        # Final contents already on the host: the outputs of each resource's last
+        # writer (new arrays the run owns), returned by `take` without a copy.
+        self.final: dict[str, np.ndarray] = {}
         mode = decision.span_attributes()
         # Per layer: the span attributes every arm of it adds to its graph-only ones.
         self.layer_attributes: list[dict[str, AttributeValue]] = [
@@ -935,9 +940,12 @@ class _Run:
                 pending = self._launch_resident(self.steps[i], attributes)
                 launched.append((i, pending))
                 if in_order:  # it finishes before the next dispatch
-                    await self._await_layer((i,), [pending], keep=False)
+                    (outputs,) = await self._await_layer((i,), [pending])
+                    self._keep_final(self.steps[i], outputs)
         waiting = [(i, p) for i, p in launched if p in self.in_flight]
-        await self._await_layer(tuple(i for i, _ in waiting), [p for _, p in waiting])
+        results = await self._await_layer(tuple(i for i, _ in waiting), [p for _, p in waiting])
+        for (i, _), outputs in zip(waiting, results, strict=True):
+            self._keep_final(self.steps[i], outputs)
         runs = {i: self._arm_run(self.steps[i], pending) for i, pending in launched}
         self.arm_runs = [runs[i] for i in range(len(self.steps))]
         settled = {i: _settled_at(pending) for i, pending in launched}
@@ -1021,13 +1029,9 @@ class _Run:
         return pending
 
     async def _await_layer(
-        self, layer: tuple[int, ...], pendings: list[PendingDispatch], *, keep: bool = True
+        self, layer: tuple[int, ...], pendings: list[PendingDispatch]
     ) -> list[list[np.ndarray]]:
-        """Await ``pendings`` (the arms ``layer``); raise the first failure, named.
-
-        With ``keep=False`` the outputs are dropped (resident runs read them from
-        their buffers).
-        """
+        """Await ``pendings`` (the arms ``layer``); raise the first failure, named."""
         results: list[list[np.ndarray]] = []
         failure: tuple[int, Exception] | None = None
         for i, pending in zip(layer, pendings, strict=True):
@@ -1040,7 +1044,7 @@ class _Run:
             # Only a settled arm leaves in_flight: after a cancelled await it is still
             # running, and _settle_in_flight must wait for it before buffers are freed.
             self.in_flight.remove(pending)
-            results.append(outputs if keep else [])
+            results.append(outputs)
         if failure is not None:
             index, error = failure
             arm = self.steps[index].arm
@@ -1057,6 +1061,13 @@ class _Run:
             self.state[resource] = output
             if isinstance(old, ResidentBuffer):
                 self._free(old)
+        self._keep_final(step, outputs)
+
+    def _keep_final(self, step: _Step, outputs: list[np.ndarray]) -> None:
+        """Keep the host outputs of ``step`` for the resources it writes last."""
+        for resource, output in zip(step.outputs, outputs, strict=True):
+            if self.schedule.last_writer[resource] == step.arm.index:
+                self.final[resource] = output
 
     def _arm_run(self, step: _Step, pending: PendingDispatch) -> ArmRun:
         arm = step.arm
@@ -1091,6 +1102,10 @@ class _Run:
             self.in_flight.clear()
 
     def take(self, resource: str) -> np.ndarray:
+        """Return a new array with the resource's final contents."""
+        final = self.final.pop(resource, None)
+        if final is not None:  # the last writer's outputs: already a new host array
+            return final
         value = self.state[resource]
         if isinstance(value, ResidentBuffer):
             return self.backend.download(value)
