@@ -120,7 +120,7 @@ class Calibration:
         h2d_bytes_per_s: Upload bandwidth (from pinned memory on GPUs).
         d2h_bytes_per_s: Download bandwidth.
         compile_ns: Compiling one typical pipeline (the cost of a cache miss).
-        arm_overlap_bps: How much of the shorter of two independent dispatches
+        concurrent_overlap_bps: How much of the shorter of two independent dispatches
             running them concurrently hides, against running them one after the
             other, in basis points of its time (10000: fully hidden; 0: no gain;
             negative: together they took longer). Measured by
@@ -147,7 +147,7 @@ class Calibration:
     h2d_bytes_per_s: float | None = None
     d2h_bytes_per_s: float | None = None
     compile_ns: int | None = None
-    arm_overlap_bps: int | None = None
+    concurrent_overlap_bps: int | None = None
     timing: str = "host"
     measured_at: float = 0.0
 
@@ -180,14 +180,14 @@ class Calibration:
                     f"Calibration.{name} must be a positive finite number, got {value!r}\n"
                     "Fix: leave it None when not measured"
                 )
-        overlap = self.arm_overlap_bps
+        overlap = self.concurrent_overlap_bps
         if overlap is not None and (
             isinstance(overlap, bool)
             or not isinstance(overlap, int)
             or not -10_000 <= overlap <= 10_000
         ):
             raise ValueError(
-                f"Calibration.arm_overlap_bps must be an int in -10000..10000 or None, got "
+                f"Calibration.concurrent_overlap_bps must be an int in -10000..10000 or None, got "
                 f"{overlap!r}\nFix: clamp the measured overlap to basis points"
             )
         if (
@@ -537,7 +537,7 @@ def calibration_for(
                 record = replace(record, measured_at=time.time())
             record = _with_arm_overlap(backend, record)
             where.save(record)
-    elif record is not None and measure and record.arm_overlap_bps is None:
+    elif record is not None and measure and record.concurrent_overlap_bps is None:
         filled = _with_arm_overlap(backend, record)  # a record written before the field
         if filled is not record:
             record = filled
@@ -570,20 +570,20 @@ def format_calibration(record: Calibration) -> str:
             "  arm overlap:      "
             + (
                 "not measured"
-                if record.arm_overlap_bps is None
-                else f"{record.arm_overlap_bps / 100:+.0f} % of the shorter of two concurrent "
-                "dispatches hidden"
+                if record.concurrent_overlap_bps is None
+                else f"{record.concurrent_overlap_bps / 100:+.0f} % of the shorter of two "
+                "concurrent dispatches hidden"
             ),
         ]
     )
 
 
 def _with_arm_overlap(backend: VyreBackend, record: Calibration) -> Calibration:
-    """``record`` with ``arm_overlap_bps`` measured on ``backend`` when it is None."""
-    if record.arm_overlap_bps is not None:
+    """``record`` with ``concurrent_overlap_bps`` measured on ``backend`` when it is None."""
+    if record.concurrent_overlap_bps is not None:
         return record
     overlap = measure_arm_overlap(backend)
-    return record if overlap is None else replace(record, arm_overlap_bps=overlap)
+    return record if overlap is None else replace(record, concurrent_overlap_bps=overlap)
 
 
 #: Elements of the two probe dispatches of `measure_arm_overlap` (1 MiB each).

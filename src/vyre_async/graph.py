@@ -221,8 +221,8 @@ class GraphReport:
         concurrency: Per layer, the `ArmConcurrencyVerdict`: whether its arms
             ran concurrently or in order (each finished before the next was
             dispatched), and why (``single_arm`` for a layer of one arm).
-        arm_overlap_bps: The backend's calibrated arm overlap the verdicts used
-            (`Calibration.arm_overlap_bps`), None when not calibrated.
+        concurrent_overlap_bps: The backend's calibrated arm overlap the verdicts used
+            (`Calibration.concurrent_overlap_bps`), None when not calibrated.
     """
 
     label: str | None
@@ -238,7 +238,7 @@ class GraphReport:
     joins_on: Literal["device", "host"] = "host"
     host_join_reason: str | None = None
     concurrency: tuple[ArmConcurrencyVerdict, ...] = ()
-    arm_overlap_bps: int | None = None
+    concurrent_overlap_bps: int | None = None
 
     def describe(self) -> str:
         """Return a human-readable, multi-line account of the run."""
@@ -252,8 +252,8 @@ class GraphReport:
             "arm overlap: "
             + (
                 "not calibrated"
-                if self.arm_overlap_bps is None
-                else f"{self.arm_overlap_bps / 100:+.0f} % (calibrated)"
+                if self.concurrent_overlap_bps is None
+                else f"{self.concurrent_overlap_bps / 100:+.0f} % (calibrated)"
             ),
         ]
         for number, layer in enumerate(self.layers):
@@ -576,7 +576,7 @@ class ArmGraph:
 
         Each layer of more than one arm runs concurrently or in order, as
         `vyre_async.policies.decide_arm_concurrency` decides from the backend's
-        calibration (``arm_overlap_bps``) and the arms' estimated times (their
+        calibration (``concurrent_overlap_bps``) and the arms' estimated times (their
         last measured times on this backend, else the calibrated launch cost).
 
         Args:
@@ -644,7 +644,7 @@ class ArmGraph:
             config=schedule.execution_config,
         )
         calibration = calibration_for(backend)
-        overlap = None if calibration is None else calibration.arm_overlap_bps
+        overlap = None if calibration is None else calibration.concurrent_overlap_bps
         fallback = 1 if calibration is None else max(calibration.launch_ns, 1)
         costs = self._costs_on(backend, schedule)
         concurrency = tuple(
@@ -706,7 +706,7 @@ class ArmGraph:
             joins_on=runner.joins_on,
             host_join_reason=runner.host_join_reason,
             concurrency=concurrency,
-            arm_overlap_bps=overlap,
+            concurrent_overlap_bps=overlap,
         )
         return GraphResult(outputs=out, report=report)
 

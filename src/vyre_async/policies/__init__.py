@@ -20,6 +20,7 @@ from vyre_async.policies.arms import (
 )
 from vyre_async.policies.concurrency import (
     ARM_CONCURRENCY_REASONS,
+    MIN_ARM_OVERLAP_BPS,
     ArmConcurrencyVerdict,
     decide_arm_concurrency,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "INLINE_BUDGET_DISABLED",
     "INLINE_BUDGET_LARGE",
     "INLINE_BUDGET_SMALL",
+    "MIN_ARM_OVERLAP_BPS",
     "SHAPE_HISTORY_CAPACITY",
     "SPECULATION_MIN_CONFIDENCE_BPS",
     "SPECULATION_MIN_HITS",

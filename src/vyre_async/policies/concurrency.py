@@ -5,7 +5,7 @@ that is faster depends on the backend. On a GPU, arms on separate streams
 overlap; on a CPU backend whose workers share one interpreter lock (and a
 couple of cores), concurrent arms can take longer than the same arms in order.
 The backend's calibration measures how much of the shorter of two concurrent
-dispatches was hidden by running them together (``arm_overlap_bps``, basis
+dispatches was hidden by running them together (``concurrent_overlap_bps``, basis
 points of that dispatch's time, negative when running them together was
 slower); this policy applies it to a layer's estimated work.
 """
@@ -20,24 +20,30 @@ from vyre_async.policies._checks import non_negative_int
 
 __all__ = [
     "ARM_CONCURRENCY_REASONS",
+    "MIN_ARM_OVERLAP_BPS",
     "ArmConcurrencyVerdict",
     "decide_arm_concurrency",
 ]
 
 ArmConcurrencyKind = Literal["concurrent", "in_order"]
 ArmConcurrencyReason = Literal[
-    "single_arm", "uncalibrated", "no_overlap", "nothing_to_hide", "overlap_pays"
+    "single_arm", "uncalibrated", "no_overlap", "low_overlap", "nothing_to_hide", "overlap_pays"
 ]
 #: Every reason the verdict can carry, in the order the rules are checked.
 ARM_CONCURRENCY_REASONS: tuple[ArmConcurrencyReason, ...] = (
     "single_arm",
     "uncalibrated",
     "no_overlap",
+    "low_overlap",
     "nothing_to_hide",
     "overlap_pays",
 )
-_IN_ORDER_REASONS = frozenset({"single_arm", "no_overlap", "nothing_to_hide"})
+_IN_ORDER_REASONS = frozenset({"single_arm", "no_overlap", "low_overlap", "nothing_to_hide"})
 _BPS = 10_000
+#: Below this calibrated overlap (10 %), concurrency's measured gain is within the
+#: noise of the measurement on a shared machine, and its cost when cores are busy
+#: (contention) is not: such a backend runs layers in order.
+MIN_ARM_OVERLAP_BPS = 1_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,7 +53,8 @@ class ArmConcurrencyVerdict:
     Attributes:
         kind: ``"concurrent"`` (every arm of the layer in flight together) or
             ``"in_order"`` (each arm finishes before the next is dispatched).
-        reason: ``single_arm``, ``no_overlap`` or ``nothing_to_hide`` (in order);
+        reason: ``single_arm``, ``no_overlap``, ``low_overlap`` or
+            ``nothing_to_hide`` (in order);
             ``uncalibrated`` or ``overlap_pays`` (concurrent).
         savings_ns: Estimated time running the layer concurrently saves over
             running it in order (negative: what it would cost); 0 when not
@@ -78,7 +85,10 @@ class ArmConcurrencyVerdict:
 
 
 def decide_arm_concurrency(
-    work_ns: Sequence[int], overlap_bps: int | None
+    work_ns: Sequence[int],
+    overlap_bps: int | None,
+    *,
+    min_overlap_bps: int = MIN_ARM_OVERLAP_BPS,
 ) -> ArmConcurrencyVerdict:
     """Decide whether a layer's independent arms run concurrently or in order.
 
@@ -92,28 +102,38 @@ def decide_arm_concurrency(
     2. ``overlap_bps`` is None (not calibrated) → ``concurrent``,
        ``uncalibrated`` (the scheduler's default);
     3. ``overlap_bps <= 0`` → ``in_order``, ``no_overlap`` (savings ≤ 0);
-    4. savings ``== 0`` (nothing but the longest arm has work) → ``in_order``,
+    4. ``overlap_bps < min_overlap_bps`` → ``in_order``, ``low_overlap`` (a gain
+       within measurement noise; savings as estimated);
+    5. savings ``== 0`` (nothing but the longest arm has work) → ``in_order``,
        ``nothing_to_hide`` (a tie stays in order);
-    5. otherwise ``concurrent``, ``overlap_pays``.
+    6. otherwise ``concurrent``, ``overlap_pays``.
 
     Args:
         work_ns: Estimated time of each arm of the layer, alone (int ns >= 0).
         overlap_bps: The calibrated overlap, basis points in -10000..10000, or
             None when the backend is not calibrated for it.
+        min_overlap_bps: The least overlap that counts as a gain (default
+            `MIN_ARM_OVERLAP_BPS`, 10 %; an int in 0..10000).
 
     Returns:
         The verdict with the estimated savings.
 
     Raises:
         TypeError: a work estimate or ``overlap_bps`` is not an int.
-        ValueError: a work estimate is negative or ``overlap_bps`` is out of range.
+        ValueError: a work estimate is negative, or ``overlap_bps`` or
+            ``min_overlap_bps`` is out of range.
     """
+    threshold = non_negative_int("min_overlap_bps", min_overlap_bps)
+    if threshold > _BPS:
+        raise ValueError(
+            f"min_overlap_bps must lie in 0..10000, got {threshold}\nFix: pass basis points"
+        )
     work = [non_negative_int(f"work_ns[{i}]", value) for i, value in enumerate(work_ns)]
     if overlap_bps is not None:
         if isinstance(overlap_bps, bool) or not isinstance(overlap_bps, int):
             raise TypeError(
                 f"overlap_bps must be an int of basis points or None, got {overlap_bps!r}\n"
-                "Fix: pass Calibration.arm_overlap_bps"
+                "Fix: pass Calibration.concurrent_overlap_bps"
             )
         if not -_BPS <= overlap_bps <= _BPS:
             raise ValueError(
@@ -127,6 +147,8 @@ def decide_arm_concurrency(
     savings = overlap_bps * (sum(work) - max(work)) // _BPS
     if overlap_bps <= 0:
         return ArmConcurrencyVerdict(kind="in_order", reason="no_overlap", savings_ns=savings)
+    if overlap_bps < threshold:
+        return ArmConcurrencyVerdict(kind="in_order", reason="low_overlap", savings_ns=savings)
     if savings <= 0:
         return ArmConcurrencyVerdict(kind="in_order", reason="nothing_to_hide", savings_ns=0)
     return ArmConcurrencyVerdict(kind="concurrent", reason="overlap_pays", savings_ns=savings)
