@@ -4,25 +4,29 @@ Seven programs ("arms") share named graph resources. The driver derives what
 each arm reads and writes from its bindings, layers the arms so that every
 layer holds mutually independent arms, runs each layer's arms concurrently
 (worker threads on the reference backend, one stream each on a GPU backend)
-and returns the requested resources with a report: the layers, which arms ran
-together, why each later arm had to wait, streams, timing and the execution
-mode chosen for the repeated submission.
+where the backend's calibration says concurrency pays, else one after another
+(the report says which, and why), and returns the requested resources with a
+report: the layers, which arms ran together, why each later arm had to wait,
+streams, timing and the execution mode chosen for the repeated submission.
 
     .venv/bin/python examples/megakernel_arms.py            # reference backend
     .venv/bin/python examples/megakernel_arms.py --backend cupy --size 4194304
 
-The result is checked against running the arms one by one in submission order.
+The result is checked against running the arms one by one in submission order,
+and the two are timed in interleaved rounds (medians reported).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import anyio
 import numpy as np
 
 from vyre_async import VyreBackend, acquire_backend
+from vyre_async.calibration import calibration_for
 from vyre_async.graph import ArmGraph, GraphResult
 from vyre_async.programs import elementwise_xor, histogram, saxpy
 
@@ -72,8 +76,14 @@ def show(result: GraphResult) -> None:
         arms = [report.arms[i] for i in layer]
         streams = {a.label: a.stream for a in arms if a.stream is not None}
         where = f" on streams {streams}" if streams else " (worker threads / inline)"
-        together = "together" if len(arms) > 1 else "alone"
-        print(f"  layer {number}: {len(arms)} arm(s) in flight {together}{where}")
+        verdict = report.concurrency[number]
+        if len(arms) == 1:
+            how = "alone"
+        elif verdict.concurrent:
+            how = f"in flight together ({verdict.reason})"
+        else:
+            how = f"one after another ({verdict.reason})"
+        print(f"  layer {number}: {len(arms)} arm(s) {how}{where}")
     print("why arms waited:")
     for arm in report.arms:
         for conflict in arm.conflicts:
@@ -84,21 +94,37 @@ def show(result: GraphResult) -> None:
 
 async def main(args: argparse.Namespace) -> None:
     backend = acquire_backend(args.backend)
+    # Measure once per device (cached on disk): the concurrency verdicts read it.
+    calibration = await anyio.to_thread.run_sync(lambda: calibration_for(backend, measure=True))
     graph = build(args.size)
     outputs = ["key", "hist_data", "hist_mixed", "scaled"]
     await graph.run(backend, outputs=outputs)  # warm-up: compile every pipeline once
-    started = time.perf_counter()
-    result = await graph.run(backend, outputs=outputs)
-    graph_s = time.perf_counter() - started
+    await sequential(backend, graph)
+    graph_times: list[float] = []
+    sequential_times: list[float] = []
+    result = None
+    for _ in range(args.rounds):  # interleaved, so both see the same machine load
+        started = time.perf_counter()
+        result = await graph.run(backend, outputs=outputs)
+        graph_times.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        expected = await sequential(backend, graph)
+        sequential_times.append(time.perf_counter() - started)
+        for name in outputs:
+            assert np.array_equal(result.outputs[name], expected[name]), name
+    assert result is not None
     show(result)
-    started = time.perf_counter()
-    expected = await sequential(backend, graph)
-    sequential_s = time.perf_counter() - started
-    for name in outputs:
-        assert np.array_equal(result.outputs[name], expected[name]), name
+    overlap = None if calibration is None else calibration.concurrent_overlap_bps
     print(
-        f"graph: {graph_s * 1e3:.1f} ms in {len(result.report.layers)} layers; "
-        f"one by one: {sequential_s * 1e3:.1f} ms; outputs identical"
+        "calibrated arm overlap: "
+        + ("not measured" if overlap is None else f"{overlap / 100:+.0f} %")
+    )
+    graph_ms = statistics.median(graph_times) * 1e3
+    sequential_ms = statistics.median(sequential_times) * 1e3
+    print(
+        f"graph: {graph_ms:.1f} ms in {len(result.report.layers)} layers; "
+        f"one by one: {sequential_ms:.1f} ms (medians of {args.rounds} interleaved rounds, "
+        f"ratio {graph_ms / sequential_ms:.2f}); outputs identical"
     )
     mode = result.report.execution.mode
     print(
@@ -112,4 +138,5 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="reference", help="backend id (default reference)")
     parser.add_argument("--size", type=int, default=1 << 21, help="elements per buffer")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
     anyio.run(main, parser.parse_args())

@@ -72,6 +72,7 @@ __all__ = [
     "default_calibration_root",
     "format_calibration",
     "launch_probe_program",
+    "measure_arm_overlap",
     "measure_host_costs",
 ]
 
@@ -118,6 +119,14 @@ class Calibration:
         h2d_bytes_per_s: Upload bandwidth (from pinned memory on GPUs).
         d2h_bytes_per_s: Download bandwidth.
         compile_ns: Compiling one typical pipeline (the cost of a cache miss).
+        concurrent_overlap_bps: How much of the shorter of two independent dispatches
+            running them concurrently hides, against running them one after the
+            other, in basis points of its time (10000: fully hidden; 0: no gain;
+            negative: together they took longer). Measured by
+            `measure_arm_overlap` (`calibration_for` fills it in when the
+            backend's ``calibrate()`` left it None); the arm scheduler's
+            concurrency policy (`vyre_async.policies.decide_arm_concurrency`)
+            reads it.
         timing: How times were taken: ``"host"`` clocks or ``"device_events"``.
         measured_at: Unix time of the measurement.
 
@@ -137,6 +146,7 @@ class Calibration:
     h2d_bytes_per_s: float | None = None
     d2h_bytes_per_s: float | None = None
     compile_ns: int | None = None
+    concurrent_overlap_bps: int | None = None
     timing: str = "host"
     measured_at: float = 0.0
 
@@ -169,6 +179,16 @@ class Calibration:
                     f"Calibration.{name} must be a positive finite number, got {value!r}\n"
                     "Fix: leave it None when not measured"
                 )
+        overlap = self.concurrent_overlap_bps
+        if overlap is not None and (
+            isinstance(overlap, bool)
+            or not isinstance(overlap, int)
+            or not -10_000 <= overlap <= 10_000
+        ):
+            raise ValueError(
+                f"Calibration.concurrent_overlap_bps must be an int in -10000..10000 or None, got "
+                f"{overlap!r}\nFix: clamp the measured overlap to basis points"
+            )
         if (
             isinstance(self.measured_at, bool)
             or not isinstance(self.measured_at, int | float)
@@ -514,6 +534,12 @@ def calibration_for(
         if record is not None:
             if record.measured_at == 0.0:
                 record = replace(record, measured_at=time.time())
+            record = _with_arm_overlap(backend, record)
+            where.save(record)
+    elif record is not None and measure and record.concurrent_overlap_bps is None:
+        filled = _with_arm_overlap(backend, record)  # a record written before the field
+        if filled is not record:
+            record = filled
             where.save(record)
     with _memo_lock:
         _memo[backend] = record if record is not None else _ABSENT
@@ -540,8 +566,85 @@ def format_calibration(record: Calibration) -> str:
             f"(+ {ns(record.persistent_item_ns)} per item)",
             f"  upload / download: {rate(record.h2d_bytes_per_s)} / {rate(record.d2h_bytes_per_s)}",
             f"  compile:          {ns(record.compile_ns)}",
+            "  arm overlap:      "
+            + (
+                "not measured"
+                if record.concurrent_overlap_bps is None
+                else f"{record.concurrent_overlap_bps / 100:+.0f} % of the shorter of two "
+                "concurrent dispatches hidden"
+            ),
         ]
     )
+
+
+def _with_arm_overlap(backend: BackendLike, record: Calibration) -> Calibration:
+    """``record`` with ``concurrent_overlap_bps`` measured on ``backend`` when it is None."""
+    if record.concurrent_overlap_bps is not None:
+        return record
+    overlap = measure_arm_overlap(backend)
+    return record if overlap is None else replace(record, concurrent_overlap_bps=overlap)
+
+
+#: Elements of the two probe dispatches of `measure_arm_overlap` (1 MiB each).
+ARM_OVERLAP_PROBE_ELEMENTS = 1 << 18
+
+
+def measure_arm_overlap(
+    backend: BackendLike, *, rounds: int = 5, elements: int = ARM_OVERLAP_PROBE_ELEMENTS
+) -> int | None:
+    """Measure how much running two independent dispatches concurrently saves on ``backend``.
+
+    The probes are two typical, different kernels over ``elements`` words: an
+    elementwise xor and a 256-bin histogram (workgroup atomics, a barrier,
+    storage atomics). Each round (after one warm-up of each) runs them one after
+    the other, each awaited before the next is dispatched (times ``a``, ``b``),
+    then both dispatched before either is awaited (time ``c``); the round's
+    overlap is ``(a + b - c) / min(a, b)``, the share of the shorter dispatch
+    that concurrency hid. The result is the median over ``rounds`` (the probe
+    order alternates), clamped to -1..1, in basis points. Host clocks; blocks
+    the calling thread (call it outside event loops, like ``calibrate()``).
+
+    It runs on ``backend`` itself: its worker threads or streams are what the
+    arm scheduler will use. A backend may measure it in its own ``calibrate()``
+    instead (on a probe with the same concurrency).
+
+    Args:
+        backend: The backend to measure.
+        rounds: Timed rounds (>= 1).
+        elements: Words per probe buffer.
+
+    Returns:
+        Basis points in -10000..10000, or None when the probes could not run
+        (logged on the ``vyre_async.calibration`` logger).
+    """
+    from vyre_async.programs import elementwise_xor, histogram
+
+    data = np.arange(elements, dtype=np.uint32)
+    probes = (
+        (elementwise_xor(elements), [data, data]),
+        (histogram(), [data, np.zeros(256, np.uint32)]),
+    )
+    samples: list[float] = []
+    try:
+        for program, inputs in probes:
+            backend.dispatch(program, inputs).result()  # compile and warm
+        for number in range(max(1, rounds)):
+            (p1, i1), (p2, i2) = probes if number % 2 == 0 else probes[::-1]
+            start = time.perf_counter()
+            backend.dispatch(p1, i1).result()
+            middle = time.perf_counter()
+            backend.dispatch(p2, i2).result()
+            in_order_end = time.perf_counter()
+            first, second = backend.dispatch(p1, i1), backend.dispatch(p2, i2)
+            first.result()
+            second.result()
+            together = time.perf_counter() - in_order_end
+            shorter = max(min(middle - start, in_order_end - middle), 1e-9)
+            samples.append((in_order_end - start - together) / shorter)
+    except Exception as exc:  # a backend that cannot run the probes is not calibrated for it
+        _log.warning("arm overlap of backend %r not measured (%s)", backend.id, exc)
+        return None
+    return max(-10_000, min(10_000, round(statistics.median(samples) * 10_000)))
 
 
 def launch_probe_program() -> Program:

@@ -57,6 +57,7 @@ from vyre_async import telemetry
 from vyre_async._version import __version__
 from vyre_async.annotations import AttributeValue, dispatch_attributes
 from vyre_async.arguments import whole_number
+from vyre_async.calibration import calibration_for
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import (
     BackendError,
@@ -74,6 +75,7 @@ from vyre_async.ir.walk import iter_exprs
 from vyre_async.pending import PendingDispatch
 from vyre_async.plan import normalize_input
 from vyre_async.policies.arms import ArmConflict, ArmPlan, ArmSummary, plan_arms
+from vyre_async.policies.concurrency import ArmConcurrencyVerdict, decide_arm_concurrency
 from vyre_async.resident import ResidentBuffer
 
 if TYPE_CHECKING:
@@ -216,6 +218,11 @@ class GraphReport:
             `BackendCapabilities.ordered_resident_buffers`) or
             ``"bool_resource_written"`` (an arm writes a BOOL resource, which
             stays a host array).
+        concurrency: Per layer, the `ArmConcurrencyVerdict`: whether its arms
+            ran concurrently or in order (each finished before the next was
+            dispatched), and why (``single_arm`` for a layer of one arm).
+        concurrent_overlap_bps: The backend's calibrated arm overlap the verdicts used
+            (`Calibration.concurrent_overlap_bps`), None when not calibrated.
     """
 
     label: str | None
@@ -230,6 +237,8 @@ class GraphReport:
     layer_wall_s: tuple[float, ...]
     joins_on: Literal["device", "host"] = "host"
     host_join_reason: str | None = None
+    concurrency: tuple[ArmConcurrencyVerdict, ...] = ()
+    concurrent_overlap_bps: int | None = None
 
     def describe(self) -> str:
         """Return a human-readable, multi-line account of the run."""
@@ -240,13 +249,25 @@ class GraphReport:
             + f", resources {self.residency}, {self.wall_s * 1e3:.2f} ms",
             f"execution mode: {self.execution.mode.kind}"
             + (f" ({self.execution.mode.reason})" if self.execution.mode.reason else ""),
+            "arm overlap: "
+            + (
+                "not calibrated"
+                if self.concurrent_overlap_bps is None
+                else f"{self.concurrent_overlap_bps / 100:+.0f} % (calibrated)"
+            ),
         ]
         for number, layer in enumerate(self.layers):
             names = ", ".join(self.arms[i].label for i in layer)
-            lines.append(
-                f"layer {number} ({self.layer_wall_s[number] * 1e3:.2f} ms): {names}"
-                + (" — concurrent" if len(layer) > 1 else "")
-            )
+            how = ""
+            if len(layer) > 1:
+                how = " — concurrent" if len(layer) > 1 else ""
+                if number < len(self.concurrency):
+                    verdict = self.concurrency[number]
+                    how = f" — {verdict.kind.replace('_', ' ')} ({verdict.reason}"
+                    if verdict.savings_ns:
+                        how += f", est. {verdict.savings_ns / 1e6:+.2f} ms if concurrent"
+                    how += ")"
+            lines.append(f"layer {number} ({self.layer_wall_s[number] * 1e3:.2f} ms): {names}{how}")
             for i in layer:
                 arm = self.arms[i]
                 where = "" if arm.stream is None else f" stream {arm.stream}"
@@ -331,6 +352,11 @@ class ArmGraph:
         self._version = 0
         self._lock = threading.Lock()
         self._submissions: weakref.WeakKeyDictionary[VyreBackend, tuple[int, int]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._cached: _Schedule | None = None
+        # Per backend: (graph version, each arm's last measured execution time in ns)
+        self._costs: weakref.WeakKeyDictionary[VyreBackend, tuple[int, tuple[int | None, ...]]] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -504,13 +530,40 @@ class ArmGraph:
 
     def plan(self) -> ArmPlan:
         """Return the layering of the arms (no backend needed)."""
-        return plan_arms(self.summaries())
+        return self._schedule().plan
 
     def __repr__(self) -> str:
         name = f" {self.label!r}" if self.label else ""
         return f"<ArmGraph{name} {len(self._resources)} resources, {len(self._arms)} arms>"
 
     # Running ---------------------------------------------------------------------------
+    def _schedule(self) -> _Schedule:
+        """Return what every run of the current graph needs (built once per graph version)."""
+        with self._lock:
+            schedule = self._cached
+            if schedule is None or schedule.version != self._version:
+                schedule = self._cached = _Schedule.build(
+                    self.label, self._version, tuple(self._arms), dict(self._resources)
+                )
+            return schedule
+
+    def _costs_on(self, backend: VyreBackend, schedule: _Schedule) -> tuple[int | None, ...]:
+        """Each arm's last measured execution time on ``backend`` (ns; None: never measured)."""
+        with self._lock:
+            version, costs = self._costs.get(backend, (-1, ()))
+        return costs if version == schedule.version else (None,) * len(schedule.steps)
+
+    def _record_costs(
+        self, backend: VyreBackend, schedule: _Schedule, runs: Sequence[ArmRun]
+    ) -> None:
+        previous = self._costs_on(backend, schedule)
+        costs = tuple(
+            old if run.device_s is None else round(run.device_s * 1e9)
+            for run, old in zip(runs, previous, strict=True)
+        )
+        with self._lock:
+            self._costs[backend] = (schedule.version, costs)
+
     async def run(
         self,
         backend: VyreBackend,
@@ -520,6 +573,11 @@ class ArmGraph:
         residency: Residency = "auto",
     ) -> GraphResult:
         """Run every arm on ``backend``, layer by layer, and return the requested resources.
+
+        Each layer of more than one arm runs concurrently or in order, as
+        `vyre_async.policies.decide_arm_concurrency` decides from the backend's
+        calibration (``concurrent_overlap_bps``) and the arms' estimated times (their
+        last measured times on this backend, else the calibrated launch cost).
 
         Args:
             backend: Where the arms run.
@@ -539,21 +597,22 @@ class ArmGraph:
             BackendError: an arm failed (the error names the arm in a note). With
                 host joins the other arms of its layer are awaited before it is
                 raised and later layers never start; with device joins every arm
-                was already submitted, and all of them are awaited first (the
-                first failure in submission order is raised).
+                already submitted is awaited first (the first failure in
+                submission order is raised); an arm of a layer run in order is
+                awaited before the next arm is dispatched, so none is dispatched
+                after it fails.
         """
         if residency not in ("auto", "resident", "host"):
             raise InvalidProgram(
                 f"residency must be 'auto', 'resident' or 'host', got {residency!r}",
                 fix='pass residency="auto"',
             )
+        schedule = self._schedule()
         with self._lock:
-            arms = tuple(self._arms)
-            resources = dict(self._resources)
-            version = self._version
-            seen_version, count = self._submissions.get(backend, (version, 0))
-            submission = (count if seen_version == version else 0) + 1
-            self._submissions[backend] = (version, submission)
+            seen_version, count = self._submissions.get(backend, (schedule.version, 0))
+            submission = (count if seen_version == schedule.version else 0) + 1
+            self._submissions[backend] = (schedule.version, submission)
+        resources = schedule.resources
         wanted = list(resources) if outputs is None else list(outputs)
         for name in wanted:
             if name not in resources:
@@ -561,8 +620,11 @@ class ArmGraph:
                     f"output {name!r} is not a resource of this graph",
                     fix=f"ask for declared resources: {sorted(resources)}",
                 )
+        # Initial contents are read-only private arrays: dispatch() and upload() copy
+        # them, and arm outputs replace (never modify) the state's arrays.
         state: dict[str, np.ndarray | ResidentBuffer] = {
-            name: res.contents() for name, res in resources.items()
+            name: res.contents() if res.initial is None else res.initial
+            for name, res in resources.items()
         }
         for name, value in (values or {}).items():
             res = resources.get(name)
@@ -574,24 +636,33 @@ class ArmGraph:
             state[name] = normalize_input(
                 BufferDecl(name, 0, Access.READ, res.dtype, res.count), value
             )
-        plan = plan_arms([arm.summary for arm in arms])
+        plan = schedule.plan
         decision = choose_execution_mode(
             backend,
-            batch_size=len(arms),
+            batch_size=len(schedule.steps),
             repeats=submission,
-            config=DispatchConfig(persistent_thread=_persistent_mode(arms)),
+            config=schedule.execution_config,
+        )
+        calibration = calibration_for(backend)
+        overlap = None if calibration is None else calibration.concurrent_overlap_bps
+        fallback = 1 if calibration is None else max(calibration.launch_ns, 1)
+        costs = self._costs_on(backend, schedule)
+        concurrency = tuple(
+            decide_arm_concurrency(
+                [fallback if costs[i] is None else costs[i] or 0 for i in layer], overlap
+            )
+            for layer in plan.layers
         )
         runner = _Run(
-            graph_label=self.label,
+            schedule=schedule,
             backend=backend,
-            arms=arms,
-            resources=resources,
-            plan=plan,
             decision=decision,
+            concurrency=concurrency,
             state=state,
             resident=residency != "host",
             required=residency == "resident",
         )
+        in_order = sum(1 for v in concurrency if v.reason != "single_arm" and not v.concurrent)
         started = time.perf_counter()
         if not telemetry.is_enabled():
             layer_wall = await runner.execute()
@@ -600,10 +671,11 @@ class ArmGraph:
                 "vyre.graph",
                 attributes={
                     "vyre.backend.id": backend.id,
-                    "vyre.graph.arms": len(arms),
+                    "vyre.graph.arms": len(schedule.steps),
                     "vyre.graph.layers": len(plan.layers),
                     "vyre.graph.joins": plan.joins,
                     "vyre.graph.submission": submission,
+                    "vyre.graph.layers_in_order": in_order,
                     **({"vyre.graph.label": self.label} if self.label else {}),
                     **decision.span_attributes(),
                 },
@@ -619,6 +691,7 @@ class ArmGraph:
             out = {name: runner.take(name) for name in wanted}
         finally:
             runner.release()
+        self._record_costs(backend, schedule, runner.arm_runs)
         report = GraphReport(
             label=self.label,
             backend_id=backend.id,
@@ -632,6 +705,8 @@ class ArmGraph:
             layer_wall_s=tuple(layer_wall),
             joins_on=runner.joins_on,
             host_join_reason=runner.host_join_reason,
+            concurrency=concurrency,
+            concurrent_overlap_bps=overlap,
         )
         return GraphResult(outputs=out, report=report)
 
@@ -673,28 +748,124 @@ def _persistent_mode(arms: Sequence[Arm]) -> Literal["auto", "force", "disable"]
     return "force" if "force" in modes else "auto"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Step:
+    """One arm as every run of its graph dispatches it (built once per graph version)."""
+
+    arm: Arm
+    layer: int
+    inputs: tuple[str, ...]  # the resource of each program input, in order
+    outputs: tuple[str, ...]  # the resource of each program output, in order
+    resident_program: Program  # WRITE buffers as READ_WRITE (`_resident_variant`)
+    resident_inputs: tuple[str, ...]  # the resource of each resident_program input
+    fresh: tuple[bool, ...]  # per input of resident_program: a WRITE buffer (fresh zeroed)
+    attributes: Mapping[str, AttributeValue]  # span attributes that depend on the graph only
+    waits: ArmConflict | None
+    conflicts: tuple[ArmConflict, ...]
+    layer_mates: tuple[int, ...]  # the other arms of its layer
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Schedule:
+    """Everything about a graph version that runs do not change: plan, steps, uploads."""
+
+    version: int
+    label: str | None
+    resources: Mapping[str, GraphResource]
+    plan: ArmPlan
+    steps: tuple[_Step, ...]
+    uploads: tuple[str, ...]  # resources some arm reads before any arm WRITEs them
+    writes_bool: bool  # an arm writes a BOOL resource (host joins)
+    last_writer: Mapping[str, int]  # resource -> the last arm (submission order) writing it
+    execution_config: DispatchConfig
+
+    @staticmethod
+    def build(
+        label: str | None,
+        version: int,
+        arms: tuple[Arm, ...],
+        resources: dict[str, GraphResource],
+    ) -> _Schedule:
+        plan = plan_arms([arm.summary for arm in arms])
+        steps: list[_Step] = []
+        first_use: dict[str, bool] = {}  # resource -> whether its first use reads it
+        for arm in arms:
+            layer = plan.layer_of[arm.index]
+            bound = dict(arm.bindings)
+            program = arm.program
+            inputs = tuple(bound[d.name] for d in program.inputs)
+            for decl in program.buffers:
+                if decl.access is Access.WORKGROUP:
+                    continue
+                first_use.setdefault(bound[decl.name], decl.access is not Access.WRITE)
+            variant = _resident_variant(program)
+            fresh = tuple(program.buffer(d.name).access is Access.WRITE for d in variant.inputs)
+            waits = plan.waits_for(arm.index)
+            attributes: dict[str, AttributeValue] = {
+                "vyre.arm.index": arm.index,
+                "vyre.arm.label": arm.label,
+                "vyre.policy.arm.layer": layer,
+                "vyre.policy.arm.concurrent": len(plan.layers[layer]) > 1,
+            }
+            if label:
+                attributes["vyre.graph.label"] = label
+            if waits is not None:
+                attributes["vyre.policy.arm.reason"] = waits.reason
+                attributes["vyre.policy.arm.after"] = waits.earlier
+            steps.append(
+                _Step(
+                    arm=arm,
+                    layer=layer,
+                    inputs=inputs,
+                    outputs=tuple(bound[d.name] for d in program.outputs),
+                    resident_program=variant,
+                    resident_inputs=tuple(bound[d.name] for d in variant.inputs),
+                    fresh=fresh,
+                    attributes=attributes,
+                    waits=waits,
+                    conflicts=tuple(c for c in plan.conflicts if c.later == arm.index),
+                    layer_mates=tuple(i for i in plan.layers[layer] if i != arm.index),
+                )
+            )
+        return _Schedule(
+            version=version,
+            label=label,
+            resources=resources,
+            plan=plan,
+            steps=tuple(steps),
+            uploads=tuple(sorted(name for name, reads in first_use.items() if reads)),
+            writes_bool=any(
+                decl.access.is_output and decl.dtype is DType.BOOL
+                for arm in arms
+                for decl in arm.program.buffers
+            ),
+            execution_config=DispatchConfig(persistent_thread=_persistent_mode(arms)),
+            last_writer={resource: step.arm.index for step in steps for resource in step.outputs},
+        )
+
+
 class _Run:
     """The state of one graph submission (private to `ArmGraph.run`)."""
 
     def __init__(
         self,
         *,
-        graph_label: str | None,
+        schedule: _Schedule,
         backend: VyreBackend,
-        arms: tuple[Arm, ...],
-        resources: Mapping[str, GraphResource],
-        plan: ArmPlan,
         decision: ExecutionDecision,
+        concurrency: tuple[ArmConcurrencyVerdict, ...],
         state: dict[str, np.ndarray | ResidentBuffer],
         resident: bool,
         required: bool,
     ) -> None:
-        self.graph_label = graph_label
+        self.schedule = schedule
+        self.graph_label = schedule.label
         self.backend = backend
-        self.arms = arms
-        self.resources = resources
-        self.plan = plan
+        self.steps = schedule.steps
+        self.resources = schedule.resources
+        self.plan = schedule.plan
         self.decision = decision
+        self.concurrency = concurrency
         self.state = state
         self.resident = resident
         self.required = required
@@ -702,6 +873,19 @@ class _Run:
         self.arm_runs: list[ArmRun] = []
         self.in_flight: list[PendingDispatch] = []
         self.host_join_reason: str | None = None
+        # Final contents already on the host: the outputs of each resource's last
+        # writer (new arrays the run owns), returned by `take` without a copy.
+        self.final: dict[str, np.ndarray] = {}
+        mode = decision.span_attributes()
+        # Per layer: the span attributes every arm of it adds to its graph-only ones.
+        self.layer_attributes: list[dict[str, AttributeValue]] = [
+            {
+                **mode,
+                "vyre.policy.arm_concurrency": verdict.kind,
+                "vyre.policy.arm_concurrency.reason": verdict.reason,
+            }
+            for verdict in concurrency
+        ]
 
     @property
     def residency(self) -> Literal["resident", "host"]:
@@ -727,40 +911,44 @@ class _Run:
         """Return why the joins must be on the host, or None for device joins.
 
         Device joins need resident resources on a backend that orders them: this
-        uploads every resource an arm reads (a backend without resident buffers
-        says so here, and the run falls back to host arrays).
+        uploads every resource an arm reads before any arm writes it (a backend
+        without resident buffers says so here, and the run falls back to host arrays).
         """
         if not self.resident:
             return "host_residency"
         if not self.backend.capabilities().ordered_resident_buffers:
             return "unordered_resident_buffers"
-        for arm in self.arms:
-            for decl in arm.program.buffers:
-                if decl.access.is_output and decl.dtype is DType.BOOL:
-                    return "bool_resource_written"
-        read = sorted(  # WRITE-only resources get fresh zeroed buffers instead
-            {arm.resource_of(decl.name) for arm in self.arms for decl in arm.program.inputs}
-        )
-        for resource in read:  # upload now; a backend without resident buffers says so here
+        if self.schedule.writes_bool:
+            return "bool_resource_written"
+        for resource in self.schedule.uploads:  # WRITE-first ones get fresh zeroed buffers
             self._input(resource)
         return None if self.residency == "resident" else "host_residency"
 
     async def _execute_device_joins(self) -> list[float]:
-        """Submit every arm at once; the backend orders them on their resident buffers."""
+        """Submit the arms layer by layer; the backend orders them on their resident buffers.
+
+        A concurrent layer's arms (and a single arm) are submitted without
+        waiting; each arm of a layer run in order is awaited before the next
+        dispatch, so the layer has finished when the next layer is submitted.
+        """
         started = time.monotonic()
-        launched = [
-            (i, number, layer, self._launch_resident(self.arms[i], number, layer))
-            for number, layer in enumerate(self.plan.layers)
-            for i in layer
-        ]
-        pendings = [pending for _, _, _, pending in launched]
-        await self._await_layer(tuple(i for i, _, _, _ in launched), pendings)
-        runs = {
-            i: self._arm_run(self.arms[i], number, layer, pending)
-            for i, number, layer, pending in launched
-        }
-        self.arm_runs = [runs[i] for i in range(len(self.arms))]
-        settled = {i: _settled_at(pending) for i, _, _, pending in launched}
+        launched: list[tuple[int, PendingDispatch]] = []
+        for number, layer in enumerate(self.plan.layers):
+            attributes = self.layer_attributes[number]
+            in_order = len(layer) > 1 and not self.concurrency[number].concurrent
+            for i in layer:
+                pending = self._launch_resident(self.steps[i], attributes)
+                launched.append((i, pending))
+                if in_order:  # it finishes before the next dispatch
+                    (outputs,) = await self._await_layer((i,), [pending])
+                    self._keep_final(self.steps[i], outputs)
+        waiting = [(i, p) for i, p in launched if p in self.in_flight]
+        results = await self._await_layer(tuple(i for i, _ in waiting), [p for _, p in waiting])
+        for (i, _), outputs in zip(waiting, results, strict=True):
+            self._keep_final(self.steps[i], outputs)
+        runs = {i: self._arm_run(self.steps[i], pending) for i, pending in launched}
+        self.arm_runs = [runs[i] for i in range(len(self.steps))]
+        settled = {i: _settled_at(pending) for i, pending in launched}
         walls: list[float] = []
         previous = started
         for layer in self.plan.layers:
@@ -770,27 +958,30 @@ class _Run:
         return walls
 
     async def _execute_host_joins(self) -> list[float]:
-        """Dispatch a layer, await it, store its outputs, then start the next."""
+        """Dispatch a layer (together, or arm by arm), await it, store its outputs, go on."""
         walls: list[float] = []
         runs: dict[int, ArmRun] = {}
         for number, layer in enumerate(self.plan.layers):
+            attributes = self.layer_attributes[number]
             started = time.perf_counter()
-            pendings = [self._launch(self.arms[i], number, layer) for i in layer]
-            results = await self._await_layer(layer, pendings)
+            groups = [layer] if self.concurrency[number].concurrent else [(i,) for i in layer]
+            for group in groups:
+                pendings = [self._launch(self.steps[i], attributes) for i in group]
+                results = await self._await_layer(group, pendings)
+                for i, pending, outputs in zip(group, pendings, results, strict=True):
+                    self._store(self.steps[i], outputs)
+                    runs[i] = self._arm_run(self.steps[i], pending)
             walls.append(time.perf_counter() - started)
-            for i, pending, outputs in zip(layer, pendings, results, strict=True):
-                self._store(self.arms[i], outputs)
-                runs[i] = self._arm_run(self.arms[i], number, layer, pending)
-        self.arm_runs = [runs[i] for i in range(len(self.arms))]
+        self.arm_runs = [runs[i] for i in range(len(self.steps))]
         return walls
 
-    def _launch_resident(self, arm: Arm, number: int, layer: tuple[int, ...]) -> PendingDispatch:
-        """Dispatch ``arm`` with every buffer resident: WRITE buffers get fresh zeroed ones."""
-        program = _resident_variant(arm.program)
+    def _launch_resident(
+        self, step: _Step, attributes: Mapping[str, AttributeValue]
+    ) -> PendingDispatch:
+        """Dispatch an arm with every buffer resident: WRITE buffers get fresh zeroed ones."""
         inputs: list[np.ndarray | ResidentBuffer] = []
-        for decl in program.inputs:
-            resource = arm.resource_of(decl.name)
-            if arm.program.buffer(decl.name).access is Access.WRITE:
+        for resource, fresh in zip(step.resident_inputs, step.fresh, strict=True):
+            if fresh:
                 res = self.resources[resource]
                 handle = self.backend.alloc(
                     res.dtype, res.count, label=f"{self.graph_label or 'graph'}:{resource}"
@@ -800,7 +991,7 @@ class _Run:
                 inputs.append(handle)
             else:
                 inputs.append(self._input(resource))
-        return self._dispatch(arm, number, layer, program, inputs)
+        return self._dispatch(step, attributes, step.resident_program, inputs)
 
     def _input(self, resource: str) -> np.ndarray | ResidentBuffer:
         value = self.state[resource]
@@ -821,39 +1012,26 @@ class _Run:
         self.state[resource] = handle
         return handle
 
-    def _launch(self, arm: Arm, number: int, layer: tuple[int, ...]) -> PendingDispatch:
-        inputs = [self._input(arm.resource_of(decl.name)) for decl in arm.program.inputs]
-        return self._dispatch(arm, number, layer, arm.program, inputs)
+    def _launch(self, step: _Step, attributes: Mapping[str, AttributeValue]) -> PendingDispatch:
+        inputs = [self._input(resource) for resource in step.inputs]
+        return self._dispatch(step, attributes, step.arm.program, inputs)
 
     def _dispatch(
         self,
-        arm: Arm,
-        number: int,
-        layer: tuple[int, ...],
+        step: _Step,
+        attributes: Mapping[str, AttributeValue],
         program: Program,
         inputs: list[np.ndarray | ResidentBuffer],
     ) -> PendingDispatch:
-        attributes: dict[str, AttributeValue] = {
-            "vyre.arm.index": arm.index,
-            "vyre.arm.label": arm.label,
-            "vyre.policy.arm.layer": number,
-            "vyre.policy.arm.concurrent": len(layer) > 1,
-            **self.decision.span_attributes(),
-        }
-        if self.graph_label:
-            attributes["vyre.graph.label"] = self.graph_label
-        waits = self.plan.waits_for(arm.index)
-        if waits is not None:
-            attributes["vyre.policy.arm.reason"] = waits.reason
-            attributes["vyre.policy.arm.after"] = waits.earlier
-        with dispatch_attributes(attributes):
-            pending = self.backend.dispatch(program, inputs, arm.config)
+        with dispatch_attributes({**step.attributes, **attributes}):
+            pending = self.backend.dispatch(program, inputs, step.arm.config)
         self.in_flight.append(pending)
         return pending
 
     async def _await_layer(
         self, layer: tuple[int, ...], pendings: list[PendingDispatch]
     ) -> list[list[np.ndarray]]:
+        """Await ``pendings`` (the arms ``layer``); raise the first failure, named."""
         results: list[list[np.ndarray]] = []
         failure: tuple[int, Exception] | None = None
         for i, pending in zip(layer, pendings, strict=True):
@@ -869,7 +1047,7 @@ class _Run:
             results.append(outputs)
         if failure is not None:
             index, error = failure
-            arm = self.arms[index]
+            arm = self.steps[index].arm
             error.add_note(
                 f"in arm {arm.label!r} (index {index}, layer {self.plan.layer_of[index]}) of "
                 f"graph {self.graph_label or '(unlabelled)'}"
@@ -877,30 +1055,35 @@ class _Run:
             raise error
         return results
 
-    def _store(self, arm: Arm, outputs: list[np.ndarray]) -> None:
-        for decl, output in zip(arm.program.outputs, outputs, strict=True):
-            resource = arm.resource_of(decl.name)
+    def _store(self, step: _Step, outputs: list[np.ndarray]) -> None:
+        for resource, output in zip(step.outputs, outputs, strict=True):
             old = self.state[resource]
             self.state[resource] = output
             if isinstance(old, ResidentBuffer):
                 self._free(old)
+        self._keep_final(step, outputs)
 
-    def _arm_run(
-        self, arm: Arm, number: int, layer: tuple[int, ...], pending: PendingDispatch
-    ) -> ArmRun:
+    def _keep_final(self, step: _Step, outputs: list[np.ndarray]) -> None:
+        """Keep the host outputs of ``step`` for the resources it writes last."""
+        for resource, output in zip(step.outputs, outputs, strict=True):
+            if self.schedule.last_writer[resource] == step.arm.index:
+                self.final[resource] = output
+
+    def _arm_run(self, step: _Step, pending: PendingDispatch) -> ArmRun:
+        arm = step.arm
         attributes = pending.record.attributes or {}
         stream = attributes.get("vyre.stream")
         timing = pending.timing
-        waits = self.plan.waits_for(arm.index)
+        waits = step.waits
         cache_hit = pending.record.cache_hit
         return ArmRun(
             index=arm.index,
             label=arm.label,
-            layer=number,
-            concurrent_with=tuple(i for i in layer if i != arm.index),
+            layer=step.layer,
+            concurrent_with=step.layer_mates if self.concurrency[step.layer].concurrent else (),
             waits_for=None if waits is None else waits.earlier,
             reason=None if waits is None else waits.reason,
-            conflicts=tuple(c for c in self.plan.conflicts if c.later == arm.index),
+            conflicts=step.conflicts,
             stream=stream if isinstance(stream, int | str) else None,
             wall_s=None if timing is None else timing.wall_s,
             device_s=None if timing is None else timing.device_s,
@@ -919,6 +1102,10 @@ class _Run:
             self.in_flight.clear()
 
     def take(self, resource: str) -> np.ndarray:
+        """Return a new array with the resource's final contents."""
+        final = self.final.pop(resource, None)
+        if final is not None:  # the last writer's outputs: already a new host array
+            return final
         value = self.state[resource]
         if isinstance(value, ResidentBuffer):
             return self.backend.download(value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -247,3 +248,87 @@ def test_concurrency_answer_is_symmetric(a: list[ArmSummary], b: list[ArmSummary
         assert (
             can_dispatch_concurrently(x, y).concurrent == can_dispatch_concurrently(y, x).concurrent
         )
+
+
+# Arm concurrency: concurrent or in order, from the calibrated overlap ------------------------
+
+MS = 1_000_000
+
+
+def test_concurrency_pays_with_a_measured_overlap() -> None:
+    from vyre_async.policies import decide_arm_concurrency
+
+    verdict = decide_arm_concurrency([10 * MS, 4 * MS, 6 * MS], 5_000)
+    assert (verdict.kind, verdict.reason, verdict.concurrent) == (
+        "concurrent",
+        "overlap_pays",
+        True,
+    )
+    assert verdict.savings_ns == 5 * MS  # half of everything but the longest arm
+
+
+def test_no_overlap_runs_in_order_with_the_estimated_loss() -> None:
+    from vyre_async.policies import decide_arm_concurrency
+
+    verdict = decide_arm_concurrency([10 * MS, 4 * MS], -2_500)
+    assert (verdict.kind, verdict.reason, verdict.savings_ns) == ("in_order", "no_overlap", -MS)
+    zero = decide_arm_concurrency([10 * MS, 4 * MS], 0)
+    assert (zero.kind, zero.reason, zero.savings_ns) == ("in_order", "no_overlap", 0)
+
+
+def test_overlap_within_noise_runs_in_order() -> None:
+    from vyre_async.policies import MIN_ARM_OVERLAP_BPS, decide_arm_concurrency
+
+    below = decide_arm_concurrency([MS, MS], MIN_ARM_OVERLAP_BPS - 1)
+    assert (below.kind, below.reason) == ("in_order", "low_overlap")
+    assert below.savings_ns == (MIN_ARM_OVERLAP_BPS - 1) * MS // 10_000
+    at = decide_arm_concurrency([MS, MS], MIN_ARM_OVERLAP_BPS)
+    assert (at.kind, at.reason) == ("concurrent", "overlap_pays")
+    assert decide_arm_concurrency([MS, MS], 1, min_overlap_bps=0).concurrent
+
+
+def test_edge_cases_single_arm_uncalibrated_nothing_to_hide() -> None:
+    from vyre_async.policies import decide_arm_concurrency
+
+    assert decide_arm_concurrency([], 9_000).reason == "single_arm"
+    single = decide_arm_concurrency([MS], 9_000)
+    assert (single.kind, single.reason, single.savings_ns) == ("in_order", "single_arm", 0)
+    unknown = decide_arm_concurrency([MS, MS], None)
+    assert (unknown.kind, unknown.reason) == ("concurrent", "uncalibrated")
+    idle = decide_arm_concurrency([MS, 0, 0], 10_000)  # only the longest arm has work
+    assert (idle.kind, idle.reason, idle.savings_ns) == ("in_order", "nothing_to_hide", 0)
+    tiny = decide_arm_concurrency([1, 1], 5_000)  # floor(0.5 ns) = 0: a tie stays in order
+    assert tiny.reason == "nothing_to_hide"
+    assert decide_arm_concurrency([MS, MS], 10_000).savings_ns == MS
+
+
+@pytest.mark.parametrize(
+    ("work", "overlap", "kwargs", "error"),
+    [
+        ([MS, 1.5], 5_000, {}, TypeError),
+        ([MS, -1], 5_000, {}, ValueError),
+        ([MS, MS], 0.5, {}, TypeError),
+        ([MS, MS], True, {}, TypeError),
+        ([MS, MS], 10_001, {}, ValueError),
+        ([MS, MS], -10_001, {}, ValueError),
+        ([MS, MS], 5_000, {"min_overlap_bps": 10_001}, ValueError),
+        ([MS, MS], 5_000, {"min_overlap_bps": -1}, ValueError),
+    ],
+)
+def test_concurrency_inputs_are_checked(
+    work: list[Any], overlap: Any, kwargs: dict[str, Any], error: type[Exception]
+) -> None:
+    from vyre_async.policies import decide_arm_concurrency
+
+    with pytest.raises(error, match="Fix:"):
+        decide_arm_concurrency(work, overlap, **kwargs)
+
+
+def test_concurrency_verdict_is_consistent() -> None:
+    from vyre_async.policies import ARM_CONCURRENCY_REASONS, ArmConcurrencyVerdict
+
+    assert ARM_CONCURRENCY_REASONS[0] == "single_arm"
+    with pytest.raises(ValueError):
+        ArmConcurrencyVerdict(kind="concurrent", reason="no_overlap")
+    with pytest.raises(ValueError):
+        ArmConcurrencyVerdict(kind="in_order", reason="bogus")  # type: ignore[arg-type]

@@ -635,3 +635,60 @@ def test_old_temp_files_are_reclaimed_and_foreign_ones_kept(tmp_path: Path) -> N
     assert not old.exists()
     assert fresh.read_bytes() == _record_json("gpu-a")[:10]
     assert foreign.read_bytes() == b"a user's file"
+
+
+# The arm overlap ------------------------------------------------------------------------------
+
+
+def test_arm_overlap_is_measured_and_filled_in(tmp_path: Path) -> None:
+    from vyre_async.calibration import measure_arm_overlap
+
+    backend = ReferenceBackend()
+    overlap = measure_arm_overlap(backend, rounds=2, elements=1 << 14)
+    assert isinstance(overlap, int) and -10_000 <= overlap <= 10_000
+    store = CalibrationStore(tmp_path)
+    record = calibration_for(backend, measure=True, store=store)
+    assert record is not None and record.concurrent_overlap_bps is not None
+    assert store.entries() == [record]
+    assert "arm overlap:" in format_calibration(record)
+
+
+def test_a_record_without_the_overlap_gets_it_when_measuring(tmp_path: Path) -> None:
+    store = CalibrationStore(tmp_path)
+    backend = ReferenceBackend()
+    old = Calibration(
+        backend_id="reference",
+        backend_version=backend.version,
+        device_fingerprint=backend.device_fingerprint(),
+        launch_ns=1_000,
+        measured_at=1.0,
+    )
+    assert store.save(old)
+    assert calibration_for(backend, store=store) == old  # reading never measures
+    filled = calibration_for(ReferenceBackend(), measure=True, store=store)
+    assert (
+        filled is not None
+        and filled.launch_ns == 1_000
+        and filled.concurrent_overlap_bps is not None
+    )
+    assert store.entries() == [filled]
+    assert "arm overlap:      not measured" in format_calibration(old)
+
+
+def test_arm_overlap_unmeasurable_stays_none(caplog: pytest.LogCaptureFixture) -> None:
+    from vyre_async.calibration import measure_arm_overlap
+
+    class Broken(ReferenceBackend):
+        def enqueue(self, launch: Launch) -> PendingDispatch:
+            raise RuntimeError("no")
+
+    with caplog.at_level(logging.WARNING, logger="vyre_async.calibration"):
+        assert measure_arm_overlap(Broken()) is None
+    assert "arm overlap" in caplog.text
+
+
+@pytest.mark.parametrize("bad", [10_001, -10_001, 1.5, True])
+def test_arm_overlap_is_validated(bad: Any) -> None:
+    with pytest.raises(ValueError, match="Fix:"):
+        replace(GPU_LIKE, concurrent_overlap_bps=bad)
+    assert replace(GPU_LIKE, concurrent_overlap_bps=-10_000).concurrent_overlap_bps == -10_000

@@ -688,3 +688,99 @@ def test_graph_equals_sequential_execution(
         for conflict in arm.conflicts:
             assert layer_of[conflict.earlier] < layer_of[conflict.later]
     assert backend.resident_count == 0
+
+
+# Arm concurrency verdicts -------------------------------------------------------------------
+
+
+def _calibrated(backend: VyreBackend, overlap_bps: int | None) -> VyreBackend:
+    """Give ``backend`` a cached calibration with ``concurrent_overlap_bps`` (no measuring)."""
+    from vyre_async import calibration
+
+    record = calibration.Calibration(
+        backend_id=backend.id,
+        backend_version=backend.version,
+        device_fingerprint=backend.device_fingerprint(),
+        launch_ns=50_000,
+        concurrent_overlap_bps=overlap_bps,
+    )
+    with calibration._memo_lock:
+        calibration._memo[backend] = record
+    return backend
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("residency", ["auto", "host"])
+async def test_no_overlap_runs_each_layer_in_order_and_says_why(residency: Residency) -> None:
+    backend = SpyBackend(inline_ns=0, max_workers=2)
+    _calibrated(backend, -3_000)
+    graph, init = xor_graph()  # layers [0, 1, 3], [2], [4]
+    result = await graph.run(backend, residency=residency)
+    report = result.report
+    assert [v.kind for v in report.concurrency] == ["in_order", "in_order", "in_order"]
+    assert [v.reason for v in report.concurrency] == ["no_overlap", "single_arm", "single_arm"]
+    assert report.concurrency[0].savings_ns < 0 and report.concurrent_overlap_bps == -3_000
+    # each arm of layer 0 finished before the next was dispatched
+    assert backend.done_before[1] == [True] and backend.done_before[2] == [True, True]
+    assert all(arm.concurrent_with == () for arm in report.arms)
+    by_arm = {
+        (p.record.attributes or {})["vyre.arm.index"]: p.record.attributes for p in backend.launched
+    }
+    assert by_arm[0]["vyre.policy.arm_concurrency"] == "in_order"
+    assert by_arm[0]["vyre.policy.arm_concurrency.reason"] == "no_overlap"
+    assert by_arm[2]["vyre.policy.arm_concurrency.reason"] == "single_arm"
+    text = report.describe()
+    assert "in order (no_overlap" in text and "arm overlap: -30 %" in text
+    x, y, z = init["x"], init["y"], init["z"]
+    assert np.array_equal(result.outputs["r"], x ^ z) and np.array_equal(result.outputs["q"], y ^ z)
+    # the next run estimates work from this run's measured arm times
+    again = await graph.run(backend, residency=residency)
+    assert again.report.concurrency[0].reason == "no_overlap"
+    await backend.shutdown()
+
+
+@pytest.mark.anyio
+async def test_overlap_that_pays_runs_the_layer_concurrently() -> None:
+    backend = _calibrated(DelayBackend(delay=0.05), 8_000)
+    try:
+        graph, _ = xor_graph()
+        result = await graph.run(backend, residency="host")
+        report = result.report
+        assert (report.concurrency[0].kind, report.concurrency[0].reason) == (
+            "concurrent",
+            "overlap_pays",
+        )
+        assert report.concurrency[0].savings_ns > 0
+        assert report.arms[0].concurrent_with == (1, 3)
+        # all three were queued together: the last waited behind the other two
+        walls = sorted(report.arms[i].wall_s or 0 for i in report.layers[0])
+        assert walls[-1] > 2.5 * 0.05
+        assert "concurrent (overlap_pays" in report.describe()
+    finally:
+        backend.close()
+
+
+@pytest.mark.anyio
+async def test_uncalibrated_backends_keep_layers_concurrent(backend: RecordingBackend) -> None:
+    graph, _ = xor_graph()
+    result = await graph.run(backend)
+    assert result.report.concurrency[0].reason == "uncalibrated"
+    assert result.report.concurrent_overlap_bps is None
+    assert backend.attributes()[0]["vyre.policy.arm_concurrency"] == "concurrent"
+
+
+@pytest.mark.anyio
+async def test_failing_in_order_arm_stops_the_layer() -> None:
+    class Failing(SpyBackend):
+        def enqueue(self, launch: Launch) -> PendingDispatch:
+            if (launch.pending.record.attributes or {}).get("vyre.arm.index") == 1:
+                raise UnsupportedFeature("arm 1 cannot run here", fix="none")
+            return super().enqueue(launch)
+
+    backend = _calibrated(Failing(inline_ns=0), 0)
+    graph, _ = xor_graph()
+    with pytest.raises(UnsupportedFeature):
+        await graph.run(backend)
+    assert len(backend.launched) == 1  # arm 0 ran and settled; nothing after arm 1
+    assert backend.resident_count == 0
+    await backend.shutdown()

@@ -41,7 +41,12 @@ import numpy as np
 from vyre_async import __version__
 from vyre_async.backend import VyreBackend, poll_until
 from vyre_async.cache.disk import DiskPipelineCache
-from vyre_async.calibration import Calibration, measure_batch_costs, measure_host_costs
+from vyre_async.calibration import (
+    Calibration,
+    measure_arm_overlap,
+    measure_batch_costs,
+    measure_host_costs,
+)
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import (
@@ -178,7 +183,9 @@ class CupyBackend(VyreBackend):
         ``elementwise_xor(1024)``: ``launch_ns`` per launch of a plain batch,
         ``record_ns`` (capture and instantiation of its graph), ``replay_ns`` per
         replayed launch, and the persistent batch's fixed (``persistent_setup_ns``)
-        and per-item (``persistent_item_ns``) host cost. Use
+        and per-item (``persistent_item_ns``) host cost; then how much two
+        concurrent dispatches overlap (`vyre_async.calibration.measure_arm_overlap`,
+        ``concurrent_overlap_bps``). Use
         `vyre_async.calibration.calibration_for(backend, measure=True)` (or
         ``vyre-async info --calibrate cupy``) to measure once and cache the record.
         If the batch modes fail to run, the record keeps the other figures and
@@ -208,7 +215,9 @@ class CupyBackend(VyreBackend):
             except Exception:  # keep what was measured; the batch modes stay uncalibrated
                 _log.warning("calibrating the CUDA batch modes failed", exc_info=True)
                 return record
-            return dataclasses.replace(record, **costs)  # type: ignore[arg-type]
+            overlap = measure_arm_overlap(probe)  # arm concurrency, on the probe's streams
+            costs_and_overlap: dict[str, Any] = {**costs, "concurrent_overlap_bps": overlap}
+            return dataclasses.replace(record, **costs_and_overlap)
         finally:
             probe._close_now()
 

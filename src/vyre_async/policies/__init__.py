@@ -18,6 +18,12 @@ from vyre_async.policies.arms import (
     layer_dag,
     plan_arms,
 )
+from vyre_async.policies.concurrency import (
+    ARM_CONCURRENCY_REASONS,
+    MIN_ARM_OVERLAP_BPS,
+    ArmConcurrencyVerdict,
+    decide_arm_concurrency,
+)
 from vyre_async.policies.launch import (
     CommandReuseVerdict,
     ExecutionModeVerdict,
@@ -49,6 +55,7 @@ from vyre_async.policies.speculation import (
 )
 
 __all__ = [
+    "ARM_CONCURRENCY_REASONS",
     "ARM_REASONS",
     "COPY_REASONS",
     "HIT_RATE_WINDOW",
@@ -56,9 +63,11 @@ __all__ = [
     "INLINE_BUDGET_DISABLED",
     "INLINE_BUDGET_LARGE",
     "INLINE_BUDGET_SMALL",
+    "MIN_ARM_OVERLAP_BPS",
     "SHAPE_HISTORY_CAPACITY",
     "SPECULATION_MIN_CONFIDENCE_BPS",
     "SPECULATION_MIN_HITS",
+    "ArmConcurrencyVerdict",
     "ArmConflict",
     "ArmPlan",
     "ArmSummary",
@@ -73,6 +82,7 @@ __all__ = [
     "SpeculationVerdict",
     "can_dispatch_concurrently",
     "can_overlap_copy_with_kernel",
+    "decide_arm_concurrency",
     "decide_command_reuse",
     "decide_param_inlining",
     "decide_persistent_kernel",
