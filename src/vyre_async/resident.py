@@ -83,7 +83,19 @@ class ResidentBuffer:
             )
         return self._native
 
-    def _release(self) -> Any:
+    def release(self, backend: object) -> Any:
+        """Mark the buffer freed and return its storage (for the owning backend's ``free``).
+
+        Releasing twice returns None the second time.
+
+        Raises:
+            InvalidProgram: ``backend`` is not the instance that made the buffer.
+        """
+        if backend is not self._owner:
+            raise InvalidProgram(
+                f"resident buffer #{self.id} belongs to another backend instance",
+                fix="free it with the backend that made it",
+            )
         native, self._native, self._freed = self._native, None, True
         return native
 

@@ -487,7 +487,7 @@ class CupyBackend(VyreBackend):
         """
         check_buffer(buffer, "free").native(self)
         # The core has no public way for the owning backend to release a handle yet.
-        buffer._release()  # noqa: SLF001
+        buffer.release(self)
         self._resident.pop(buffer.id, None)
 
     @property

@@ -309,6 +309,22 @@ class ReferenceBackend(VyreBackend):
                 order.readers.append(done)
         return tuple(waits), done
 
+    def run_job(self, job: _Job) -> None:
+        """Run a job the worker pool took (called by the pool through `_Job.run`)."""
+        try:
+            self._run(job.launch, job.queued_ns, job.natives, job.waits, job.done)
+        finally:
+            self._forget(job)
+
+    def drop_job(self, job: _Job) -> None:
+        """Fail a queued job that will never run (the pool was stopped)."""
+        if job.done is not None:  # first, as in _run: later users (and its own
+            job.done.set()  # done-callbacks) must not wait on it
+        try:
+            job.launch.completer.fail(self._stopped(job.launch))
+        finally:
+            self._forget(job)
+
     def _forget(self, job: _Job) -> None:
         with self._pool_lock:
             self._running.discard(job)
@@ -490,7 +506,7 @@ class ReferenceBackend(VyreBackend):
             InvalidProgram: the buffer belongs to another backend instance or was freed.
         """
         check_buffer(buffer, "free").native(self)
-        buffer._release()
+        buffer.release(self)
         self._resident.pop(buffer.id, None)
         with self._order_lock:
             self._orders.pop(buffer.id, None)
@@ -534,6 +550,14 @@ class ReferenceBackend(VyreBackend):
         with anyio.move_on_after(self.close_timeout):
             await poll_until(lambda: not self._running)
         self._abandon(pool, self.close_timeout)
+
+    def stop_at_exit(self) -> WorkerPool | None:
+        """Interpreter exit: stop all work as `aclose` would; return the pool to join."""
+        return self._stop_all()
+
+    def abandon_at_exit(self, pool: WorkerPool, waited: float) -> None:
+        """Interpreter exit: fail what ``pool`` still runs after ``waited`` seconds."""
+        self._abandon(pool, waited)
 
     def _stop_all(self) -> WorkerPool | None:
         """Mark closed, drop queued jobs and ask running ones to stop; return the pool."""
@@ -585,18 +609,10 @@ class _Job:
         self.queued_ns = time.time_ns()
 
     def run(self) -> None:
-        try:
-            self.backend._run(self.launch, self.queued_ns, self.natives, self.waits, self.done)
-        finally:
-            self.backend._forget(self)
+        self.backend.run_job(self)
 
     def drop(self) -> None:
-        if self.done is not None:  # first, as in _run: later users (and its own
-            self.done.set()  # done-callbacks) must not wait on it
-        try:
-            self.launch.completer.fail(self.backend._stopped(self.launch))
-        finally:
-            self.backend._forget(self)
+        self.backend.drop_job(self)
 
 
 #: Backends that have started worker threads (stopped at interpreter exit).
@@ -608,7 +624,7 @@ def _stop_live_backends() -> None:
     stopping = []
     for backend in list(_live):
         try:
-            pool = backend._stop_all()
+            pool = backend.stop_at_exit()
         except Exception as exc:  # one backend's failure must not keep the others running
             _log.warning("stopping a reference backend at exit failed: %s", exc)
             continue
@@ -618,7 +634,7 @@ def _stop_live_backends() -> None:
     for _, pool in stopping:
         pool.join(max(0.0, deadline - time.monotonic()))
     for backend, pool in stopping:  # whoever still waits on a stuck dispatch is released
-        backend._abandon(pool, _EXIT_TIMEOUT_S)
+        backend.abandon_at_exit(pool, _EXIT_TIMEOUT_S)
 
 
 # threading's exit hooks run before the interpreter joins non-daemon threads (one may be
