@@ -81,6 +81,11 @@ PROGRAM = elementwise_xor(N)
 RNG = np.random.default_rng(0)
 INPUTS = [RNG.integers(0, 2**32, N, dtype=np.uint32) for _ in range(2)]
 GOALS_US = {"null_inline": 6.0, "null_thread": 10.0, "reference": 8.0}
+#: vyre's own host code per awaited dispatch on the fake CUDA device, and how soon
+#: a polling loop resumes after a short kernel's completion event.
+CUDA_GOAL_US = 15.0
+POLL_GOAL_US = 5.0
+KERNEL_S = 100e-6
 
 
 class NullBackend(VyreBackend):
@@ -436,14 +441,166 @@ async def cuda_fake(args: argparse.Namespace) -> dict[str, Any]:
                 name: round(t * scale, 2) for name, t in ranked if t / profiled >= 0.01
             },
         }
+    with _fake_cupy() as device:
+        work = await _cuda_work(args)
+        completion = await _cuda_completion(args, device)
     return {
         "round_trip_us": round(statistics.median(wall_us), 2),
         "driver_own_us": round(sum(t["driver_own_us"] for t in threads.values()), 2),
+        "own_work_us": work,
+        "completion": completion,
         "threads": threads,
         "note": "CPU time per awaited dispatch (unprofiled), split by module in the "
         "proportions of a cProfile run (profiled_own_us: that run's own raw figure); fake = "
         "time inside tests/cupy's fake CuPy and what only it calls; the completion thread's "
         "figure includes its polling",
+    }
+
+
+def _settled(pending: Any) -> None:
+    """Block until ``pending`` has settled, taking nothing (for a worker thread)."""
+    while not pending.done():
+        time.sleep(1e-4)
+
+
+def _own_share(profile: cProfile.Profile) -> float:
+    """The share of a profile's CPU time spent in vyre's code (not the fake's, not waiting)."""
+    own, fake = _own_time_by_module(pstats.Stats(profile))
+    vyre = sum(t for name, t in own.items() if name.startswith("vyre_"))
+    total = sum(own.values()) + fake
+    return vyre / total if total > 0 else 0.0
+
+
+async def _cuda_work(args: argparse.Namespace) -> dict[str, Any]:
+    """vyre's own host code per dispatch on the fake device, waiting excluded.
+
+    Three parts, each timed unprofiled and scaled by vyre's share of a cProfile
+    run of the same code (the fake's own calls and blocked time removed):
+    ``launch`` — one ``backend.dispatch()`` call (front end, staging, enqueue);
+    ``finish`` — one flight's completion (readback, settle; on whichever thread
+    ran it); ``resume`` — awaiting a dispatch that has settled (taking the outputs).
+    Polling turns and the completion thread's idle polls are waiting, not work.
+    """
+    from vyre_cupy import create_backend
+    from vyre_cupy.launch import Flight
+
+    finish = Flight.finish
+    spent: list[float] = []
+    profile = cProfile.Profile()
+    profiling = False
+
+    def timed_finish(self: Any, error: BaseException | None) -> None:
+        start = time.perf_counter()
+        if profiling:
+            profile.runcall(finish, self, error)
+        else:
+            finish(self, error)
+        spent.append(time.perf_counter() - start)
+
+    Flight.finish = timed_finish  # type: ignore[method-assign]
+    try:
+        backend = create_backend(disk_cache=None)
+        for _ in range(_WARM):
+            await backend.dispatch(PROGRAM, INPUTS)
+        n = args.repeats
+        launch_us: list[float] = []
+        resume_us: list[float] = []
+        finish_us: list[float] = []
+        for _ in range(args.rounds):
+            spent.clear()
+            start = time.perf_counter()
+            pendings = [backend.dispatch(PROGRAM, INPUTS) for _ in range(n)]
+            launch_us.append((time.perf_counter() - start) / n * 1e6)
+            for pending in pendings:  # let them all settle, then time taking them
+                await asyncio.to_thread(_settled, pending)
+            start = time.perf_counter()
+            for pending in pendings:
+                await pending
+            resume_us.append((time.perf_counter() - start) / n * 1e6)
+            finish_us.append(statistics.median(spent) * 1e6)
+        launch_profile = cProfile.Profile()
+        launch_profile.enable()
+        pendings = [backend.dispatch(PROGRAM, INPUTS) for _ in range(args.profile)]
+        launch_profile.disable()
+        profiling = True
+        for pending in pendings:
+            await pending
+        profiling = False
+        await backend.aclose()
+    finally:
+        Flight.finish = finish  # type: ignore[method-assign]
+    launch = statistics.median(launch_us) * _own_share(launch_profile)
+    done = statistics.median(finish_us) * _own_share(profile)
+    resume = statistics.median(resume_us)
+    return {
+        "launch_us": round(launch, 2),
+        "finish_us": round(done, 2),
+        "resume_us": round(resume, 2),
+        "total_us": round(launch + done + resume, 2),
+        "goal_us": CUDA_GOAL_US,
+        "goal_met": launch + done + resume <= CUDA_GOAL_US,
+        "launch_wall_us": round(statistics.median(launch_us), 2),
+        "finish_wall_us": round(statistics.median(finish_us), 2),
+    }
+
+
+async def _cuda_completion(args: argparse.Namespace, device: Any) -> dict[str, Any]:
+    """How soon an awaiting task resumes after a short kernel's completion event fires.
+
+    The fake runs as a ``timed`` device: its operations need no host thread and
+    a kernel occupies ``KERNEL_S`` of the device timeline, as on a GPU; the
+    completion event's timestamp is when the timeline reaches it. Measured with the
+    awaiting loop polling the event (the default) and with the completion thread
+    alone (``POLL_BUDGET_S = 0``), interleaved.
+    """
+    import vyre_cupy.launch as cuda_launch
+    from vyre_cupy import create_backend
+    from vyre_cupy.launch import Flight
+
+    finish = Flight.finish
+    stamps: dict[int, float] = {}
+
+    def stamped(self: Any, error: BaseException | None) -> None:
+        for launch in self.launches:
+            stamps[id(launch.pending)] = self.events[3].stamp
+        finish(self, error)
+
+    budget = cuda_launch.POLL_BUDGET_S
+    device.kernel_s, device.timed = KERNEL_S, True
+    Flight.finish = stamped  # type: ignore[method-assign]
+    results: dict[str, list[float]] = {"polling": [], "completion_thread": []}
+    trips: dict[str, list[float]] = {"polling": [], "completion_thread": []}
+    try:
+        backend = create_backend(disk_cache=None)
+        for _ in range(_WARM):
+            await backend.dispatch(PROGRAM, INPUTS)
+        for _ in range(args.rounds):
+            for mode in results:
+                cuda_launch.POLL_BUDGET_S = budget if mode == "polling" else 0.0
+                lags, walls = [], []
+                for _ in range(max(20, args.repeats // 10)):
+                    start = time.perf_counter()
+                    pending = backend.dispatch(PROGRAM, INPUTS)
+                    await pending
+                    resumed = time.perf_counter()
+                    lags.append(resumed - stamps.pop(id(pending)))
+                    walls.append(resumed - start)
+                results[mode].append(statistics.median(lags) * 1e6)
+                trips[mode].append(statistics.median(walls) * 1e6)
+        await backend.aclose()
+    finally:
+        Flight.finish = finish  # type: ignore[method-assign]
+        cuda_launch.POLL_BUDGET_S = budget
+        device.kernel_s, device.timed = 0.0, False
+    return {
+        "kernel_us": KERNEL_S * 1e6,
+        "event_to_resume_us": {k: round(statistics.median(v), 2) for k, v in results.items()},
+        "round_trip_us": {k: round(statistics.median(v), 2) for k, v in trips.items()},
+        "goal_us": POLL_GOAL_US,
+        "goal_met": statistics.median(results["polling"]) <= POLL_GOAL_US,
+        "note": "event_to_resume: from the fake's completion-event timestamp to the awaiting "
+        "task running again; round_trip: dispatch() to resumed (includes the fake's own "
+        "stream-thread work and the kernel's sleep)",
     }
 
 

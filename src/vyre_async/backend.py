@@ -94,6 +94,13 @@ class VyreBackend(abc.ABC):
 
     id: ClassVar[str]
     version: str = "unspecified"
+    #: True when `enqueue` (and `enqueue_batch`) copy every host input into the
+    #: backend's own memory before they return: ``launch.inputs`` then holds the
+    #: caller's arrays themselves (checked for dtype and size, of any shape and
+    #: strides; read them only inside those calls), so each input is copied once,
+    #: straight into its final place. Default False: the driver hands private,
+    #: flat copies that the backend may keep.
+    copies_inputs: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -62,8 +62,9 @@ class Launch:
             ``plan.program`` in buffer counts (one pipeline serves every size);
             use ``plan.program`` and ``plan.counts`` for sizes.
         plan: Binding plan: the dispatched program, geometry and every buffer's count.
-        inputs: One item per input buffer: a private host array, or a
-            `ResidentBuffer` of this backend.
+        inputs: One item per input buffer: a private flat host array (the
+            caller's own array, of any shape, for a backend whose
+            ``copies_inputs`` is True), or a `ResidentBuffer` of this backend.
         config: The dispatch config.
         pending: The pending result handed to the caller.
         completer: Settles ``pending``; call exactly one of ``resolve``/``fail``.
@@ -187,6 +188,7 @@ class DispatchFrontEnd:
     def __init__(self, backend: BackendLike, prefetcher: PrefetchHook | None) -> None:
         self.backend = backend
         self.prefetcher = prefetcher
+        self._copies = bool(backend.copies_inputs)
         self._by_id: OrderedDict[
             tuple[int, int, tuple[int, ...]], tuple[Program, DispatchConfig, LaunchTemplate]
         ] = OrderedDict()
@@ -324,11 +326,14 @@ class DispatchFrontEnd:
         prepared: list[np.ndarray | ResidentBuffer] = []
         sizes: list[int] = []
         resident = False
+        copies = self._copies
         for (decl, want, count), value in zip(specs, inputs, strict=False):  # (counted)
             if type(value) is np.ndarray and value.dtype is want:
                 size = value.size
                 if (not count or size == count) and (not limit or 4 * size <= limit):
-                    prepared.append(value.flatten())  # the common case: one copy, flat
+                    # The common case: one copy — here, flat, or by the backend
+                    # straight into its own memory.
+                    prepared.append(value if copies else value.flatten())
                     sizes.append(size)
                     continue
             item = _prepare_input(decl, value, limit, backend)

@@ -51,8 +51,9 @@ _PENDING, _DONE, _TIMED_OUT = "pending", "done", "timed_out"
 #: Default seconds an awaiting loop polls a dispatch that registered a poll, before
 #: it parks on its future and lets the backend's completion thread wake it.
 DEFAULT_POLL_BUDGET_S = 200e-6
-#: Loop turns between two polls grow 1, 1, 2, 2, 4, 4, 8, 8, 8 ... (the backoff).
-_MAX_POLL_SKIP = 8
+#: Every loop turn polls for the first half of the budget; then the turns between
+#: two polls grow 2, 4, 4, 4 ... (the backoff).
+_MAX_POLL_SKIP = 4
 
 
 class ResultAlreadyTaken(RuntimeError):
@@ -211,6 +212,7 @@ class _Core:
     waiters: list[_Waiter] | None = None
     stop: _StopFlag | None = None
     poll: Callable[[], object] | None = None
+    give_up: Callable[[], object] | None = None
     poll_budget = DEFAULT_POLL_BUDGET_S
 
     def __init__(self, timeout: float | None, label: str | None, created: float | None) -> None:
@@ -450,6 +452,7 @@ class PendingDispatch:
         core = self._core
         if not self.done():
             _refuse_blocking_in_loop()
+            self._stop_polling()
             waiter = _ThreadWaiter()
             if core.add_waiter(waiter):
                 try:
@@ -491,17 +494,38 @@ class PendingDispatch:
         core = self._core
         poll = core.poll
         assert poll is not None
-        give_up = time.perf_counter() + core.poll_budget
+        started = time.perf_counter()
+        stop_at = started + core.poll_budget
+        half_way = started + core.poll_budget / 2
         skip = turn = 0
         while core.state is _PENDING:
-            yield  # one loop turn (a bare yield reschedules an asyncio task)
+            try:
+                yield  # one loop turn (a bare yield reschedules an asyncio task)
+            except BaseException:  # the awaiting task was cancelled while polling
+                self._stop_polling()
+                hook = core.record.on_await_cancelled
+                if core.state is _PENDING and hook is not None:
+                    hook(self)
+                raise
             turn += 1
             if turn < skip:
                 continue
             poll()
-            if core.state is not _PENDING or time.perf_counter() >= give_up:
+            if core.state is not _PENDING:
                 return
-            turn, skip = 0, min(_MAX_POLL_SKIP, skip + 1 if skip < 2 else skip * 2)
+            now = time.perf_counter()
+            if now >= stop_at:
+                self._stop_polling()
+                return
+            if now >= half_way:  # still running past half the budget: poll less often
+                turn, skip = 0, min(_MAX_POLL_SKIP, skip * 2 or 2)
+
+    def _stop_polling(self) -> None:
+        """Tell the backend nobody polls this dispatch any more (once)."""
+        core = self._core
+        give_up, core.give_up = core.give_up, None
+        if give_up is not None:
+            give_up()
 
     def _wait_asyncio(self, loop: asyncio.AbstractEventLoop) -> Generator[Any, None, None]:
         core = self._core
@@ -593,6 +617,17 @@ class DispatchCompleter:
         """The dispatch's `DispatchRecord`."""
         return self._core.record
 
+    def should_stop(self) -> bool:
+        """Return True once the result is no longer wanted: ``stop_requested.is_set()``.
+
+        Cheaper: it creates no event object when nobody asked for a stop.
+        """
+        core = self._core
+        if core.deadline is not None and time.monotonic() >= core.deadline:
+            return True
+        stop = core.stop
+        return stop is not None and stop.is_set()
+
     @property
     def wants_phases(self) -> bool:
         """True when a span records this dispatch, so `record_phase` intervals are shown.
@@ -606,7 +641,11 @@ class DispatchCompleter:
         self._core.started = time.monotonic()
 
     def poll_with(
-        self, check: Callable[[], object], *, budget_s: float = DEFAULT_POLL_BUDGET_S
+        self,
+        check: Callable[[], object],
+        *,
+        budget_s: float = DEFAULT_POLL_BUDGET_S,
+        give_up: Callable[[], object] | None = None,
     ) -> None:
         """Let an awaiting event loop notice completion by calling ``check()`` between turns.
 
@@ -618,10 +657,14 @@ class DispatchCompleter:
         sees the work finished; its return value is ignored. The backend must
         still settle the dispatch on its own (a completion thread) if nobody
         polls; settling is once-only, so a race between the two is harmless.
-        `PendingDispatch.done` calls ``check()`` too.
+        `PendingDispatch.done` calls ``check()`` too. ``give_up()``, when given, is
+        called once when polling stops with the dispatch still running (the
+        budget is spent, or a thread blocks in ``result()``): the backend's own
+        completion path should then watch it at once.
         """
         core = self._core
         core.poll_budget = budget_s
+        core.give_up = give_up
         core.poll = check
 
     def record_phase(self, name: str, start_ns: int, end_ns: int) -> None:

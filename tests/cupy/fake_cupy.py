@@ -218,6 +218,15 @@ class FakeDevice:
         for index, program in enumerate(programs):
             self.kernels.setdefault(generate(program).source, index)
         self.launch_lock = threading.Lock()  # threaded kernels share static __shared__ arrays
+        #: Seconds every plain kernel launch takes beyond the emulation: slept on the
+        #: stream thread, or (``timed``) added to the device timeline.
+        self.kernel_s = 0.0
+        #: A device that needs no host thread, like a GPU: every stream operation
+        #: runs at once on the enqueuing thread, and an event becomes done when the
+        #: device timeline (``busy_until``, advanced by ``kernel_s`` per launch)
+        #: reaches it. For timing completion without the GIL in the way.
+        self.timed = False
+        self.busy_until = 0.0
         self.memory_limit = 1 << 31
         self.allocated = 0
         self.sticky: int | None = None
@@ -400,6 +409,10 @@ class FakeDevice:
         self._check_sanitizer(index, batch)
         assert status == 0
         self.launches += 1
+        if self.timed:  # the kernel occupies the device timeline, no host thread
+            self.busy_until = max(time.perf_counter(), self.busy_until) + self.kernel_s
+        elif self.kernel_s:  # a kernel of known duration (the GIL is free meanwhile)
+            time.sleep(self.kernel_s)
 
     def _check_sanitizer(self, index: int, batch: bool) -> None:
         """Keep, described, whatever UBSan reported while this (or a concurrent) launch ran."""
@@ -471,6 +484,8 @@ class FakeStream:
     def enqueue(self, op: Callable[[], object]) -> None:
         if self.captured is not None:  # stream capture: record instead of running
             self.captured.append(op)
+        elif self.device.timed:
+            op()
         else:
             self._queue.put(op)
 
@@ -478,6 +493,10 @@ class FakeStream:
         self.device.check()
         assert self.captured is None, "the fake does not capture event waits"
         generation = event.generation
+        if self.device.timed:  # later work starts after the event on the timeline
+            device = self.device
+            device.busy_until = max(device.busy_until, event.ready_at)
+            return
         self.enqueue(lambda: event.wait_for(generation))
 
     def begin_capture(self, mode: int | None = None) -> None:
@@ -531,6 +550,8 @@ class FakeEvent:
         self.generation = 0
         self.completed = 0
         self.stamp = 0.0
+        #: ``timed`` devices: when the device timeline reaches this event.
+        self.ready_at = 0.0
         self._cond = threading.Condition()
 
     def record(self, stream: FakeStream) -> None:
@@ -542,7 +563,9 @@ class FakeEvent:
 
     def _complete(self, generation: int) -> None:
         with self._cond:
-            self.stamp = time.perf_counter()
+            now = time.perf_counter()
+            self.ready_at = max(now, self.device.busy_until) if self.device.timed else now
+            self.stamp = self.ready_at
             self.completed = max(self.completed, generation)
             self._cond.notify_all()
 
@@ -556,12 +579,16 @@ class FakeEvent:
         self.device.check()
         with self._cond:
             done = self.completed >= self.generation
+        if done and self.device.timed:
+            done = time.perf_counter() >= self.ready_at
         if done:
             self.device.check()
         return done
 
     def synchronize(self) -> None:
         self.wait_for(self.generation)
+        if self.device.timed:
+            time.sleep(max(0.0, self.ready_at - time.perf_counter()))
         self.device.check()
 
 

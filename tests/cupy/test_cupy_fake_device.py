@@ -38,6 +38,7 @@ from vyre_async import (
     UnsupportedFeature,
 )
 from vyre_async.cache.disk import PipelineCacheWarning
+from vyre_async.pending import DispatchCompleter
 from vyre_async.programs import elementwise_xor, standard_workloads
 from vyre_cupy import CupyBackend, create_backend
 
@@ -112,10 +113,15 @@ def test_probe_and_capabilities(backend: CupyBackend) -> None:
 
 @pytest.mark.anyio
 async def test_outputs_are_private_arrays_with_device_timing_and_phases(
-    backend: CupyBackend,
+    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     program = elementwise_xor(100)
     a = np.arange(100, dtype=np.uint32)
+    untraced = backend.dispatch(program, [a, a * 3])  # no span: no phase bookkeeping
+    await untraced
+    assert untraced.record.phases is None
+    assert untraced.timing is not None and untraced.timing.device_s is not None
+    monkeypatch.setattr(DispatchCompleter, "wants_phases", property(lambda self: True))
     pending = backend.dispatch(program, [a, a * 3])
     outputs = await pending
     assert outputs[0].tolist() == (a ^ (a * 3)).tolist()

@@ -135,6 +135,9 @@ class CupyBackend(VyreBackend):
 
     id = "cupy"
     version = __version__
+    #: Host inputs go straight from the caller's arrays into pinned staging, in
+    #: ``enqueue`` (and ``enqueue_batch``): one copy each.
+    copies_inputs = True
 
     def __init__(self, *, device: int = 0, streams: int = DEFAULT_STREAMS, **kwargs: Any) -> None:
         cupy, info = probe(device)  # first: a machine without CUDA fails before any set-up
@@ -293,7 +296,7 @@ class CupyBackend(VyreBackend):
         """
         self._check_open()
         completer = launch.completer
-        if completer.stop_requested.is_set():
+        if completer.should_stop():
             completer.fail(timeout_error(launch))
             return launch.pending
         self._check_geometry(launch)
@@ -341,7 +344,7 @@ class CupyBackend(VyreBackend):
         annotate_mode(launches, decision, mode)
         live = []
         for launch in launches:
-            if launch.completer.stop_requested.is_set():
+            if launch.completer.should_stop():
                 launch.completer.fail(timeout_error(launch))
             else:
                 live.append(launch)

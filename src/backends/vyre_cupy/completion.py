@@ -17,7 +17,15 @@ Cost model:
   ``min_sleep_s`` and ``max_sleep_s`` — so a dispatch that has run for 4 ms is
   noticed within about 1 ms, and a long kernel costs a handful of wake-ups per
   second. A new submission interrupts the sleep. With nothing in flight the
-  thread blocks on a condition variable (no busy loop).
+  thread looks for work every ``IDLE_SLICE_S`` for ``IDLE_LINGER_S``, then
+  blocks on a condition variable until a submission wakes it (no busy loop).
+
+- An awaiting event loop may finish a watch itself (`CompletionBridge.poll`,
+  registered as the dispatch's poll): short work is then noticed between loop
+  turns, without a cross-thread wake-up. A watch submitted with ``quiet_s``
+  leaves the bridge asleep for that long (the loop is expected to poll it);
+  after that the bridge takes over. Whoever finds a watch ready first takes it
+  off its queue under the bridge's lock, so it is finished exactly once.
 
 The bridge is CUDA-agnostic (it only calls ``ready``/``finish``), so it is
 tested without a GPU.
@@ -31,7 +39,13 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Protocol
 
-__all__ = ["CompletionBridge", "Watch"]
+__all__ = ["IDLE_LINGER_S", "IDLE_SLICE_S", "CompletionBridge", "Watch"]
+
+#: After its last watch finished, the thread looks for new work every IDLE_SLICE_S
+#: for IDLE_LINGER_S (so a busy stream of dispatches needs no wake-up per
+#: submission), then blocks until the next submission wakes it.
+IDLE_SLICE_S = 1e-3
+IDLE_LINGER_S = 20e-3
 
 
 class Watch(Protocol):
@@ -84,11 +98,15 @@ class CompletionBridge:
         self._count = 0
         self._newest = 0.0
         self._wake = False
+        self._quiet_until = 0.0
+        self._parked = False
         self._closing = False
         self._thread: threading.Thread | None = None
         #: Polling rounds and sleeps so far (for tests and benchmarks).
         self.rounds = 0
         self.sleeps = 0
+        #: Watches finished by `poll` (an awaiting loop) rather than by the thread.
+        self.polled = 0
 
     @property
     def in_flight(self) -> int:
@@ -100,8 +118,14 @@ class CompletionBridge:
         """True while the bridge thread is alive."""
         return self._thread is not None and self._thread.is_alive()
 
-    def submit(self, watch: Watch, *, queue: Hashable) -> None:
+    def submit(self, watch: Watch, *, queue: Hashable, quiet_s: float = 0.0) -> None:
         """Hand ``watch`` to the bridge. Watches on one ``queue`` must finish in order.
+
+        Args:
+            watch: The work to finish.
+            queue: Its queue (a stream): watches on one queue finish in order.
+            quiet_s: Seconds the bridge leaves ``watch`` to an awaiting loop's
+                `poll` before it polls itself (0: at once).
 
         Raises:
             RuntimeError: the bridge was closed.
@@ -111,12 +135,58 @@ class CompletionBridge:
                 raise RuntimeError("the completion bridge is closed")
             self._queues.setdefault(queue, deque()).append(watch)
             self._count += 1
-            self._newest = time.monotonic()
+            now = self._newest = time.monotonic()
+            if quiet_s > 0 and self._thread is not None and not self._parked:
+                # The thread looks again within IDLE_SLICE_S: no wake-up needed. Left
+                # to the loop's poll unless the thread is serving other work anyway.
+                if self._count == 1 or self._quiet_until >= now:
+                    self._quiet_until = max(self._quiet_until, now + quiet_s)
+                return
+            self._quiet_until = now + quiet_s if quiet_s > 0 else 0.0
             self._wake = True
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
             self._work.notify()
+
+    def take_over(self) -> None:
+        """End the quiet time: the thread polls every watch from now on (the loop gave up)."""
+        with self._lock:
+            if self._quiet_until:
+                self._quiet_until = 0.0
+                self._wake = True
+                self._work.notify()
+
+    def poll(self, watch: Watch, *, queue: Hashable) -> bool:
+        """Finish ``watch`` here and now if it heads ``queue`` and is ready; return True if so.
+
+        For an awaiting event loop (the dispatch's registered poll): never blocks
+        beyond the ``ready`` probe. Returns False when the watch is not ready, is
+        waiting behind earlier work on its queue, or was finished already.
+        """
+        with self._lock:
+            waiting = self._queues.get(queue)
+            if not waiting or waiting[0] is not watch:
+                return False
+            error: BaseException | None = None
+            try:
+                if not watch.ready():
+                    return False
+            except Exception as exc:  # a device error settles the watch with it
+                error = exc
+            waiting.popleft()
+            if not waiting:
+                del self._queues[queue]
+            self.polled += 1
+        try:
+            watch.finish(error)
+        except Exception as exc:  # a bug in finish must not stop the dispatch path
+            _report(exc)
+        with self._lock:
+            self._count -= 1
+            if self._count == 0:
+                self._idle.notify_all()
+        return True
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until nothing is in flight; return False if ``timeout`` expired first.
@@ -160,10 +230,23 @@ class CompletionBridge:
         last_progress = time.monotonic()
         while True:
             with self._lock:
+                idle_since = None
                 while self._count == 0 and not self._closing:
-                    self._work.wait()
+                    now = time.monotonic()
+                    idle_since = idle_since or now
+                    if now - idle_since < IDLE_LINGER_S:  # more work is likely soon
+                        self._work.wait(IDLE_SLICE_S)
+                    else:  # idle: block until a submission wakes the thread
+                        self._parked = True
+                        self._work.wait()
+                        self._parked = False
                 if self._count == 0:
                     return
+                quiet = self._quiet_until - time.monotonic()
+                if quiet > 0 and not self._closing:  # an awaiting loop polls this work
+                    self._wake = False
+                    self._work.wait(quiet)
+                    continue
                 heads = [(key, q[0]) for key, q in self._queues.items() if q]
                 self._wake = False
                 newest = self._newest
@@ -193,7 +276,9 @@ class CompletionBridge:
             except Exception as exc:  # a device error settles the watch with it
                 error = exc
             with self._lock:
-                queue = self._queues[key]
+                queue = self._queues.get(key)
+                if not queue or queue[0] is not watch:  # an awaiting loop finished it
+                    return True
                 queue.popleft()
                 following = queue[0] if queue else None
                 if not queue:

@@ -176,6 +176,12 @@ def template_for(kernel: CudaKernel, plan: BindingPlan) -> LaunchTemplate:
     return template
 
 
+#: Seconds an awaiting loop polls a plain launch's completion event between its turns
+#: before the completion thread takes over (`DispatchCompleter.poll_with`); 0 leaves
+#: every launch to the completion thread.
+POLL_BUDGET_S = 200e-6
+
+
 # Staging and readback ---------------------------------------------------------------------
 def fill_staging(host: np.ndarray, template: LaunchTemplate, inputs: Sequence[Any]) -> None:
     """Write ``vy_lens`` and every host input of one launch into its staging bytes ``host``."""
@@ -183,7 +189,10 @@ def fill_staging(host: np.ndarray, template: LaunchTemplate, inputs: Sequence[An
     host[: len(lens)] = np.frombuffer(lens, np.uint8)
     for at, offset, nbytes in template.uploads:
         item = inputs[at]
-        np.copyto(host[offset : offset + nbytes].view(item.dtype), item, casting="no")
+        # The caller's own array (the backend copies inputs itself): any shape or
+        # strides, copied once, straight into the pinned staging bytes.
+        dest = host[offset : offset + nbytes].view(item.dtype)
+        np.copyto(dest.reshape(item.shape), item, casting="no")
 
 
 def read_outputs(outputs: Sequence[OutputSlot], readback: Any, base: int) -> list[np.ndarray]:
@@ -270,6 +279,16 @@ class Flight:
         """Return True once the completion event fired (``cudaEventQuery``)."""
         return bool(self.events[3].done)
 
+    def poll(self) -> bool:
+        """Finish the flight on the calling thread if it is done (an awaiting loop's poll).
+
+        True when this call finished it; the completion bridge decides, under its
+        lock, who finishes a flight (exactly once).
+        """
+        ctx = self.ctx
+        ctx.use_device()
+        return ctx.bridge.poll(self, queue=self.stream)
+
     def abandon(self, error: BaseException) -> None:
         """Fail every dispatch of the flight with ``error`` (the backend closed before it ended)."""
         for launch in self.launches:
@@ -278,6 +297,9 @@ class Flight:
     def finish(self, error: BaseException | None) -> None:
         """Copy each dispatch's outputs out and settle it (or fail them); release resources."""
         ctx = self.ctx
+        # The stream's work is over: its lease ends before anyone is woken (a caller
+        # that resumes finds the stream free); the readback bytes are the flight's own.
+        ctx.streams.release(self.stream)
         try:
             with ctx.errors("running the kernel"):
                 if error is not None:
@@ -289,19 +311,21 @@ class Flight:
         else:
             ctx.recycle(self.events[:3] if self.keep_done else self.events)
         finally:
-            ctx.streams.release(self.stream)
             self.keep = ()
             self.readback = None
 
     def _settle(self) -> None:
         launches = self.launches
-        stopped = [launch.completer.stop_requested.is_set() for launch in launches]
+        stopped = [launch.completer.should_stop() for launch in launches]
         device_s = 0.0
-        if not any(stopped):
-            device_s = record_phases(self.ctx, launches, self.events) / len(launches)
-        elif not all(stopped):
+        if not all(stopped):
             live = [launch for launch, stop in zip(launches, stopped, strict=True) if not stop]
-            device_s = record_phases(self.ctx, live, self.events) / len(launches)
+            traced = [launch for launch in live if launch.completer.wants_phases]
+            if traced:  # phases only for dispatches a span shows them on
+                device_s = record_phases(self.ctx, traced, self.events) / len(launches)
+            else:
+                events = self.events
+                device_s = self.ctx.elapsed_ns(events[1], events[2]) / 1e9 / len(launches)
         at = self.readback_at
         for launch, stop in zip(launches, stopped, strict=True):
             if stop:  # timed out: nobody takes the result
@@ -375,7 +399,11 @@ def enqueue_launch(ctx: DeviceContext, owner: object, launch: Launch, kernel: Cu
                 readback_at=template.readback_at,
                 events=events,
             )
-            ctx.bridge.submit(flight, queue=index)
+            bridge = ctx.bridge
+            budget = POLL_BUDGET_S
+            if budget > 0:
+                completer.poll_with(flight.poll, budget_s=budget, give_up=bridge.take_over)
+            bridge.submit(flight, queue=index, quiet_s=budget)
     except BaseException:
         streams.release(index)
         raise
@@ -427,7 +455,7 @@ def _fill_with_residents(
         if slot.source is Source.HOST and slot.nbytes:
             assert isinstance(item, np.ndarray) and slot.offset is not None
             view = host[slot.offset : slot.offset + slot.nbytes].view(item.dtype)
-            np.copyto(view, item, casting="no")
+            np.copyto(view.reshape(item.shape), item, casting="no")
 
 
 def _enqueue_with_residents(

@@ -371,9 +371,9 @@ class ReferenceBackend(VyreBackend):
         completer = launch.completer
         for event in waits:  # earlier dispatches on the same resident buffers
             while not event.wait(_ORDER_POLL_S):
-                if completer.stop_requested.is_set():
+                if completer.should_stop():
                     break
-        if completer.stop_requested.is_set():
+        if completer.should_stop():
             return self._stopped(launch)  # nothing runs
         completer.mark_started()
         started_ns = time.time_ns()
