@@ -9,8 +9,9 @@ where the backend's calibration says concurrency pays, else one after another
 as host arrays as the residency policy decides from the same calibration (the
 reference backend's "resident" buffers are host arrays the engine copies, so
 there it measures them slower and the graph uses host arrays; the report says
-so), and returns the requested resources with a report: the layers, which arms ran together, why each later arm had to wait,
-streams, timing and the execution mode chosen for the repeated submission.
+so), and returns the requested resources with a report: the layers, which
+arms ran together, why each later arm had to wait, streams, timing and the
+execution mode chosen for the repeated submission.
 
     .venv/bin/python examples/megakernel_arms.py            # reference backend
     .venv/bin/python examples/megakernel_arms.py --backend cupy --size 4194304
