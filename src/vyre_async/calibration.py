@@ -53,6 +53,7 @@ from vyre_async.cache.files import (
     temp_name_pattern,
     unlink_unchanged,
 )
+from vyre_async.errors import UnsupportedFeature
 from vyre_async.ir.expr import u32
 from vyre_async.ir.program import Program
 from vyre_async.ir.stmt import Store
@@ -74,6 +75,7 @@ __all__ = [
     "launch_probe_program",
     "measure_arm_overlap",
     "measure_host_costs",
+    "measure_resident_gain",
 ]
 
 CALIBRATION_FORMAT_VERSION = 2  # 2: persistent_item_ns; CUDA launch_ns per batched launch
@@ -88,6 +90,7 @@ _NS_FIELDS = (
     "compile_ns",
 )
 _RATE_FIELDS = ("h2d_bytes_per_s", "d2h_bytes_per_s")
+_BPS_FIELDS = ("concurrent_overlap_bps", "resident_gain_bps")
 _IDENTITY_FIELDS = ("backend_id", "backend_version", "device_fingerprint")
 _RECORD_NAME = re.compile(r"(?P<key>[0-9a-f]{64})\.json")
 _TEMP_PREFIX = ".calibration"
@@ -127,6 +130,15 @@ class Calibration:
             backend's ``calibrate()`` left it None); the arm scheduler's
             concurrency policy (`vyre_async.policies.decide_arm_concurrency`)
             reads it.
+        resident_gain_bps: How much faster a dispatch runs with its buffers
+            resident, the way the arm graph runs it (inputs uploaded once, each
+            WRITE output a fresh zeroed resident buffer run as READ_WRITE), than
+            the same dispatch on host arrays, in basis points of the host-array
+            time (negative: resident was slower). Measured by
+            `measure_resident_gain` (`calibration_for` fills it in when the
+            backend's ``calibrate()`` left it None; None on a backend without
+            resident buffers); the arm graph's residency policy
+            (`vyre_async.policies.decide_residency`) reads it.
         timing: How times were taken: ``"host"`` clocks or ``"device_events"``.
         measured_at: Unix time of the measurement.
 
@@ -147,6 +159,7 @@ class Calibration:
     d2h_bytes_per_s: float | None = None
     compile_ns: int | None = None
     concurrent_overlap_bps: int | None = None
+    resident_gain_bps: int | None = None
     timing: str = "host"
     measured_at: float = 0.0
 
@@ -179,16 +192,17 @@ class Calibration:
                     f"Calibration.{name} must be a positive finite number, got {value!r}\n"
                     "Fix: leave it None when not measured"
                 )
-        overlap = self.concurrent_overlap_bps
-        if overlap is not None and (
-            isinstance(overlap, bool)
-            or not isinstance(overlap, int)
-            or not -10_000 <= overlap <= 10_000
-        ):
-            raise ValueError(
-                f"Calibration.concurrent_overlap_bps must be an int in -10000..10000 or None, got "
-                f"{overlap!r}\nFix: clamp the measured overlap to basis points"
-            )
+        for name in _BPS_FIELDS:
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not -10_000 <= value <= 10_000
+            ):
+                raise ValueError(
+                    f"Calibration.{name} must be an int in -10000..10000 or None, got "
+                    f"{value!r}\nFix: clamp the measurement to basis points"
+                )
         if (
             isinstance(self.measured_at, bool)
             or not isinstance(self.measured_at, int | float)
@@ -534,11 +548,15 @@ def calibration_for(
         if record is not None:
             if record.measured_at == 0.0:
                 record = replace(record, measured_at=time.time())
-            record = _with_arm_overlap(backend, record)
+            record = _with_policy_inputs(backend, record)
             where.save(record)
-    elif record is not None and measure and record.concurrent_overlap_bps is None:
-        filled = _with_arm_overlap(backend, record)  # a record written before the field
-        if filled is not record:
+    elif (
+        record is not None
+        and measure
+        and (record.concurrent_overlap_bps is None or record.resident_gain_bps is None)
+    ):
+        filled = _with_policy_inputs(backend, record)  # a record written before the fields
+        if filled != record:
             record = filled
             where.save(record)
     with _memo_lock:
@@ -573,16 +591,29 @@ def format_calibration(record: Calibration) -> str:
                 else f"{record.concurrent_overlap_bps / 100:+.0f} % of the shorter of two "
                 "concurrent dispatches hidden"
             ),
+            "  resident gain:    "
+            + (
+                "not measured"
+                if record.resident_gain_bps is None
+                else f"{record.resident_gain_bps / 100:+.0f} % faster with resident buffers "
+                "than with host arrays"
+            ),
         ]
     )
 
 
-def _with_arm_overlap(backend: BackendLike, record: Calibration) -> Calibration:
-    """``record`` with ``concurrent_overlap_bps`` measured on ``backend`` when it is None."""
-    if record.concurrent_overlap_bps is not None:
-        return record
-    overlap = measure_arm_overlap(backend)
-    return record if overlap is None else replace(record, concurrent_overlap_bps=overlap)
+def _with_policy_inputs(backend: BackendLike, record: Calibration) -> Calibration:
+    """``record`` with ``concurrent_overlap_bps`` and ``resident_gain_bps`` measured on
+    ``backend`` where they are None (a field that cannot be measured stays None)."""
+    if record.concurrent_overlap_bps is None:
+        overlap = measure_arm_overlap(backend)
+        if overlap is not None:
+            record = replace(record, concurrent_overlap_bps=overlap)
+    if record.resident_gain_bps is None:
+        gain = measure_resident_gain(backend)
+        if gain is not None:
+            record = replace(record, resident_gain_bps=gain)
+    return record
 
 
 #: Elements of the two probe dispatches of `measure_arm_overlap` (1 MiB each).
@@ -644,6 +675,99 @@ def measure_arm_overlap(
     except Exception as exc:  # a backend that cannot run the probes is not calibrated for it
         _log.warning("arm overlap of backend %r not measured (%s)", backend.id, exc)
         return None
+    return max(-10_000, min(10_000, round(statistics.median(samples) * 10_000)))
+
+
+#: Elements of each buffer of `measure_resident_gain`'s probe (1 MiB each).
+RESIDENT_GAIN_PROBE_ELEMENTS = 1 << 18
+
+
+def measure_resident_gain(
+    backend: BackendLike, *, rounds: int = 5, elements: int = RESIDENT_GAIN_PROBE_ELEMENTS
+) -> int | None:
+    """Measure how much faster a dispatch runs on resident buffers than on host arrays.
+
+    The probe is an elementwise xor over ``elements`` words, run the two ways
+    the arm graph can run it (`vyre_async.graph.ArmGraph.run`): on host arrays
+    (``dispatch(xor, [a, b])``), and on resident buffers: both inputs uploaded
+    once, the output a fresh zero-filled resident buffer (``alloc``) passed to
+    the same kernel with that buffer READ_WRITE, freed afterwards. Every
+    dispatch is awaited (``.result()``) before the next; a resident dispatch's
+    time includes its ``alloc`` and ``free``. Each round (after one warm-up of
+    each) times ``repeats = 3`` dispatches of each way, the order alternating
+    between rounds; the round's gain is ``(host - resident) / host`` of the
+    medians. The result is the median over ``rounds``, clamped to -1..1, in
+    basis points. Host clocks; blocks the calling thread (call it outside
+    event loops, like ``calibrate()``). Tens of milliseconds on the reference
+    backend.
+
+    Args:
+        backend: The backend to measure.
+        rounds: Timed rounds (>= 1).
+        elements: Words per probe buffer.
+
+    Returns:
+        Basis points in -10000..10000, or None when the backend has no resident
+        buffers (its ``upload`` raised `UnsupportedFeature`) or the probe could
+        not run (logged on the ``vyre_async.calibration`` logger).
+    """
+    from vyre_async.programs import elementwise_xor
+
+    xor = elementwise_xor(elements)
+    resident_xor = Program(
+        [
+            BufferDecl(d.name, d.binding, Access.READ_WRITE, d.dtype, d.count)
+            if d.access is Access.WRITE
+            else d
+            for d in xor.buffers
+        ],
+        xor.workgroup_size,
+        xor.body,
+        op_id="calibrate.resident_gain",
+    )
+    out = next(d for d in xor.buffers if d.access is Access.WRITE)
+    data = np.arange(elements, dtype=np.uint32)
+    uploaded: list[Any] = []
+    try:
+        try:
+            uploaded.append(backend.upload(data, label="calibrate.resident_gain"))
+        except UnsupportedFeature:
+            _log.info("resident gain of backend %r not measured: no resident buffers", backend.id)
+            return None
+        uploaded.append(backend.upload(data, label="calibrate.resident_gain"))
+
+        def on_host() -> float:
+            start = time.perf_counter()
+            backend.dispatch(xor, [data, data]).result()
+            return time.perf_counter() - start
+
+        def resident() -> float:
+            start = time.perf_counter()
+            fresh = backend.alloc(out.dtype, elements, label="calibrate.resident_gain")
+            try:
+                backend.dispatch(resident_xor, [*uploaded, fresh]).result()
+            finally:
+                backend.free(fresh)
+            return time.perf_counter() - start
+
+        on_host()  # compile and warm
+        resident()
+        samples: list[float] = []
+        for number in range(max(1, rounds)):
+            ways = (on_host, resident) if number % 2 == 0 else (resident, on_host)
+            times: dict[Callable[[], float], list[float]] = {way: [] for way in ways}
+            for _ in range(3):
+                for way in ways:
+                    times[way].append(way())
+            host_s = max(statistics.median(times[on_host]), 1e-9)
+            samples.append((host_s - statistics.median(times[resident])) / host_s)
+    except Exception as exc:  # a backend that cannot run the probe is not calibrated for it
+        _log.warning("resident gain of backend %r not measured (%s)", backend.id, exc)
+        return None
+    finally:
+        for handle in uploaded:
+            with contextlib.suppress(Exception):
+                backend.free(handle)
     return max(-10_000, min(10_000, round(statistics.median(samples) * 10_000)))
 
 

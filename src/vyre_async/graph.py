@@ -23,14 +23,20 @@ are bound to resources), then ``result = await graph.run(backend, outputs=[...])
 
 The result equals running the arms one by one in submission order.
 
-Resources are graph-owned. Where the backend has resident buffers, resources
-that arms read are uploaded once per run and passed as resident buffers
-(``residency="auto"`` or ``"resident"``); a backend without them raises
-`UnsupportedFeature` on ``upload`` and ``"auto"`` then keeps the resources as
-host arrays owned by the graph (reported as ``residency="host"``). That is not
-a silent fallback of a user's buffer: graph resources never belonged to the
-device. BOOL resources always stay host arrays (``upload`` of a ``uint32``
-array would type them U32).
+Resources are graph-owned. With resident resources, those that arms read are
+uploaded once per run and passed as resident buffers. ``residency="resident"``
+requires them, ``"host"`` never uploads, and ``"auto"`` (the default) asks the
+residency policy (`vyre_async.policies.decide_residency`): resident unless the
+backend's calibration measured resident buffers slower than host arrays
+(`Calibration.resident_gain_bps`; the reference backend's "resident" buffers
+are host arrays the engine copies, so there they cost time). A backend without
+resident buffers raises `UnsupportedFeature` on ``upload`` and ``"auto"`` then
+keeps the resources as host arrays owned by the graph (reported as
+``residency="host"``, reason ``no_resident_buffers``). That is not a silent
+fallback of a user's buffer: graph resources never belonged to the device.
+BOOL resources always stay host arrays (``upload`` of a ``uint32`` array would
+type them U32). The ``vyre.graph`` span carries the verdict
+(``vyre.policy.residency`` and ``.reason``), as does `GraphReport`.
 
 Every arm's ``vyre.dispatch`` span (a child of one ``vyre.graph`` span) carries
 ``vyre.policy.arm.layer``, ``vyre.arm.index``, ``vyre.arm.label`` and, for an
@@ -76,6 +82,7 @@ from vyre_async.pending import PendingDispatch
 from vyre_async.plan import normalize_input
 from vyre_async.policies.arms import ArmConflict, ArmPlan, ArmSummary, plan_arms
 from vyre_async.policies.concurrency import ArmConcurrencyVerdict, decide_arm_concurrency
+from vyre_async.policies.residency import ResidencyVerdict, decide_residency
 from vyre_async.resident import ResidentBuffer
 
 if TYPE_CHECKING:
@@ -223,6 +230,12 @@ class GraphReport:
             dispatched), and why (``single_arm`` for a layer of one arm).
         concurrent_overlap_bps: The backend's calibrated arm overlap the verdicts used
             (`Calibration.concurrent_overlap_bps`), None when not calibrated.
+        residency_verdict: The `ResidencyVerdict` that chose ``residency``:
+            ``requested``, ``no_resident_buffers``, ``uncalibrated``,
+            ``resident_slower``, ``low_gain`` or ``resident_pays``, with the
+            estimated savings of resident buffers.
+        resident_gain_bps: The backend's calibrated resident gain the verdict
+            used (`Calibration.resident_gain_bps`), None when not calibrated.
     """
 
     label: str | None
@@ -239,6 +252,13 @@ class GraphReport:
     host_join_reason: str | None = None
     concurrency: tuple[ArmConcurrencyVerdict, ...] = ()
     concurrent_overlap_bps: int | None = None
+    residency_verdict: ResidencyVerdict | None = None
+    resident_gain_bps: int | None = None
+
+    @property
+    def residency_reason(self) -> str | None:
+        """Why the resources were ``residency``: the verdict's reason (None without one)."""
+        return None if self.residency_verdict is None else self.residency_verdict.reason
 
     def describe(self) -> str:
         """Return a human-readable, multi-line account of the run."""
@@ -246,7 +266,9 @@ class GraphReport:
             f"graph {self.label or '(unlabelled)'} on {self.backend_id}: {len(self.arms)} arms, "
             f"{len(self.layers)} layers, {self.joins} joins on the {self.joins_on}"
             + (f" ({self.host_join_reason})" if self.host_join_reason else "")
-            + f", resources {self.residency}, {self.wall_s * 1e3:.2f} ms",
+            + f", resources {self.residency}"
+            + (f" ({self.residency_reason})" if self.residency_reason else "")
+            + f", {self.wall_s * 1e3:.2f} ms",
             f"execution mode: {self.execution.mode.kind}"
             + (f" ({self.execution.mode.reason})" if self.execution.mode.reason else ""),
             "arm overlap: "
@@ -254,6 +276,17 @@ class GraphReport:
                 "not calibrated"
                 if self.concurrent_overlap_bps is None
                 else f"{self.concurrent_overlap_bps / 100:+.0f} % (calibrated)"
+            ),
+            "resident gain: "
+            + (
+                "not calibrated"
+                if self.resident_gain_bps is None
+                else f"{self.resident_gain_bps / 100:+.0f} % (calibrated)"
+            )
+            + (
+                f", est. {self.residency_verdict.savings_ns / 1e6:+.2f} ms if resident"
+                if self.residency_verdict is not None and self.residency_verdict.savings_ns
+                else ""
             ),
         ]
         for number, layer in enumerate(self.layers):
@@ -578,12 +611,16 @@ class ArmGraph:
         `vyre_async.policies.decide_arm_concurrency` decides from the backend's
         calibration (``concurrent_overlap_bps``) and the arms' estimated times (their
         last measured times on this backend, else the calibrated launch cost).
+        With ``residency="auto"``, `vyre_async.policies.decide_residency` decides
+        from the calibrated ``resident_gain_bps`` whether the resources are
+        resident buffers or host arrays.
 
         Args:
             backend: Where the arms run.
             outputs: Resource names to return (default: every resource).
             values: Contents replacing some resources' initial contents for this run.
-            residency: ``"auto"`` (resident buffers when the backend has them),
+            residency: ``"auto"`` (resident buffers when the backend has them and
+                its calibration does not measure them slower than host arrays),
                 ``"resident"`` (required) or ``"host"``.
 
         Returns:
@@ -645,21 +682,20 @@ class ArmGraph:
         )
         calibration = calibration_for(backend)
         overlap = None if calibration is None else calibration.concurrent_overlap_bps
+        gain = None if calibration is None else calibration.resident_gain_bps
         fallback = 1 if calibration is None else max(calibration.launch_ns, 1)
-        costs = self._costs_on(backend, schedule)
+        work = [fallback if cost is None else cost for cost in self._costs_on(backend, schedule)]
         concurrency = tuple(
-            decide_arm_concurrency(
-                [fallback if costs[i] is None else costs[i] or 0 for i in layer], overlap
-            )
-            for layer in plan.layers
+            decide_arm_concurrency([work[i] for i in layer], overlap) for layer in plan.layers
         )
+        placement = decide_residency(gain, requested=residency, work_ns=sum(work))
         runner = _Run(
             schedule=schedule,
             backend=backend,
             decision=decision,
             concurrency=concurrency,
             state=state,
-            resident=residency != "host",
+            resident=placement.resident,
             required=residency == "resident",
         )
         in_order = sum(1 for v in concurrency if v.reason != "single_arm" and not v.concurrent)
@@ -678,15 +714,19 @@ class ArmGraph:
                     "vyre.graph.layers_in_order": in_order,
                     **({"vyre.graph.label": self.label} if self.label else {}),
                     **decision.span_attributes(),
+                    **_residency_attributes(placement),
                 },
             )
             with trace.use_span(span, end_on_exit=True):
                 layer_wall = await runner.execute()
+                placement = _settled_placement(placement, runner, gain, residency, sum(work))
+                span.set_attributes(_residency_attributes(placement))
                 span.set_attribute("vyre.graph.residency", runner.residency)
                 span.set_attribute("vyre.graph.joins_on", runner.joins_on)
                 if runner.host_join_reason:
                     span.set_attribute("vyre.graph.host_join_reason", runner.host_join_reason)
         wall = time.perf_counter() - started
+        placement = _settled_placement(placement, runner, gain, residency, sum(work))
         try:
             out = {name: runner.take(name) for name in wanted}
         finally:
@@ -707,8 +747,23 @@ class ArmGraph:
             host_join_reason=runner.host_join_reason,
             concurrency=concurrency,
             concurrent_overlap_bps=overlap,
+            residency_verdict=placement,
+            resident_gain_bps=gain,
         )
         return GraphResult(outputs=out, report=report)
+
+
+def _residency_attributes(verdict: ResidencyVerdict) -> dict[str, AttributeValue]:
+    return {"vyre.policy.residency": verdict.kind, "vyre.policy.residency.reason": verdict.reason}
+
+
+def _settled_placement(
+    verdict: ResidencyVerdict, runner: _Run, gain: int | None, requested: Residency, work_ns: int
+) -> ResidencyVerdict:
+    """``verdict``, or the host verdict when the run found the backend without resident buffers."""
+    if verdict.resident and not runner.resident:
+        return decide_residency(gain, requested=requested, resident_buffers=False, work_ns=work_ns)
+    return verdict
 
 
 def _resident_variant(program: Program) -> Program:

@@ -42,7 +42,7 @@ def test_public_names_are_exactly_all() -> None:
 
 def test_verdicts_are_frozen_slotted_keyword_only_records() -> None:
     verdicts = [getattr(policies, n) for n in policies.__all__ if n.endswith("Verdict")]
-    assert len(verdicts) == 8
+    assert len(verdicts) == 9
     for kind in [*verdicts, policies.ArmConflict, policies.ArmPlan]:
         params = dataclasses.fields(kind)
         assert kind.__dataclass_params__.frozen
@@ -55,7 +55,16 @@ def test_verdicts_are_frozen_slotted_keyword_only_records() -> None:
 
 
 def test_policies_import_nothing_from_the_driver_core() -> None:
-    for module in ("arms", "concurrency", "overlap", "launch", "params", "shapes", "speculation"):
+    for module in (
+        "arms",
+        "concurrency",
+        "overlap",
+        "launch",
+        "params",
+        "residency",
+        "shapes",
+        "speculation",
+    ):
         source = inspect.getsource(importlib.import_module(f"vyre_async.policies.{module}"))
         assert "vyre_async.backend" not in source and "numpy" not in source
 

@@ -692,3 +692,89 @@ def test_arm_overlap_is_validated(bad: Any) -> None:
     with pytest.raises(ValueError, match="Fix:"):
         replace(GPU_LIKE, concurrent_overlap_bps=bad)
     assert replace(GPU_LIKE, concurrent_overlap_bps=-10_000).concurrent_overlap_bps == -10_000
+
+
+# The resident gain ----------------------------------------------------------------------------
+
+
+def test_resident_gain_is_measured_and_filled_in(tmp_path: Path) -> None:
+    from vyre_async.calibration import measure_resident_gain
+
+    backend = ReferenceBackend()
+    gain = measure_resident_gain(backend, rounds=2, elements=1 << 14)
+    assert isinstance(gain, int) and -10_000 <= gain <= 10_000
+    assert backend.resident_count == 0  # the probe freed what it uploaded and allocated
+    store = CalibrationStore(tmp_path)
+    record = calibration_for(backend, measure=True, store=store)
+    assert record is not None and record.resident_gain_bps is not None
+    assert store.entries() == [record]
+    assert "resident gain:" in format_calibration(record)
+
+
+def test_a_record_written_before_the_resident_gain_loads_and_gets_it(tmp_path: Path) -> None:
+    store = CalibrationStore(tmp_path)
+    backend = ReferenceBackend()
+    old = Calibration(
+        backend_id="reference",
+        backend_version=backend.version,
+        device_fingerprint=backend.device_fingerprint(),
+        launch_ns=1_000,
+        concurrent_overlap_bps=1_234,
+        measured_at=1.0,
+    )
+    data = old.to_json()
+    del data["resident_gain_bps"]  # as an older vyre-async wrote it
+    path = store.path_for(old.backend_id, old.backend_version, old.device_fingerprint)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True))
+    assert calibration_for(backend, store=store) == old  # reading never measures
+    filled = calibration_for(ReferenceBackend(), measure=True, store=store)
+    assert filled is not None and filled.resident_gain_bps is not None
+    assert (filled.launch_ns, filled.concurrent_overlap_bps) == (1_000, 1_234)  # kept
+    assert store.entries() == [filled]
+    assert "resident gain:    not measured" in format_calibration(old)
+
+
+def test_resident_gain_of_a_backend_without_resident_buffers_is_none(tmp_path: Path) -> None:
+    from vyre_async import VyreBackend
+    from vyre_async.calibration import measure_resident_gain
+
+    class HostOnly(ReferenceBackend):
+        upload = VyreBackend.upload
+        alloc = VyreBackend.alloc
+
+    assert measure_resident_gain(HostOnly()) is None
+    record = calibration_for(HostOnly(), measure=True, store=CalibrationStore(tmp_path))
+    assert record is not None and record.resident_gain_bps is None
+
+
+def test_resident_gain_unmeasurable_stays_none(caplog: pytest.LogCaptureFixture) -> None:
+    from vyre_async.calibration import measure_resident_gain
+
+    class Broken(ReferenceBackend):
+        def enqueue(self, launch: Launch) -> PendingDispatch:
+            raise RuntimeError("no")
+
+    backend = Broken()
+    with caplog.at_level(logging.WARNING, logger="vyre_async.calibration"):
+        assert measure_resident_gain(backend) is None
+    assert "resident gain" in caplog.text
+    assert backend.resident_count == 0
+
+
+@pytest.mark.parametrize("bad", [10_001, -10_001, 1.5, True])
+def test_resident_gain_is_validated(bad: Any) -> None:
+    with pytest.raises(ValueError, match="Fix:"):
+        replace(GPU_LIKE, resident_gain_bps=bad)
+    assert replace(GPU_LIKE, resident_gain_bps=-10_000).resident_gain_bps == -10_000
+
+
+def test_records_with_the_policy_fields_still_begin_like_temp_files_do(tmp_path: Path) -> None:
+    # The store recognises its temp files by how every record it writes begins
+    # (sorted keys: "backend_id" first); the basis-point fields sort after it.
+    from vyre_async.calibration import _RECORD_HEAD, _encode
+
+    record = replace(GPU_LIKE, concurrent_overlap_bps=-5, resident_gain_bps=-1_500)
+    assert _encode(record).startswith(_RECORD_HEAD)
+    store = CalibrationStore(tmp_path)
+    assert store.save(record) and store.entries() == [record]

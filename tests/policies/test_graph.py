@@ -693,7 +693,9 @@ def test_graph_equals_sequential_execution(
 # Arm concurrency verdicts -------------------------------------------------------------------
 
 
-def _calibrated(backend: VyreBackend, overlap_bps: int | None) -> VyreBackend:
+def _calibrated(
+    backend: VyreBackend, overlap_bps: int | None, *, gain_bps: int | None = None
+) -> VyreBackend:
     """Give ``backend`` a cached calibration with ``concurrent_overlap_bps`` (no measuring)."""
     from vyre_async import calibration
 
@@ -703,6 +705,7 @@ def _calibrated(backend: VyreBackend, overlap_bps: int | None) -> VyreBackend:
         device_fingerprint=backend.device_fingerprint(),
         launch_ns=50_000,
         concurrent_overlap_bps=overlap_bps,
+        resident_gain_bps=gain_bps,
     )
     with calibration._memo_lock:
         calibration._memo[backend] = record
@@ -784,3 +787,60 @@ async def test_failing_in_order_arm_stops_the_layer() -> None:
     assert len(backend.launched) == 1  # arm 0 ran and settled; nothing after arm 1
     assert backend.resident_count == 0
     await backend.shutdown()
+
+
+# Residency verdicts ---------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_resident_buffers_measured_slower_make_auto_use_host_arrays_and_say_why() -> None:
+    seen: list[type] = []
+
+    class Spy(RecordingBackend):
+        def enqueue(self, launch: Launch) -> PendingDispatch:
+            seen.extend(type(item) for item in launch.inputs)
+            return super().enqueue(launch)
+
+    backend = _calibrated(Spy(inline_ns=0), None, gain_bps=-1_500)
+    graph, init = xor_graph()
+    result = await graph.run(backend)
+    report = result.report
+    assert (report.residency, report.residency_reason) == ("host", "resident_slower")
+    assert report.residency_verdict is not None and report.residency_verdict.savings_ns < 0
+    assert report.resident_gain_bps == -1_500
+    assert (report.joins_on, report.host_join_reason) == ("host", "host_residency")
+    assert seen and ResidentBuffer not in seen and backend.resident_count == 0
+    text = report.describe()
+    assert "resources host (resident_slower)" in text and "resident gain: -15 %" in text
+    x, y, z = init["x"], init["y"], init["z"]
+    assert np.array_equal(result.outputs["r"], x ^ z) and np.array_equal(result.outputs["q"], y ^ z)
+    # the caller's choice still wins
+    forced = await graph.run(backend, residency="resident")
+    assert (forced.report.residency, forced.report.residency_reason) == ("resident", "requested")
+    assert forced.report.joins_on == "device"
+    await backend.shutdown()
+
+
+@pytest.mark.anyio
+async def test_resident_buffers_that_pay_stay_resident() -> None:
+    backend = _calibrated(RecordingBackend(inline_ns=0), None, gain_bps=4_000)
+    graph, _ = xor_graph()
+    report = (await graph.run(backend)).report
+    assert (report.residency, report.residency_reason) == ("resident", "resident_pays")
+    assert report.joins_on == "device"
+    assert report.residency_verdict is not None and report.residency_verdict.savings_ns > 0
+    hosted = (await graph.run(backend, residency="host")).report
+    assert (hosted.residency, hosted.residency_reason) == ("host", "requested")
+    await backend.shutdown()
+
+
+@pytest.mark.anyio
+async def test_uncalibrated_and_unsupported_residency_reasons(backend: RecordingBackend) -> None:
+    graph, _ = xor_graph()
+    report = (await graph.run(backend)).report
+    assert (report.residency, report.residency_reason) == ("resident", "uncalibrated")
+    assert report.resident_gain_bps is None and "resident gain: not calibrated" in report.describe()
+    no_resident = HostOnlyBackend(inline_ns=0)
+    fallback = (await graph.run(no_resident)).report
+    assert (fallback.residency, fallback.residency_reason) == ("host", "no_resident_buffers")
+    await no_resident.shutdown()

@@ -7,6 +7,7 @@ own it, so this check runs its workload in a subprocess.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -59,13 +60,16 @@ SCRIPT = textwrap.dedent(
 
 
 def test_graph_prefetch_and_mode_verdicts_are_on_the_exported_spans(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    # This checkout's code, not whichever one the environment installed.
+    source = os.pathsep.join([str(root / "src"), str(root / "src" / "backends")])
     out = subprocess.run(
         [sys.executable, "-c", SCRIPT],
         capture_output=True,
         text=True,
         check=True,
-        cwd=Path(__file__).resolve().parents[2],
-        env={"VYRE_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        cwd=root,
+        env={"VYRE_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin", "PYTHONPATH": source},
     )
     spans = json.loads(out.stdout)
     graph = [s for s in spans if s["name"] == "vyre.graph"]
@@ -75,6 +79,9 @@ def test_graph_prefetch_and_mode_verdicts_are_on_the_exported_spans(tmp_path: Pa
     assert g["attributes"]["vyre.graph.layers"] == 2
     assert g["attributes"]["vyre.graph.joins"] == 1
     assert g["attributes"]["vyre.graph.residency"] == "resident"
+    # not calibrated (a fresh cache): today's default, resident buffers
+    assert g["attributes"]["vyre.policy.residency"] == "resident"
+    assert g["attributes"]["vyre.policy.residency.reason"] == "uncalibrated"
     assert g["attributes"]["vyre.graph.joins_on"] == "device"
     assert g["attributes"]["vyre.policy.execution_mode.reason"] == "unsupported_by_backend"
     arms = [s for s in dispatches if s["parent"] == g["id"]]

@@ -41,6 +41,12 @@ from vyre_async.policies.params import (
     ParamInliningVerdict,
     decide_param_inlining,
 )
+from vyre_async.policies.residency import (
+    MIN_RESIDENT_GAIN_BPS,
+    RESIDENCY_REASONS,
+    ResidencyVerdict,
+    decide_residency,
+)
 from vyre_async.policies.shapes import (
     HIT_RATE_WINDOW,
     SHAPE_HISTORY_CAPACITY,
@@ -64,6 +70,8 @@ __all__ = [
     "INLINE_BUDGET_LARGE",
     "INLINE_BUDGET_SMALL",
     "MIN_ARM_OVERLAP_BPS",
+    "MIN_RESIDENT_GAIN_BPS",
+    "RESIDENCY_REASONS",
     "SHAPE_HISTORY_CAPACITY",
     "SPECULATION_MIN_CONFIDENCE_BPS",
     "SPECULATION_MIN_HITS",
@@ -77,6 +85,7 @@ __all__ = [
     "ExecutionModeVerdict",
     "ParamInliningVerdict",
     "PersistentVerdict",
+    "ResidencyVerdict",
     "RollingHitRate",
     "ShapeHistory",
     "SpeculationVerdict",
@@ -86,6 +95,7 @@ __all__ = [
     "decide_command_reuse",
     "decide_param_inlining",
     "decide_persistent_kernel",
+    "decide_residency",
     "decide_speculation",
     "layer_arms",
     "layer_dag",
