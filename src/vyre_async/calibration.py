@@ -76,6 +76,7 @@ __all__ = [
     "measure_arm_overlap",
     "measure_host_costs",
     "measure_resident_gain",
+    "resident_gain_probe_program",
 ]
 
 CALIBRATION_FORMAT_VERSION = 2  # 2: persistent_item_ns; CUDA launch_ns per batched launch
@@ -682,6 +683,24 @@ def measure_arm_overlap(
 RESIDENT_GAIN_PROBE_ELEMENTS = 1 << 18
 
 
+def resident_gain_probe_program(elements: int = RESIDENT_GAIN_PROBE_ELEMENTS) -> Program:
+    """The resident side of `measure_resident_gain`'s probe: the xor, its output READ_WRITE."""
+    from vyre_async.programs import elementwise_xor
+
+    xor = elementwise_xor(elements)
+    return Program(
+        [
+            BufferDecl(d.name, d.binding, Access.READ_WRITE, d.dtype, d.count)
+            if d.access is Access.WRITE
+            else d
+            for d in xor.buffers
+        ],
+        xor.workgroup_size,
+        xor.body,
+        op_id="calibrate.resident_gain",
+    )
+
+
 def measure_resident_gain(
     backend: BackendLike, *, rounds: int = 5, elements: int = RESIDENT_GAIN_PROBE_ELEMENTS
 ) -> int | None:
@@ -714,17 +733,7 @@ def measure_resident_gain(
     from vyre_async.programs import elementwise_xor
 
     xor = elementwise_xor(elements)
-    resident_xor = Program(
-        [
-            BufferDecl(d.name, d.binding, Access.READ_WRITE, d.dtype, d.count)
-            if d.access is Access.WRITE
-            else d
-            for d in xor.buffers
-        ],
-        xor.workgroup_size,
-        xor.body,
-        op_id="calibrate.resident_gain",
-    )
+    resident_xor = resident_gain_probe_program(elements)
     out = next(d for d in xor.buffers if d.access is Access.WRITE)
     data = np.arange(elements, dtype=np.uint32)
     uploaded: list[Any] = []

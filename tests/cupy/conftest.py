@@ -128,12 +128,20 @@ def fake_device_programs() -> list[Program]:
 
     from tests.contract.test_contract import resident_order_programs, spin
     from tests.cupy.device_programs import extra_programs
-    from vyre_async.calibration import launch_probe_program
+    from vyre_async.calibration import (
+        RESIDENT_GAIN_PROBE_ELEMENTS,
+        launch_probe_program,
+        resident_gain_probe_program,
+    )
 
     programs = [c.program for c in cases() if c.error is None]
     programs += [spin(), elementwise_xor(64), *resident_order_programs()]
     programs += benchmark_programs()
     programs += [launch_probe_program(), elementwise_xor(1024)]  # CupyBackend.calibrate
+    programs += [  # its resident-gain probe
+        elementwise_xor(RESIDENT_GAIN_PROBE_ELEMENTS),
+        resident_gain_probe_program(),
+    ]
     programs += [o.program for o in op_cases() + unit_cases()]
     return programs + extra_programs()
 

@@ -46,6 +46,7 @@ from vyre_async.calibration import (
     measure_arm_overlap,
     measure_batch_costs,
     measure_host_costs,
+    measure_resident_gain,
 )
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
@@ -188,7 +189,8 @@ class CupyBackend(VyreBackend):
         replayed launch, and the persistent batch's fixed (``persistent_setup_ns``)
         and per-item (``persistent_item_ns``) host cost; then how much two
         concurrent dispatches overlap (`vyre_async.calibration.measure_arm_overlap`,
-        ``concurrent_overlap_bps``). Use
+        ``concurrent_overlap_bps``) and what resident buffers save
+        (`vyre_async.calibration.measure_resident_gain`, ``resident_gain_bps``). Use
         `vyre_async.calibration.calibration_for(backend, measure=True)` (or
         ``vyre-async info --calibrate cupy``) to measure once and cache the record.
         If the batch modes fail to run, the record keeps the other figures and
@@ -218,9 +220,12 @@ class CupyBackend(VyreBackend):
             except Exception:  # keep what was measured; the batch modes stay uncalibrated
                 _log.warning("calibrating the CUDA batch modes failed", exc_info=True)
                 return record
-            overlap = measure_arm_overlap(probe)  # arm concurrency, on the probe's streams
-            costs_and_overlap: dict[str, Any] = {**costs, "concurrent_overlap_bps": overlap}
-            return dataclasses.replace(record, **costs_and_overlap)
+            measured: dict[str, Any] = {
+                **costs,  # arm concurrency and resident buffers, on the probe's own streams
+                "concurrent_overlap_bps": measure_arm_overlap(probe),
+                "resident_gain_bps": measure_resident_gain(probe),
+            }
+            return dataclasses.replace(record, **measured)
         finally:
             probe._close_now()
 
