@@ -126,8 +126,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "identity-backend-skips-compiler",
-        "src/vyre_async/backend.py",
-        "            compiler=self.compiler_fingerprint(),\n",
+        "src/vyre_async/store.py",
+        "            compiler=backend.compiler_fingerprint(),\n",
         "",
         (
             ID + "test_a_backend_hook_changes_its_identities[compiler fingerprint]",
@@ -170,19 +170,25 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "timeout-from-await",
         "src/vyre_async/pending.py",
-        "with anyio.move_on_after(self._remaining()):",
-        "with anyio.move_on_after(math.inf if self._timeout is None else self._timeout):",
-        (
-            P + "test_a_late_await_keeps_the_deadline_of_dispatch[asyncio]",
-            P + "test_a_late_await_keeps_the_deadline_of_dispatch[trio]",
-        ),
-        "a timeout awaited late waits its whole length again from the await",
+        "loop.call_later(core.remaining(), _set_future, waiter.future)",
+        "loop.call_later(math.inf if core.timeout is None else core.timeout, _set_future, "
+        "waiter.future)",
+        (P + "test_a_late_await_keeps_the_deadline_of_dispatch[asyncio]",),
+        "a timeout awaited late (asyncio) waits its whole length again from the await",
+    ),
+    Mutant(
+        "timeout-from-await-trio",
+        "src/vyre_async/pending.py",
+        "trio.move_on_at(trio.current_time() + core.remaining())",
+        "trio.move_on_at(trio.current_time() + (core.timeout or math.inf))",
+        (P + "test_a_late_await_keeps_the_deadline_of_dispatch[trio]",),
+        "a timeout awaited late (trio) waits its whole length again from the await",
     ),
     Mutant(
         "timeout-from-result",
         "src/vyre_async/pending.py",
-        "if not _wait(self._settled, min(limit, self._remaining())):",
-        "if not _wait(self._settled, min(limit, to_seconds(self._timeout or math.inf))):",
+        "woken = _wait(waiter.event, min(limit, core.remaining()))",
+        "woken = _wait(waiter.event, min(limit, to_seconds(core.timeout or math.inf)))",
         (
             P + "test_a_late_result_keeps_the_deadline_of_dispatch[None]",
             P + "test_a_late_result_keeps_the_deadline_of_dispatch[60.0]",
@@ -191,7 +197,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "timeout-from-enqueue",
-        "src/vyre_async/backend.py",
+        "src/vyre_async/frontend.py",
         "timeout=cfg.timeout, label=cfg.label, created=called",
         "timeout=cfg.timeout, label=cfg.label",
         (P + "test_the_deadline_counts_compilation_in_dispatch",),
@@ -201,8 +207,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "waker-kept-on-cancel",
         "src/vyre_async/pending.py",
-        "                finally:\n                    self._remove_waker(wake)\n",
-        "                finally:\n                    pass\n",
+        "        core.remove_waiter(waiter)\n        hook = core.record.on_await_cancelled\n",
+        "        hook = core.record.on_await_cancelled\n",
         (
             P + "test_cancelled_awaits_leave_no_wakers_behind[asyncio]",
             P + "test_cancelled_awaits_leave_no_wakers_behind[trio]",
@@ -291,7 +297,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "compile-not-shared",
-        "src/vyre_async/backend.py",
+        "src/vyre_async/store.py",
         "            running = self._compiling.get(digest)\n",
         "            running = None\n",
         (
@@ -304,10 +310,10 @@ MUTANTS: tuple[Mutant, ...] = (
     # 7. Shape prediction: the deterministic test still sees a prefetcher that does nothing.
     Mutant(
         "prefetch-never-scheduled",
-        "src/vyre_async/backend.py",
-        "        result = self.enqueue(launch)\n        if job is not None:\n"
-        "            prefetcher.schedule(job)\n",
-        "        result = self.enqueue(launch)\n",
+        "src/vyre_async/frontend.py",
+        "        if job is not None and self.prefetcher is not None:\n"
+        "            self.prefetcher.schedule(job)\n",
+        "",
         (
             PF + "test_cyclic_workload_prefetches_every_pipeline_after_warm_up[asyncio]",
             PF + "test_cyclic_workload_prefetches_every_pipeline_after_warm_up[trio]",
@@ -387,7 +393,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "pending-taken-twice",
         "src/vyre_async/pending.py",
-        "            if self._taken:\n",
+        "            if self.taken:\n",
         "            if False:\n",
         (P + "test_result_can_be_taken_once[asyncio]",),
         "a result can be taken twice",
