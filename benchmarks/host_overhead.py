@@ -457,12 +457,6 @@ async def cuda_fake(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _settled(pending: Any) -> None:
-    """Block until ``pending`` has settled, taking nothing (for a worker thread)."""
-    while not pending.done():
-        time.sleep(1e-4)
-
-
 def _own_share(profile: cProfile.Profile) -> float:
     """The share of a profile's CPU time spent in vyre's code (not the fake's, not waiting)."""
     own, fake = _own_time_by_module(pstats.Stats(profile))
@@ -472,30 +466,35 @@ def _own_share(profile: cProfile.Profile) -> float:
 
 
 async def _cuda_work(args: argparse.Namespace) -> dict[str, Any]:
-    """vyre's own host code per dispatch on the fake device, waiting excluded.
+    """vyre's own host code per awaited dispatch on the fake device, waiting excluded.
 
-    Three parts, each timed unprofiled and scaled by vyre's share of a cProfile
-    run of the same code (the fake's own calls and blocked time removed):
-    ``launch`` — one ``backend.dispatch()`` call (front end, staging, enqueue);
-    ``finish`` — one flight's completion (readback, settle; on whichever thread
-    ran it); ``resume`` — awaiting a dispatch that has settled (taking the outputs).
-    Polling turns and the completion thread's idle polls are waiting, not work.
+    Dispatches are awaited one at a time (the steady state of one task). Three
+    parts, each timed unprofiled and scaled by vyre's share of a cProfile run of
+    the same calls (the fake's own calls and blocked time removed):
+    ``launch`` — the ``backend.dispatch()`` call (front end, staging, enqueue);
+    ``finish`` — the flight's completion (readback, settle; on whichever thread
+    ran it: the awaiting loop's poll or the completion thread); ``resume`` — from
+    the end of ``finish`` to the awaiting task having its outputs. Polling turns
+    and the completion thread's idle checks are waiting, not work.
     """
     from vyre_cupy import create_backend
     from vyre_cupy.launch import Flight
 
     finish = Flight.finish
     spent: list[float] = []
-    profile = cProfile.Profile()
+    finish_profile = cProfile.Profile()
     profiling = False
+
+    finished = [0.0]
 
     def timed_finish(self: Any, error: BaseException | None) -> None:
         start = time.perf_counter()
         if profiling:
-            profile.runcall(finish, self, error)
+            finish_profile.runcall(finish, self, error)
         else:
             finish(self, error)
-        spent.append(time.perf_counter() - start)
+        finished[0] = time.perf_counter()
+        spent.append(finished[0] - start)
 
     Flight.finish = timed_finish  # type: ignore[method-assign]
     try:
@@ -508,29 +507,28 @@ async def _cuda_work(args: argparse.Namespace) -> dict[str, Any]:
         finish_us: list[float] = []
         for _ in range(args.rounds):
             spent.clear()
-            start = time.perf_counter()
-            pendings = [backend.dispatch(PROGRAM, INPUTS) for _ in range(n)]
-            launch_us.append((time.perf_counter() - start) / n * 1e6)
-            for pending in pendings:  # let them all settle, then time taking them
-                await asyncio.to_thread(_settled, pending)
-            start = time.perf_counter()
-            for pending in pendings:
+            launches: list[float] = []
+            resumes: list[float] = []
+            for _ in range(n):
+                start = time.perf_counter()
+                pending = backend.dispatch(PROGRAM, INPUTS)
+                launched = time.perf_counter()
                 await pending
-            resume_us.append((time.perf_counter() - start) / n * 1e6)
+                resumes.append(time.perf_counter() - finished[0])
+                launches.append(launched - start)
+            launch_us.append(statistics.median(launches) * 1e6)
+            resume_us.append(statistics.median(resumes) * 1e6)
             finish_us.append(statistics.median(spent) * 1e6)
         launch_profile = cProfile.Profile()
-        launch_profile.enable()
-        pendings = [backend.dispatch(PROGRAM, INPUTS) for _ in range(args.profile)]
-        launch_profile.disable()
         profiling = True
-        for pending in pendings:
-            await pending
+        for _ in range(args.profile):
+            await launch_profile.runcall(backend.dispatch, PROGRAM, INPUTS)
         profiling = False
         await backend.aclose()
     finally:
         Flight.finish = finish  # type: ignore[method-assign]
     launch = statistics.median(launch_us) * _own_share(launch_profile)
-    done = statistics.median(finish_us) * _own_share(profile)
+    done = statistics.median(finish_us) * _own_share(finish_profile)
     resume = statistics.median(resume_us)
     return {
         "launch_us": round(launch, 2),

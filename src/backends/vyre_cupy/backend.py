@@ -78,7 +78,13 @@ from vyre_cupy.compile import (
 from vyre_cupy.context import DeviceContext
 from vyre_cupy.device import DeviceInfo, capabilities_of, nvrtc_module, probe
 from vyre_cupy.kernel import CudaKernel
-from vyre_cupy.launch import DeviceBuffer, ResidentCopy, enqueue_launch, timeout_error
+from vyre_cupy.launch import (
+    DeviceBuffer,
+    ResidentCopy,
+    enqueue_launch,
+    template_for,
+    timeout_error,
+)
 from vyre_cupy.prelude import PRELUDE_DIGEST
 from vyre_cupy.streams import DEFAULT_STREAMS
 
@@ -299,22 +305,29 @@ class CupyBackend(VyreBackend):
             DeviceLost: an earlier sticky CUDA error made the device unusable.
             UnsupportedFeature: the grid or workgroup exceeds the device's limits.
         """
-        self._check_open()
+        ctx = self.device_context
+        if self.closed or ctx.lost is not None:
+            self._check_open()
         completer = launch.completer
         if completer.should_stop():
             completer.fail(timeout_error(launch))
             return launch.pending
-        self._check_geometry(launch)
         native = launch.pipeline.native
-        if not isinstance(native, CudaKernel):
-            raise InvalidProgram(
-                f"pipeline {launch.pipeline!r} was not compiled by the cupy backend",
-                fix="compile pipelines with the backend that dispatches them",
-            )
-        ctx = self.device_context
+        shape = launch.template
+        known = None if shape is None else shape.backend_state
+        if known is None or known[0] is not native:  # checked once per launch shape
+            if not isinstance(native, CudaKernel):
+                raise InvalidProgram(
+                    f"pipeline {launch.pipeline!r} was not compiled by the cupy backend",
+                    fix="compile pipelines with the backend that dispatches them",
+                )
+            self._check_geometry(launch)
+            known = (native, template_for(native, launch.plan))
+            if shape is not None:
+                shape.backend_state = known
         try:
             with ctx.errors("enqueueing the dispatch"):
-                enqueue_launch(ctx, self, launch, native)
+                enqueue_launch(ctx, self, launch, native, known[1])
         except BackendError as exc:
             completer.fail(exc)
         return launch.pending

@@ -26,6 +26,7 @@ imported by `batch` and `backend`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -182,6 +183,15 @@ def template_for(kernel: CudaKernel, plan: BindingPlan) -> LaunchTemplate:
 POLL_BUDGET_S = 200e-6
 
 
+def _in_asyncio_loop() -> bool:
+    """True when called inside a running asyncio loop (its tasks poll; trio's do not)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 # Staging and readback ---------------------------------------------------------------------
 def fill_staging(host: np.ndarray, template: LaunchTemplate, inputs: Sequence[Any]) -> None:
     """Write ``vy_lens`` and every host input of one launch into its staging bytes ``host``."""
@@ -316,6 +326,20 @@ class Flight:
 
     def _settle(self) -> None:
         launches = self.launches
+        if len(launches) == 1:  # a plain launch: the common case, without the lists
+            launch = launches[0]
+            completer = launch.completer
+            if completer.should_stop():  # timed out: nobody takes the result
+                completer.fail(timeout_error(launch, started=True))
+                return
+            if completer.wants_phases:
+                device_s = record_phases(self.ctx, launches, self.events)
+            else:
+                events = self.events
+                device_s = self.ctx.elapsed_ns(events[1], events[2]) / 1e9
+            outputs = read_outputs(self.outputs, self.readback, self.readback_at)
+            completer.resolve(outputs, device_s=device_s, compile_s=launch.compile_s)
+            return
         stopped = [launch.completer.should_stop() for launch in launches]
         device_s = 0.0
         if not all(stopped):
@@ -337,19 +361,26 @@ class Flight:
 
 
 # Plain launches ---------------------------------------------------------------------------
-def enqueue_launch(ctx: DeviceContext, owner: object, launch: Launch, kernel: CudaKernel) -> None:
+def enqueue_launch(
+    ctx: DeviceContext,
+    owner: object,
+    launch: Launch,
+    kernel: CudaKernel,
+    template: LaunchTemplate | None = None,
+) -> None:
     """Enqueue ``launch``'s upload, kernel launch(es) and readback on a leased stream.
 
     Never synchronises; the `Flight` reaches the completion bridge in stream
-    order. ``owner`` is the backend (resident buffers answer only to it).
+    order. ``owner`` is the backend (resident buffers answer only to it);
+    ``template`` is `template_for` the launch, when the caller kept it.
     Exceptions propagate as raised (the caller maps them, `DeviceContext.errors`).
     """
-    template = template_for(kernel, launch.plan)
+    if template is None:
+        template = template_for(kernel, launch.plan)
     inputs = launch.inputs
-    for item in inputs:
-        if isinstance(item, ResidentBuffer):
-            _enqueue_with_residents(ctx, owner, launch, kernel, template)
-            return
+    if launch.resident:
+        _enqueue_with_residents(ctx, owner, launch, kernel, template)
+        return
     layout = template.layout
     streams = ctx.streams
     ctx.use_device()
@@ -400,7 +431,7 @@ def enqueue_launch(ctx: DeviceContext, owner: object, launch: Launch, kernel: Cu
                 events=events,
             )
             bridge = ctx.bridge
-            budget = POLL_BUDGET_S
+            budget = POLL_BUDGET_S if _in_asyncio_loop() else 0.0
             if budget > 0:
                 completer.poll_with(flight.poll, budget_s=budget, give_up=bridge.take_over)
             bridge.submit(flight, queue=index, quiet_s=budget)
