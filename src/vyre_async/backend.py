@@ -425,15 +425,9 @@ class VyreBackend(abc.ABC):
             cfg = as_config(config, _DEFAULT_CONFIG)
             started_ns = time.time_ns()
             pipeline, hit = self.store.lookup(program, cfg)
-            if hit:
+            if hit:  # (positional: this is every warm dispatch)
                 return self.front.launch(
-                    pipeline,
-                    inputs,
-                    cfg,
-                    cache_hit=True,
-                    trace=trace,
-                    program=program,
-                    called=called,
+                    pipeline, inputs, cfg, True, 0.0, trace, None, program, called
                 )
             compiled_ns = time.time_ns()
             return self.front.launch(
