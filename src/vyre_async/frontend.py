@@ -343,9 +343,11 @@ class DispatchFrontEnd:
                 sizes.append(item.size)
             prepared.append(item)
         key = (id(program), id(cfg), tuple(sizes))  # the template of this launch shape
-        seen = self._by_id.get(key)
+        by_id = self._by_id
+        seen = by_id.get(key)
         if seen is not None and seen[0] is program and seen[1] is cfg:
             template = seen[2]
+            by_id.move_to_end(key)  # least recently used is dropped first
         else:
             template = self.template(pipeline, program, cfg, key[2])
         pending, completer = PendingDispatch.create(
@@ -397,11 +399,14 @@ class DispatchFrontEnd:
         by_id = self._by_id
         seen = by_id.get(key)
         if seen is not None and seen[0] is program and seen[1] is config:
+            by_id.move_to_end(key)
             return seen[2]
         by_value = self._by_value
         value_key = (program, config, sizes)  # equal objects (a new but equal config)
         found = by_value.get(value_key)
-        if found is None:
+        if found is not None:
+            by_value.move_to_end(value_key)
+        else:
             found = self._plan(pipeline, program, config, sizes)
             by_value[value_key] = found
             if len(by_value) > TEMPLATE_CAPACITY:

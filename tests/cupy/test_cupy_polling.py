@@ -1,0 +1,364 @@
+"""Completion by polling: `CompletionBridge.poll`, quiet time, ``take_over``; inputs into staging.
+
+The bridge tests use hand-made watches (no device). The backend tests run on the
+fake CUDA device (``fake_cupy.py``), in its ``timed`` mode where a kernel
+occupies the device timeline without a host thread, as on a GPU. No assertion
+depends on how fast anything runs: quiet times and poll budgets are either a
+minute (never reached) or zero, and "eventually" means within a generous bound.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import anyio
+import anyio.to_thread
+import numpy as np
+import pytest
+
+import vyre_cupy.launch as cuda_launch
+from tests.cupy.fake_cupy import FakeDevice
+from vyre_async.programs import elementwise_xor
+from vyre_cupy import CupyBackend, create_backend
+from vyre_cupy.completion import CompletionBridge
+
+pytestmark = pytest.mark.anyio
+
+#: A quiet time (or poll budget) no test reaches.
+NEVER_S = 60.0
+#: How long "eventually" may take on a loaded machine.
+EVENTUALLY_S = 5.0
+BRIDGE_THREAD = "vyre-cupy-completion"
+
+asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+
+
+class Watch:
+    """A unit of work whose ``ready`` the test controls; records every ``finish``."""
+
+    def __init__(self, ready: bool = False, tag: int = 0) -> None:
+        self.done = threading.Event()
+        if ready:
+            self.done.set()
+        self.tag = tag
+        self.finishes: list[str] = []  # the finishing threads' names
+        self.finished = threading.Event()
+
+    def ready(self) -> bool:
+        return self.done.is_set()
+
+    def finish(self, error: BaseException | None) -> None:
+        self.finishes.append(threading.current_thread().name)
+        self.finished.set()
+
+    def abandon(self, error: BaseException) -> None:
+        pass
+
+
+@pytest.fixture
+def bridge() -> Iterator[CompletionBridge]:
+    bridge = CompletionBridge()
+    yield bridge
+    bridge.take_over()
+    bridge.close(timeout=EVENTUALLY_S)
+    assert not bridge.running
+
+
+# CompletionBridge.poll --------------------------------------------------------------------
+
+
+def test_poll_finishes_a_ready_head_once(bridge: CompletionBridge) -> None:
+    watch = Watch(ready=True)
+    bridge.submit(watch, queue=0, quiet_s=NEVER_S)  # the thread leaves it to the poller
+    assert bridge.poll(watch, queue=0) is True
+    assert watch.finishes == [threading.current_thread().name]  # finished by the caller
+    assert bridge.polled == 1
+    assert bridge.in_flight == 0
+    assert bridge.poll(watch, queue=0) is False  # already finished
+    assert watch.finishes == [threading.current_thread().name]
+    assert bridge.polled == 1
+    assert bridge.wait_idle(timeout=0)
+
+
+def test_poll_leaves_a_watch_that_is_not_ready_or_not_the_head(bridge: CompletionBridge) -> None:
+    first, second = Watch(), Watch(ready=True)
+    bridge.submit(first, queue="s", quiet_s=NEVER_S)
+    bridge.submit(second, queue="s", quiet_s=NEVER_S)
+    assert bridge.poll(second, queue="s") is False  # ready, but behind `first`
+    assert bridge.poll(first, queue="s") is False  # the head, not ready
+    assert bridge.poll(second, queue="other") is False  # not on that queue
+    assert bridge.poll(Watch(ready=True), queue="s") is False  # never submitted
+    assert first.finishes == second.finishes == []
+    assert (bridge.polled, bridge.in_flight) == (0, 2)
+    first.done.set()
+    assert bridge.poll(first, queue="s") is True
+    assert bridge.poll(second, queue="s") is True  # the head now
+    assert first.finishes == second.finishes == [threading.current_thread().name]
+    assert (bridge.polled, bridge.in_flight) == (2, 0)
+
+
+def test_pollers_racing_the_bridge_thread_finish_every_watch_exactly_once(
+    bridge: CompletionBridge,
+) -> None:
+    watches = [Watch(tag=i) for i in range(2000)]
+    queues = 8
+    for i, watch in enumerate(watches):
+        bridge.submit(watch, queue=i % queues)  # no quiet time: the thread polls too
+    stop = threading.Event()
+    start = threading.Barrier(5)
+
+    def poller(offset: int) -> None:
+        start.wait()
+        order = watches[offset:] + watches[:offset]
+        while not stop.is_set():
+            for watch in order:
+                bridge.poll(watch, queue=watch.tag % queues)
+
+    def release() -> None:  # works end out of order; each queue still finishes in order
+        start.wait()
+        rng = np.random.default_rng(7)
+        for n, i in enumerate(rng.permutation(len(watches))):
+            watches[int(i)].done.set()
+            if n % 50 == 0:
+                threading.Event().wait(0)  # let the others run
+
+    threads = [threading.Thread(target=poller, args=(k * 500,)) for k in range(4)]
+    threads.append(threading.Thread(target=release))
+    for thread in threads:
+        thread.start()
+    try:
+        assert bridge.wait_idle(timeout=60)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert [len(w.finishes) for w in watches] == [1] * len(watches)
+    by_thread = sum(w.finishes == [BRIDGE_THREAD] for w in watches)
+    assert bridge.polled + by_thread == len(watches)
+    assert bridge.in_flight == 0
+
+
+# Quiet time and take_over -----------------------------------------------------------------
+
+
+def _lingering(bridge: CompletionBridge) -> None:
+    """Let the bridge thread finish a watch, so that it now lingers (not parked, not busy)."""
+    warm = Watch(ready=True)
+    bridge.submit(warm, queue=0)
+    assert warm.finished.wait(EVENTUALLY_S)
+    assert bridge.wait_idle(EVENTUALLY_S)
+    assert bridge.running
+
+
+def test_quiet_work_is_left_to_the_poller(bridge: CompletionBridge) -> None:
+    _lingering(bridge)
+    watch = Watch(ready=True)  # done at once: only the quiet time keeps the thread off it
+    bridge.submit(watch, queue=1, quiet_s=NEVER_S)
+    threading.Event().wait(0.05)  # the lingering thread looks every IDLE_SLICE_S meanwhile
+    assert watch.finishes == []
+    assert bridge.poll(watch, queue=1) is True
+    assert watch.finishes == [threading.current_thread().name]
+    assert bridge.polled == 1
+
+
+def test_quiet_work_nobody_polls_is_finished_by_the_thread(bridge: CompletionBridge) -> None:
+    _lingering(bridge)
+    watch = Watch(ready=True)
+    bridge.submit(watch, queue=1, quiet_s=0.05)
+    assert watch.finished.wait(EVENTUALLY_S)
+    assert watch.finishes == [BRIDGE_THREAD]
+    assert bridge.polled == 0
+
+
+@pytest.mark.parametrize("state", ["fresh", "lingering"])
+def test_take_over_ends_the_quiet_time(bridge: CompletionBridge, state: str) -> None:
+    if state == "lingering":
+        _lingering(bridge)
+    watch = Watch(ready=True)
+    bridge.submit(watch, queue=1, quiet_s=NEVER_S)
+    bridge.take_over()  # the poller gave up: the thread must not wait out the minute
+    assert watch.finished.wait(EVENTUALLY_S)
+    assert watch.finishes == [BRIDGE_THREAD]
+    assert bridge.polled == 0
+
+
+# On the fake CUDA device ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def backend(fake: FakeDevice) -> Iterator[CupyBackend]:
+    backend = create_backend(disk_cache=None)
+    yield backend
+    anyio.run(backend.shutdown)
+
+
+@pytest.fixture
+def timed(fake: FakeDevice, backend: CupyBackend) -> Iterator[FakeDevice]:
+    """The device in timed mode: each kernel occupies 2 ms of the device timeline."""
+    assert backend.device_context.bridge.wait_idle(EVENTUALLY_S)
+    fake.timed, fake.kernel_s = True, 0.002
+    try:
+        yield fake
+    finally:
+        fake.timed, fake.kernel_s = False, 0.0
+        bridge = backend.device_context.bridge
+        bridge.take_over()  # no quiet time left over for the next test
+        assert bridge.wait_idle(EVENTUALLY_S)
+
+
+def xor_inputs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    a = np.arange(n, dtype=np.uint32) * np.uint32(2654435761)
+    return a, np.arange(n, dtype=np.uint32) + np.uint32(12345)
+
+
+async def idle(backend: CupyBackend) -> None:
+    """Wait (off the loop) until nothing is in flight on the bridge."""
+    bridge = backend.device_context.bridge
+    assert await anyio.to_thread.run_sync(bridge.wait_idle, EVENTUALLY_S)
+
+
+@asyncio_only
+async def test_an_awaited_dispatch_is_finished_by_the_awaiting_loops_poll(
+    backend: CupyBackend, timed: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A budget far longer than the 2 ms kernel: the loop polls until the event fires
+    # (the default 200 us would be spent before a 2 ms kernel ends).
+    monkeypatch.setattr(cuda_launch, "POLL_BUDGET_S", NEVER_S)
+    program = elementwise_xor(64)
+    a, b = xor_inputs(64)
+    bridge = backend.device_context.bridge
+    await backend.dispatch(program, [a, b])  # compiled and warm
+    await idle(backend)
+    polled, launches = bridge.polled, timed.launches
+    with anyio.fail_after(EVENTUALLY_S):  # the bridge would wait out its minute
+        outputs = await backend.dispatch(program, [a, b])
+    assert timed.launches == launches + 1
+    assert bridge.polled == polled + 1
+    assert outputs[0].tolist() == (a ^ b).tolist()
+
+
+async def test_without_a_poll_budget_the_bridge_finishes_the_dispatch(
+    backend: CupyBackend, timed: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cuda_launch, "POLL_BUDGET_S", 0.0)
+    program = elementwise_xor(64)
+    a, b = xor_inputs(64)
+    bridge = backend.device_context.bridge
+    await backend.dispatch(program, [a, b])
+    await idle(backend)
+    polled, launches = bridge.polled, timed.launches
+    with anyio.fail_after(EVENTUALLY_S):
+        outputs = await backend.dispatch(program, [a, b])
+    assert timed.launches == launches + 1
+    assert bridge.polled == polled  # the completion thread finished it
+    assert outputs[0].tolist() == (a ^ b).tolist()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_dispatch_awaited_from_trio_goes_to_the_bridge_at_once(
+    backend: CupyBackend, timed: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trio tasks do not poll: their launches must not be left to a poll that never comes."""
+    monkeypatch.setattr(cuda_launch, "POLL_BUDGET_S", NEVER_S)
+    program = elementwise_xor(64)
+    a, b = xor_inputs(64)
+    bridge = backend.device_context.bridge
+    await backend.dispatch(program, [a, b])
+    await idle(backend)
+    polled = bridge.polled
+    with anyio.fail_after(EVENTUALLY_S):  # a quiet minute would outlast this
+        outputs = await backend.dispatch(program, [a, b])
+    assert bridge.polled == polled
+    assert outputs[0].tolist() == (a ^ b).tolist()
+
+
+def test_a_dispatch_from_a_plain_thread_goes_to_the_bridge_at_once(
+    backend: CupyBackend, timed: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cuda_launch, "POLL_BUDGET_S", NEVER_S)
+    program = elementwise_xor(64)
+    a, b = xor_inputs(64)
+    backend.dispatch(program, [a, b]).result(timeout=EVENTUALLY_S)
+    assert backend.device_context.bridge.wait_idle(EVENTUALLY_S)
+    pending = backend.dispatch(program, [a, b])
+    # Finished by the bridge, not left quiet for a minute (done() alone never waits).
+    assert backend.device_context.bridge.wait_idle(EVENTUALLY_S)
+    assert pending.done()
+    assert pending.result(timeout=0)[0].tolist() == (a ^ b).tolist()
+
+
+async def test_dispatches_under_the_default_budget_are_correct_whoever_finishes_them(
+    backend: CupyBackend, timed: FakeDevice
+) -> None:
+    program = elementwise_xor(64)
+    a, b = xor_inputs(64)
+    for _ in range(5):
+        with anyio.fail_after(EVENTUALLY_S):
+            outputs = await backend.dispatch(program, [a, b])
+        assert outputs[0].tolist() == (a ^ b).tolist()
+
+
+# Inputs of any shape go straight into pinned staging ---------------------------------------
+
+
+def strided(a: np.ndarray) -> np.ndarray:
+    """``a``'s values as a view with a stride of two elements."""
+    wide = np.zeros(2 * a.size, dtype=a.dtype)
+    wide[::2] = a
+    return wide[::2]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    ["2-d", "strided", "fortran-order", "strided-2-d"],
+)
+async def test_inputs_of_any_shape_and_strides_give_the_flat_result(
+    backend: CupyBackend, shape: str
+) -> None:
+    assert backend.copies_inputs  # the driver hands over the caller's arrays
+    program = elementwise_xor(64)
+    a, b = xor_inputs(64)
+    expected = await backend.dispatch(program, [a, b])
+    assert expected[0].tolist() == (a ^ b).tolist()
+    if shape == "2-d":
+        x, y = a.reshape(8, 8), b.reshape(8, 8)
+    elif shape == "strided":
+        x, y = strided(a), strided(b)
+        assert not x.flags.c_contiguous
+    elif shape == "fortran-order":  # the same values in C order, laid out by columns
+        x, y = np.asfortranarray(a.reshape(8, 8)), np.asfortranarray(b.reshape(8, 8))
+        assert not x.flags.c_contiguous
+    else:
+        x, y = strided(a).reshape(8, 8), strided(b).reshape(8, 8)
+    outputs = await backend.dispatch(program, [x, y])
+    assert outputs[0].tolist() == expected[0].tolist()
+
+
+async def test_a_strided_and_a_reversed_view_match_their_flat_copies(backend: CupyBackend) -> None:
+    program = elementwise_xor(64)
+    view = np.arange(128, dtype=np.uint32)[::2]
+    other = np.arange(64, dtype=np.uint32)[::-1]  # negative stride
+    flat = await backend.dispatch(program, [np.ascontiguousarray(view), other.copy()])
+    outputs = await backend.dispatch(program, [view, other])
+    assert outputs[0].tolist() == flat[0].tolist() == (view ^ other).tolist()
+
+
+@pytest.mark.parametrize("shape", ["flat", "2-d", "strided"])
+async def test_mutating_the_inputs_after_dispatch_does_not_change_the_result(
+    backend: CupyBackend, shape: str
+) -> None:
+    program = elementwise_xor(64)
+    a, b = xor_inputs(64)
+    expected = (a ^ b).tolist()
+    if shape == "2-d":
+        x, y = a.reshape(8, 8).copy(), b.reshape(8, 8).copy()
+    elif shape == "strided":
+        x, y = strided(a), strided(b)
+    else:
+        x, y = a.copy(), b.copy()
+    pending = backend.dispatch(program, [x, y])
+    x[...] = 0  # the caller reuses its arrays at once
+    y[...] = 0xFFFFFFFF
+    outputs = await pending
+    assert outputs[0].tolist() == expected
