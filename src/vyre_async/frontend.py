@@ -32,7 +32,7 @@ from vyre_async.annotations import current_dispatch_attributes
 from vyre_async.cache.identity import policy_digest
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
-from vyre_async.errors import InvalidProgram, UnsupportedFeature
+from vyre_async.errors import InvalidProgram, UnsupportedFeature, host_out_of_memory
 from vyre_async.ir.program import Program
 from vyre_async.pending import DispatchCompleter, PendingDispatch
 from vyre_async.plan import (
@@ -190,10 +190,11 @@ class DispatchFrontEnd:
         self.prefetcher = prefetcher
         self._copies = bool(backend.copies_inputs)
         self._by_id: OrderedDict[
-            tuple[int, int, tuple[int, ...]], tuple[Program, DispatchConfig, LaunchTemplate]
+            tuple[int, int, int, tuple[int, ...]],
+            tuple[Program, DispatchConfig, Any, LaunchTemplate],
         ] = OrderedDict()
         self._by_value: OrderedDict[
-            tuple[Program, DispatchConfig, tuple[int, ...]], LaunchTemplate
+            tuple[Program, DispatchConfig, bytes, tuple[int, ...]], LaunchTemplate
         ] = OrderedDict()
         self._caps: BackendCapabilities | None = None
         self._limit: int | None = None
@@ -332,7 +333,15 @@ class DispatchFrontEnd:
                 if (not count or size == count) and (not limit or 4 * size <= limit):
                     # The common case: one copy — here, flat, or by the backend
                     # straight into its own memory.
-                    prepared.append(value if copies else value.flatten())
+                    if copies:
+                        prepared.append(value)
+                    else:
+                        try:
+                            prepared.append(value.flatten())
+                        except MemoryError as exc:
+                            raise host_out_of_memory(
+                                4 * size, f"copying the input for buffer {decl.name!r}"
+                            ) from exc
                     sizes.append(size)
                     continue
             item = _prepare_input(decl, value, limit, backend)
@@ -342,14 +351,15 @@ class DispatchFrontEnd:
             else:
                 sizes.append(item.size)
             prepared.append(item)
-        key = (id(program), id(cfg), tuple(sizes))  # the template of this launch shape
+        identity = pipeline.identity
+        key = (id(program), id(cfg), id(identity), tuple(sizes))  # this launch shape
         by_id = self._by_id
         seen = by_id.get(key)
-        if seen is not None and seen[0] is program and seen[1] is cfg:
-            template = seen[2]
+        if seen is not None and seen[0] is program and seen[1] is cfg and seen[2] is identity:
+            template = seen[3]
             by_id.move_to_end(key)  # least recently used is dropped first
         else:
-            template = self.template(pipeline, program, cfg, key[2])
+            template = self.template(pipeline, program, cfg, key[3])
         pending, completer = PendingDispatch.create(
             timeout=cfg.timeout, label=cfg.label, created=called
         )
@@ -395,14 +405,15 @@ class DispatchFrontEnd:
                 declared buffer or the outputs are too large, or the plan fails.
             UnsupportedFeature: the config forces a feature the backend lacks.
         """
-        key = (id(program), id(config), sizes)  # the same objects again: no hashing
+        identity = pipeline.identity  # the policy check is against this pipeline's config
+        key = (id(program), id(config), id(identity), sizes)  # the same objects: no hashing
         by_id = self._by_id
         seen = by_id.get(key)
-        if seen is not None and seen[0] is program and seen[1] is config:
+        if seen is not None and seen[0] is program and seen[1] is config and seen[2] is identity:
             by_id.move_to_end(key)
-            return seen[2]
+            return seen[3]
         by_value = self._by_value
-        value_key = (program, config, sizes)  # equal objects (a new but equal config)
+        value_key = (program, config, identity.digest, sizes)  # equal objects
         found = by_value.get(value_key)
         if found is not None:
             by_value.move_to_end(value_key)
@@ -411,7 +422,7 @@ class DispatchFrontEnd:
             by_value[value_key] = found
             if len(by_value) > TEMPLATE_CAPACITY:
                 by_value.popitem(last=False)
-        by_id[key] = (program, config, found)  # holds them: their ids stay theirs
+        by_id[key] = (program, config, identity, found)  # holds them: ids stay theirs
         if len(by_id) > TEMPLATE_CAPACITY:
             by_id.popitem(last=False)
         return found

@@ -241,6 +241,8 @@ class _Core:
             with self.lock:
                 if self.stop is None:
                     self.stop = _StopFlag(self.deadline)
+                    if self.state is _TIMED_OUT:  # made after the timeout: set, as settle
+                        self.stop.set()  # would have (so wait() returns at once)
                 stop = self.stop
         return stop
 
@@ -274,11 +276,14 @@ class _Core:
         state: str,
         outputs: Outputs | None,
         error: BaseException | None,
+        device_s: float | None = None,
+        compile_s: float | None = None,
     ) -> bool:
         with self.lock:
             if self.state is not _PENDING:
                 return False
             self.state, self.outputs, self.error = state, outputs, error
+            self.device_s, self.compile_s = device_s, compile_s
             self.settled_at = time.monotonic()
             callbacks, self.callbacks = self.callbacks, None
             waiters, self.waiters = self.waiters, None
@@ -514,7 +519,9 @@ class PendingDispatch:
             if core.state is not _PENDING:
                 return
             now = time.perf_counter()
-            if now >= stop_at:
+            if now >= stop_at or (
+                core.deadline is not None and time.monotonic() >= core.deadline
+            ):  # budget spent, or past the dispatch's deadline: stop polling
                 self._stop_polling()
                 return
             if now >= half_way:  # still running past half the budget: poll less often
@@ -649,12 +656,14 @@ class DispatchCompleter:
     ) -> None:
         """Let an awaiting event loop notice completion by calling ``check()`` between turns.
 
-        For work that usually ends within microseconds (a short GPU kernel): the
-        awaiting task calls ``check()`` after each of its loop turns (with a
-        backoff) for up to ``budget_s`` seconds, then parks until the dispatch
-        settles. ``check`` must be cheap and non-blocking, callable from the
-        loop's thread, and settle the dispatch itself (`resolve`/`fail`) when it
-        sees the work finished; its return value is ignored. The backend must
+        For work that usually ends within microseconds (a short GPU kernel): an
+        awaiting asyncio task calls ``check()`` after each of its loop turns
+        (with a backoff) for up to ``budget_s`` seconds — never past the
+        dispatch's deadline — then parks until the dispatch settles. ``check``
+        must be cheap and non-blocking, callable from any thread (the loop's, or
+        one calling `PendingDispatch.done`), and settle the dispatch itself
+        (`resolve`/`fail`) when it sees the work finished; its return value is
+        ignored. The backend must
         still settle the dispatch on its own (a completion thread) if nobody
         polls; settling is once-only, so a race between the two is harmless.
         `PendingDispatch.done` calls ``check()`` too. ``give_up()``, when given, is
@@ -707,8 +716,7 @@ class DispatchCompleter:
         if core.deadline is not None and time.monotonic() >= core.deadline:
             core.expire(self.pending)  # too late: the result is a DispatchTimeout
             return False
-        core.device_s, core.compile_s = device_s, compile_s
-        return core.settle(self.pending, _DONE, list(outputs), None)
+        return core.settle(self.pending, _DONE, list(outputs), None, device_s, compile_s)
 
     def fail(self, error: BaseException, *, compile_s: float | None = None) -> bool:
         """Settle with ``error``; foreign exceptions are wrapped in `DispatchFailed`.

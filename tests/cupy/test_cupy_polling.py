@@ -10,6 +10,7 @@ minute (never reached) or zero, and "eventually" means within a generous bound.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import anyio
@@ -362,3 +363,43 @@ async def test_mutating_the_inputs_after_dispatch_does_not_change_the_result(
     y[...] = 0xFFFFFFFF
     outputs = await pending
     assert outputs[0].tolist() == expected
+
+
+class _TimedWatch:
+    """Ready at a given time; records when it was finished."""
+
+    def __init__(self, ready_in_s: float) -> None:
+        self.ready_at = time.monotonic() + ready_in_s
+        self.finished_at: float | None = None
+
+    def ready(self) -> bool:
+        return time.monotonic() >= self.ready_at
+
+    def finish(self, error: BaseException | None) -> None:
+        self.finished_at = time.monotonic()
+
+    def abandon(self, error: BaseException) -> None:
+        pass
+
+
+def test_quiet_work_nobody_polls_is_not_starved_by_polled_work_coming_after_it(
+    bridge: CompletionBridge,
+) -> None:
+    """A stream of polled submissions must not keep postponing a quiet window forever."""
+    warm = _TimedWatch(0.0)
+    bridge.submit(warm, queue="warm")
+    assert bridge.wait_idle(EVENTUALLY_S)
+    quiet_s = 0.05
+    nobody_polls = _TimedWatch(0.0)
+    started = time.monotonic()
+    bridge.submit(nobody_polls, queue=0, quiet_s=quiet_s)
+    while nobody_polls.finished_at is None and time.monotonic() - started < 1.0:
+        polled = _TimedWatch(0.0)  # awaited and polled by its own loop, every ~1 ms
+        bridge.submit(polled, queue=1, quiet_s=quiet_s)
+        while polled.finished_at is None and not bridge.poll(polled, queue=1):
+            time.sleep(0)
+        time.sleep(0.001)
+    # Finished by the thread while the polled submissions still came (one window
+    # plus the thread's idle slice, far under the second they kept coming for).
+    assert nobody_polls.finished_at is not None
+    assert nobody_polls.finished_at - started < 0.5

@@ -8,7 +8,10 @@ check the memo stays bounded.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -282,3 +285,43 @@ def test_errors_before_launch_carry_a_fix_and_leave_no_template_behind(
     outputs = backend.dispatch(program, xor_inputs(16), big_enough).result()
     assert outputs[0].shape == (16,)
     assert len(backend.front._by_id) == 1
+
+
+def test_a_template_planned_for_one_pipeline_does_not_skip_another_pipelines_policy_check() -> None:
+    """The same program, config and sizes on a pipeline of another policy must still refuse."""
+    backend = BytesBackend()
+    program = elementwise_xor(8)
+    loose = DispatchConfig(ulp_budget=3)
+    inputs = [np.arange(8, dtype=np.uint32), np.ones(8, dtype=np.uint32)]
+    backend.dispatch(program, inputs, loose).result()  # plans (program, loose, sizes)
+    strict = backend.compile(program, DispatchConfig(ulp_budget=1))
+    with pytest.raises(InvalidProgram, match="another ulp_budget") as info:
+        strict.dispatch(inputs, loose)
+    assert "Fix:" in str(info.value)
+
+
+def test_running_out_of_host_memory_copying_an_input_is_device_out_of_memory() -> None:
+    """The fast copy path maps MemoryError like the slow one (no raw numpy error)."""
+    script = """
+import resource, sys
+import numpy as np
+from tests.driver.fakes import BytesBackend
+from vyre_async import DeviceOutOfMemory
+from vyre_async.programs import elementwise_xor
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+n = 2**32 - 1  # 16 GiB once copied; BytesBackend reports no storage limit
+huge = np.broadcast_to(np.uint32(1), (n,))
+try:
+    BytesBackend().dispatch(elementwise_xor(n), [huge, huge])
+except DeviceOutOfMemory as exc:
+    assert "Fix:" in str(exc), exc
+    print("mapped")
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "mapped", out.stderr[-2000:]

@@ -297,3 +297,14 @@ def test_wants_phases_only_while_a_span_records_the_dispatch() -> None:
     assert completer.wants_phases is False
     completer.record.span = object()  # what telemetry sets while a span is open
     assert completer.wants_phases is True
+
+
+def test_a_stop_flag_made_after_the_timeout_is_set_and_wakes_waiters() -> None:
+    """A worker that asks for the flag late must not block in wait() for its whole step."""
+    pending, completer = PendingDispatch.create(timeout=1.0, created=time.monotonic() - 2.0)
+    assert pending.done()  # expired: the dispatch is a DispatchTimeout now
+    flag = completer.stop_requested  # made only now
+    assert flag.is_set()
+    started = time.monotonic()
+    assert flag.wait(5.0)  # set, not only "past the deadline": returns at once
+    assert time.monotonic() - started < 1.0

@@ -22,10 +22,12 @@ Cost model:
 
 - An awaiting event loop may finish a watch itself (`CompletionBridge.poll`,
   registered as the dispatch's poll): short work is then noticed between loop
-  turns, without a cross-thread wake-up. A watch submitted with ``quiet_s``
-  leaves the bridge asleep for that long (the loop is expected to poll it);
-  after that the bridge takes over. Whoever finds a watch ready first takes it
-  off its queue under the bridge's lock, so it is finished exactly once.
+  turns, without a cross-thread wake-up. A watch submitted with ``quiet_s`` to
+  an idle bridge opens a quiet window of that length (the loop is expected to
+  poll it); later submissions do not extend it, and after every window the
+  thread polls every head once, so work nobody polls waits at most one window.
+  Whoever finds a watch ready first takes it off its queue under the bridge's
+  lock, so it is finished exactly once.
 
 The bridge is CUDA-agnostic (it only calls ``ready``/``finish``), so it is
 tested without a GPU.
@@ -137,10 +139,11 @@ class CompletionBridge:
             self._count += 1
             now = self._newest = time.monotonic()
             if quiet_s > 0 and self._thread is not None and not self._parked:
-                # The thread looks again within IDLE_SLICE_S: no wake-up needed. Left
-                # to the loop's poll unless the thread is serving other work anyway.
-                if self._count == 1 or self._quiet_until >= now:
-                    self._quiet_until = max(self._quiet_until, now + quiet_s)
+                # The thread looks again within IDLE_SLICE_S: no wake-up needed. A quiet
+                # window opens only when none is open (never extended, so work nobody
+                # polls waits at most one window) and the thread has nothing else.
+                if self._count == 1 and self._quiet_until < now:
+                    self._quiet_until = now + quiet_s
                 return
             self._quiet_until = now + quiet_s if quiet_s > 0 else 0.0
             self._wake = True
@@ -150,10 +153,10 @@ class CompletionBridge:
             self._work.notify()
 
     def take_over(self) -> None:
-        """End the quiet time: the thread polls every watch from now on (the loop gave up)."""
+        """End the quiet time and wake the thread: it polls every watch now (the loop gave up)."""
         with self._lock:
-            if self._quiet_until:
-                self._quiet_until = 0.0
+            self._quiet_until = 0.0
+            if self._count:
                 self._wake = True
                 self._work.notify()
 
@@ -228,6 +231,7 @@ class CompletionBridge:
             except Exception as exc:
                 _report(exc)
         last_progress = time.monotonic()
+        after_quiet = False
         while True:
             with self._lock:
                 idle_since = None
@@ -243,10 +247,12 @@ class CompletionBridge:
                 if self._count == 0:
                     return
                 quiet = self._quiet_until - time.monotonic()
-                if quiet > 0 and not self._closing:  # an awaiting loop polls this work
-                    self._wake = False
+                if quiet > 0 and not self._closing and not after_quiet:
+                    self._wake = False  # an awaiting loop polls this work meanwhile
                     self._work.wait(quiet)
+                    after_quiet = True  # then one round over every head, whatever came
                     continue
+                after_quiet = False
                 heads = [(key, q[0]) for key, q in self._queues.items() if q]
                 self._wake = False
                 newest = self._newest
