@@ -378,6 +378,110 @@ def _fake_cupy() -> Iterator[Any]:
                 sys.modules[name] = module
 
 
+class _FakeClock:
+    """Time spent inside the fake CuPy, per thread: every entry point vyre can call is timed.
+
+    The callables of the fake's modules (``cupy.cuda.alloc``, ``runtime.memcpyAsync``,
+    ``Event``, ...) and the methods of the objects they return (events, streams,
+    modules, kernels) are wrapped; nested fake calls count once. ``seconds()`` is
+    the calling thread's total; ``overhead_s`` the clock's own cost per timed call,
+    measured, which `_cuda_work` takes off vyre's side too.
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self.overhead_s = 0.0
+
+    def _state(self) -> Any:
+        local = self._local
+        if not hasattr(local, "depth"):
+            local.depth, local.seconds, local.calls = 0, 0.0, 0
+        return local
+
+    def seconds(self) -> float:
+        return float(self._state().seconds)
+
+    def calls(self) -> int:
+        return int(self._state().calls)
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        clock = self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            state = clock._state()
+            if state.depth:
+                return fn(*args, **kwargs)
+            state.depth = 1
+            start = time.perf_counter()
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                state.seconds += time.perf_counter() - start
+                state.calls += 1
+                state.depth = 0
+            return _wrap_result(clock, result)
+
+        return timed
+
+    def calibrate(self) -> None:
+        """Measure what one timed call costs outside its own interval."""
+        noop = self.wrap(lambda: None)
+        n = 20000
+        start = time.perf_counter()
+        for _ in range(n):
+            noop()
+        wrapped = (time.perf_counter() - start) / n
+        inner = self.seconds() / max(self.calls(), 1)
+        start = time.perf_counter()
+        for _ in range(n):
+            (lambda: None)()
+        bare = (time.perf_counter() - start) / n
+        self.overhead_s = max(0.0, wrapped - inner - bare)
+        state = self._state()
+        state.seconds, state.calls = 0.0, 0
+
+
+def _wrap_result(clock: _FakeClock, result: Any) -> Any:
+    """Time the methods of objects the fake hands out (events, streams, kernels)."""
+    kind = type(result).__name__
+    if kind in ("FakeEvent", "FakeStream", "FakeModule", "FakeGraph") and not getattr(
+        result, "_vyre_clocked", False
+    ):
+        for name in ("record", "synchronize", "__enter__", "__exit__", "load", "get_function",
+                     "launch", "wait_event", "begin_capture", "end_capture"):  # fmt: skip
+            method = getattr(result, name, None)
+            if callable(method):
+                object.__setattr__(result, name, clock.wrap(method))
+        result._vyre_clocked = True
+    elif callable(result) and getattr(result, "__name__", "") == "launch":
+        return clock.wrap(result)  # a kernel from get_function
+    return result
+
+
+@contextlib.contextmanager
+def _clocked(modules: dict[str, Any], clock: _FakeClock) -> Iterator[None]:
+    """Wrap every callable of the fake's modules with ``clock`` (restored afterwards)."""
+    saved: list[tuple[Any, str, Any]] = []
+    for module in modules.values():
+        for name, value in list(vars(module).items()):
+            exception = isinstance(value, type) and issubclass(value, BaseException)
+            if callable(value) and not exception and not name.startswith("_"):
+                saved.append((module, name, value))
+                setattr(module, name, clock.wrap(value))
+    event_done = None
+    try:
+        from tests.cupy.fake_cupy import FakeEvent
+
+        event_done = FakeEvent.done
+        FakeEvent.done = property(clock.wrap(event_done.fget))  # type: ignore[assignment,method-assign]
+        yield
+    finally:
+        if event_done is not None:
+            FakeEvent.done = event_done  # type: ignore[method-assign]
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
 async def cuda_fake(args: argparse.Namespace) -> dict[str, Any]:
     """The driver's own CPU time per warm awaited dispatch on the fake CUDA device, per thread."""
     with _fake_cupy():
@@ -442,7 +546,7 @@ async def cuda_fake(args: argparse.Namespace) -> dict[str, Any]:
             },
         }
     with _fake_cupy() as device:
-        work = await _cuda_work(args)
+        work = await _cuda_work(args, device)
         completion = await _cuda_completion(args, device)
     return {
         "round_trip_us": round(statistics.median(wall_us), 2),
@@ -465,70 +569,81 @@ def _own_share(profile: cProfile.Profile) -> float:
     return vyre / total if total > 0 else 0.0
 
 
-async def _cuda_work(args: argparse.Namespace) -> dict[str, Any]:
+async def _cuda_work(args: argparse.Namespace, device: Any) -> dict[str, Any]:
     """vyre's own host code per awaited dispatch on the fake device, waiting excluded.
 
-    Dispatches are awaited one at a time (the steady state of one task). Three
-    parts, each timed unprofiled and scaled by vyre's share of a cProfile run of
-    the same calls (the fake's own calls and blocked time removed):
-    ``launch`` — the ``backend.dispatch()`` call (front end, staging, enqueue);
-    ``finish`` — the flight's completion (readback, settle; on whichever thread
-    ran it: the awaiting loop's poll or the completion thread); ``resume`` — from
-    the end of ``finish`` to the awaiting task having its outputs. Polling turns
-    and the completion thread's idle checks are waiting, not work.
+    The fake runs ``timed`` (its operations execute on the calling thread, no
+    stream threads that could take the GIL in the middle of vyre's code), and
+    every call into it is timed (`_FakeClock`): vyre's own time is the wall time
+    minus the fake's, minus the clock's own cost per timed call. Dispatches are
+    awaited one at a time (one task's steady state). Three parts: ``launch`` —
+    the ``backend.dispatch()`` call (front end, staging, enqueue); ``finish`` —
+    the flight's completion (readback, settle; on whichever thread ran it: the
+    awaiting loop's poll or the completion thread); ``resume`` — from the end of
+    ``finish`` to the awaiting task having its outputs. Polling turns and the
+    completion thread's idle checks are waiting, not work.
     """
     from vyre_cupy import create_backend
     from vyre_cupy.launch import Flight
 
+    clock = _FakeClock()
+    clock.calibrate()
+    cuda_module = sys.modules["cupy.cuda"]
+    modules = {
+        "cupy": sys.modules["cupy"],
+        "cupy.cuda": cuda_module,
+        "cupy.cuda.function": sys.modules["cupy.cuda.function"],
+        "runtime": cuda_module.runtime,
+    }
     finish = Flight.finish
     spent: list[float] = []
-    finish_profile = cProfile.Profile()
-    profiling = False
-
     finished = [0.0]
 
     def timed_finish(self: Any, error: BaseException | None) -> None:
+        fake0, calls0 = clock.seconds(), clock.calls()
         start = time.perf_counter()
-        if profiling:
-            finish_profile.runcall(finish, self, error)
-        else:
-            finish(self, error)
+        finish(self, error)
         finished[0] = time.perf_counter()
-        spent.append(finished[0] - start)
+        fake = clock.seconds() - fake0 + (clock.calls() - calls0) * clock.overhead_s
+        spent.append(finished[0] - start - fake)
 
     Flight.finish = timed_finish  # type: ignore[method-assign]
+    device.timed = True
     try:
-        backend = create_backend(disk_cache=None)
-        for _ in range(_WARM):
-            await backend.dispatch(PROGRAM, INPUTS)
-        n = args.repeats
-        launch_us: list[float] = []
-        resume_us: list[float] = []
-        finish_us: list[float] = []
-        for _ in range(args.rounds):
-            spent.clear()
-            launches: list[float] = []
-            resumes: list[float] = []
-            for _ in range(n):
-                start = time.perf_counter()
-                pending = backend.dispatch(PROGRAM, INPUTS)
-                launched = time.perf_counter()
-                await pending
-                resumes.append(time.perf_counter() - finished[0])
-                launches.append(launched - start)
-            launch_us.append(statistics.median(launches) * 1e6)
-            resume_us.append(statistics.median(resumes) * 1e6)
-            finish_us.append(statistics.median(spent) * 1e6)
-        launch_profile = cProfile.Profile()
-        profiling = True
-        for _ in range(args.profile):
-            await launch_profile.runcall(backend.dispatch, PROGRAM, INPUTS)
-        profiling = False
-        await backend.aclose()
+        with _clocked(modules, clock):
+            backend = create_backend(disk_cache=None)  # after the clock: its kernels too
+            for _ in range(_WARM):
+                await backend.dispatch(PROGRAM, INPUTS)
+            launch_us: list[float] = []
+            resume_us: list[float] = []
+            finish_us: list[float] = []
+            fake_us: list[float] = []
+            for _ in range(args.rounds):
+                spent.clear()
+                launches: list[float] = []
+                resumes: list[float] = []
+                fakes: list[float] = []
+                for _ in range(args.repeats):
+                    fake0, calls0 = clock.seconds(), clock.calls()
+                    start = time.perf_counter()
+                    pending = backend.dispatch(PROGRAM, INPUTS)
+                    launched = time.perf_counter()
+                    calls = clock.calls() - calls0
+                    fake = clock.seconds() - fake0 + calls * clock.overhead_s
+                    await pending
+                    resumes.append(time.perf_counter() - finished[0])
+                    launches.append(launched - start - fake)
+                    fakes.append(fake)
+                launch_us.append(statistics.median(launches) * 1e6)
+                resume_us.append(statistics.median(resumes) * 1e6)
+                finish_us.append(statistics.median(spent) * 1e6)
+                fake_us.append(statistics.median(fakes) * 1e6)
+            await backend.aclose()
     finally:
         Flight.finish = finish  # type: ignore[method-assign]
-    launch = statistics.median(launch_us) * _own_share(launch_profile)
-    done = statistics.median(finish_us) * _own_share(finish_profile)
+        device.timed = False
+    launch = statistics.median(launch_us)
+    done = statistics.median(finish_us)
     resume = statistics.median(resume_us)
     return {
         "launch_us": round(launch, 2),
@@ -537,8 +652,8 @@ async def _cuda_work(args: argparse.Namespace) -> dict[str, Any]:
         "total_us": round(launch + done + resume, 2),
         "goal_us": CUDA_GOAL_US,
         "goal_met": launch + done + resume <= CUDA_GOAL_US,
-        "launch_wall_us": round(statistics.median(launch_us), 2),
-        "finish_wall_us": round(statistics.median(finish_us), 2),
+        "fake_in_launch_us": round(statistics.median(fake_us), 2),
+        "clock_overhead_us_per_call": round(clock.overhead_s * 1e6, 3),
     }
 
 

@@ -403,3 +403,34 @@ def test_quiet_work_nobody_polls_is_not_starved_by_polled_work_coming_after_it(
     # plus the thread's idle slice, far under the second they kept coming for).
     assert nobody_polls.finished_at is not None
     assert nobody_polls.finished_at - started < 0.5
+
+
+async def test_a_small_shape_reuses_its_staging_and_never_mixes_inputs(
+    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finished launches hand their arena and pinned staging to the next of the shape."""
+    ctx = backend.device_context
+    allocations: list[int] = []
+    alloc = ctx.alloc
+
+    def counted(nbytes: int, stream: object) -> object:
+        allocations.append(nbytes)
+        return alloc(nbytes, stream)
+
+    monkeypatch.setattr(ctx, "alloc", counted)
+    program = elementwise_xor(96)
+    rng = np.random.default_rng(7)
+    for _ in range(20):  # awaited one by one: each finds the last one's staging free
+        a = rng.integers(0, 2**32, 96, dtype=np.uint32)
+        b = rng.integers(0, 2**32, 96, dtype=np.uint32)
+        outputs = await backend.dispatch(program, [a, b])
+        assert outputs[0].tolist() == (a ^ b).tolist()  # no input of an earlier launch
+    assert len(allocations) <= cuda_launch.SPARE_PER_SHAPE + 1
+    big = cuda_launch.SPARE_ARENA_BYTES // 4 + 1024  # over the limit: never kept
+    program = elementwise_xor(big)
+    a, b = np.ones(big, dtype=np.uint32), np.arange(big, dtype=np.uint32)
+    before = len(allocations)
+    for _ in range(3):
+        outputs = await backend.dispatch(program, [a, b])
+        assert outputs[0].tolist() == (a ^ b).tolist()
+    assert len(allocations) - before == 3

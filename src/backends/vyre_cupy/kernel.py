@@ -20,7 +20,7 @@ Imports only the code generator, the compiler's record and the arena layout
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +66,10 @@ class LaunchTemplate:
         pinned_bytes: Size of that pinned buffer.
         copy_attributes: The span attributes of the upload into a private arena
             (`vyre_cupy.launch.annotate_copy`).
+        dtypes: Per entry of ``uploads``, the numpy dtype of its buffer.
+        spare: Finished launches' arena + pinned staging, ready for the next launch
+            of this shape (`vyre_cupy.launch.Staging`; small shapes only, a few kept).
+        stream_attributes: Per stream index, ``copy_attributes`` plus ``vyre.stream``.
     """
 
     counts: tuple[int, ...]
@@ -78,6 +82,9 @@ class LaunchTemplate:
     readback_at: int
     pinned_bytes: int
     copy_attributes: Mapping[str, str]
+    dtypes: tuple[np.dtype[Any], ...] = ()
+    spare: deque[Any] = field(default_factory=deque, compare=False)
+    stream_attributes: list[Mapping[str, str | int]] = field(default_factory=list, compare=False)
 
 
 @dataclass(eq=False)

@@ -153,10 +153,12 @@ def template_for(kernel: CudaKernel, plan: BindingPlan) -> LaunchTemplate:
     inputs = tuple(input_at.get(p.name) for p in params)
     layout = plan_layout([p.decl.access for p in params], counts, [None] * len(params))
     uploads = []
-    for slot, at in zip(layout.slots, inputs, strict=True):
+    dtypes = []
+    for param, slot, at in zip(params, layout.slots, inputs, strict=True):
         if slot.source is Source.HOST and slot.nbytes:
             assert at is not None and slot.offset is not None
             uploads.append((at, slot.offset, slot.nbytes))
+            dtypes.append(param.decl.dtype.numpy)
     readback_at, pinned_bytes = _pinned_sizes(layout)
     template = LaunchTemplate(
         counts=counts,
@@ -169,6 +171,7 @@ def template_for(kernel: CudaKernel, plan: BindingPlan) -> LaunchTemplate:
         readback_at=readback_at,
         pinned_bytes=pinned_bytes,
         copy_attributes=copy_attributes(PRIVATE_ARENA),
+        dtypes=tuple(dtypes),
     )
     templates = kernel.templates
     if len(templates) >= TEMPLATES_PER_KERNEL:
@@ -256,6 +259,7 @@ class Flight:
         "outputs",
         "readback",
         "readback_at",
+        "staging",
         "stream",
         "stride",
     )
@@ -273,8 +277,10 @@ class Flight:
         readback_at: int = 0,
         stride: int = 0,
         keep_done: bool = False,
+        staging: tuple[LaunchTemplate, Staging] | None = None,
     ) -> None:
         self.ctx = ctx
+        self.staging = staging
         self.launches = launches
         self.outputs = outputs
         self.stream = stream
@@ -320,9 +326,13 @@ class Flight:
                 launch.completer.fail(failure)
         else:
             ctx.recycle(self.events[:3] if self.keep_done else self.events)
+            kept = self.staging
+            if kept is not None and len(kept[0].spare) < SPARE_PER_SHAPE:
+                kept[0].spare.append(kept[1])  # its outputs are copied out: reusable
         finally:
             self.keep = ()
             self.readback = None
+            self.staging = None
 
     def _settle(self) -> None:
         launches = self.launches
@@ -360,6 +370,71 @@ class Flight:
             at += self.stride
 
 
+# Staging kept per launch shape -----------------------------------------------------------
+#: A shape whose arena is at most this many bytes keeps its finished launches' arena
+#: and pinned staging for the next launch (a few per shape), with the kernel
+#: arguments, the ``vy_lens`` bytes and the input views already in place.
+SPARE_ARENA_BYTES = 64 << 10
+#: Finished stagings kept per launch shape.
+SPARE_PER_SHAPE = 2
+
+
+class Staging:
+    """One launch's device arena and pinned staging/readback buffer, ready to fill.
+
+    Attributes:
+        arena: The device arena.
+        pinned: The pinned buffer (staging, then readback).
+        views: Per entry of the template's ``uploads``, the typed staging view.
+        args: The kernel arguments (pointers into ``arena``, then its base).
+        base: The arena's device address.
+        spare: True when the launch shape reuses it after the launch finishes.
+    """
+
+    __slots__ = ("arena", "args", "base", "pinned", "spare", "views")
+
+    def __init__(self, ctx: DeviceContext, template: LaunchTemplate, stream: Any) -> None:
+        layout = template.layout
+        self.arena = ctx.alloc(layout.total_bytes, stream)  # the pool ties it to this stream
+        self.pinned = ctx.pinned(template.pinned_bytes)  # staging, then readback
+        host = np.frombuffer(self.pinned, np.uint8, layout.upload_bytes)
+        lens = template.lens
+        host[: len(lens)] = np.frombuffer(lens, np.uint8)
+        self.views = tuple(
+            host[offset : offset + nbytes].view(dtype)
+            for (_, offset, nbytes), dtype in zip(template.uploads, template.dtypes, strict=True)
+        )
+        self.base = base = int(self.arena.ptr)
+        self.args = (
+            *[np.uint64(base + offset) for offset in template.arg_offsets],
+            np.uint64(base),
+        )
+        self.spare = layout.total_bytes <= SPARE_ARENA_BYTES
+
+    def fill(self, template: LaunchTemplate, inputs: Sequence[Any]) -> None:
+        """Copy the launch's host inputs (any shape or strides) into the staging views."""
+        for (at, _, _), view in zip(template.uploads, self.views, strict=True):
+            item = inputs[at]
+            np.copyto(view if item.ndim == 1 else view.reshape(item.shape), item, casting="no")
+
+
+def _stream_attributes(template: LaunchTemplate, index: int) -> Mapping[str, str | int]:
+    """The copy attributes of ``template`` plus ``vyre.stream`` = ``index`` (built once each)."""
+    known = template.stream_attributes
+    while len(known) <= index:
+        known.append({**template.copy_attributes, "vyre.stream": len(known)})
+    return known[index]
+
+
+def staging_for(ctx: DeviceContext, template: LaunchTemplate, stream: Any) -> Staging:
+    """A kept staging of this launch shape, or a new one."""
+    try:
+        kept: Staging = template.spare.pop()  # finished: its launch's device work is over
+        return kept
+    except IndexError:
+        return Staging(ctx, template, stream)
+
+
 # Plain launches ---------------------------------------------------------------------------
 def enqueue_launch(
     ctx: DeviceContext,
@@ -386,21 +461,17 @@ def enqueue_launch(
     ctx.use_device()
     index, stream = streams.lease()
     try:
-        arena = ctx.alloc(layout.total_bytes, stream)  # the memory pool ties it to this stream
-        pinned = ctx.pinned(template.pinned_bytes)  # staging, then readback
-        fill_staging(np.frombuffer(pinned, np.uint8, layout.upload_bytes), template, inputs)
+        staging = staging_for(ctx, template, stream)
+        staging.fill(template, inputs)  # each input copied once, into pinned memory
+        pinned, base, args = staging.pinned, staging.base, staging.args
         events = ctx.events(4)
-        base = int(arena.ptr)
-        args = tuple([np.uint64(base + offset) for offset in template.arg_offsets])
-        args += (np.uint64(base),)
         rt, sp = ctx.runtime, stream.ptr
         completer = launch.completer
         # One dispatch's operations are contiguous on its stream, and reach the bridge
         # in stream order.
         with streams.ordering(index):
             completer.mark_started()
-            completer.annotate("vyre.stream", index)
-            completer.annotate_all(template.copy_attributes)
+            completer.annotate_all(_stream_attributes(template, index))
             events[0].record(stream)
             rt.memcpyAsync(base, pinned.ptr, layout.upload_bytes, rt.memcpyHostToDevice, sp)
             if layout.zero_bytes:
@@ -425,10 +496,11 @@ def enqueue_launch(
                 (launch,),
                 template.outputs,
                 stream=index,
-                keep=(arena, pinned, stream),
+                keep=(staging, stream),
                 readback=pinned,
                 readback_at=template.readback_at,
                 events=events,
+                staging=(template, staging) if staging.spare else None,
             )
             bridge = ctx.bridge
             budget = POLL_BUDGET_S if _in_asyncio_loop() else 0.0
