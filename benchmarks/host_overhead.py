@@ -713,7 +713,7 @@ async def _cuda_completion(args: argparse.Namespace, device: Any) -> dict[str, A
         "goal_met": statistics.median(results["polling"]) <= POLL_GOAL_US,
         "note": "event_to_resume: from the fake's completion-event timestamp to the awaiting "
         "task running again; round_trip: dispatch() to resumed (includes the fake's own "
-        "stream-thread work and the kernel's sleep)",
+        "work and the kernel's time on the device timeline)",
     }
 
 
