@@ -43,6 +43,7 @@ from vyre_cupy.launch import (
     PRIVATE_ARENA,
     Flight,
     annotate_copy,
+    enqueue_readback,
     fill_staging,
     template_for,
 )
@@ -285,14 +286,7 @@ def enqueue_replay(ctx: DeviceContext, launches: Sequence[Launch], kernel: CudaK
                     events[1].record(stream)
                     captured.graph.launch(stream)
                     events[2].record(stream)
-                    if layout.download_bytes:
-                        rt.memcpyAsync(
-                            pinned.ptr + template.readback_at,
-                            base + layout.download_offset,
-                            layout.download_bytes,
-                            rt.memcpyDeviceToHost,
-                            sp,
-                        )
+                    enqueue_readback(rt, layout, pinned, template.readback_at, base, sp)
                     events[3].record(stream)
                     captured.last_done = events[3]
                     flight = Flight(

@@ -56,6 +56,7 @@ __all__ = [
     "annotate_copy",
     "copy_attributes",
     "enqueue_launch",
+    "enqueue_readback",
     "fill_staging",
     "read_outputs",
     "record_phases",
@@ -370,6 +371,20 @@ class Flight:
             at += self.stride
 
 
+def enqueue_readback(
+    rt: Any, layout: ArenaLayout, pinned: Any, readback_at: int, base: int, sp: int
+) -> None:
+    """Enqueue the copy of a launch's outputs from its arena (at ``base``) into ``pinned``."""
+    if layout.download_bytes:
+        rt.memcpyAsync(
+            pinned.ptr + readback_at,
+            base + layout.download_offset,
+            layout.download_bytes,
+            rt.memcpyDeviceToHost,
+            sp,
+        )
+
+
 # Staging kept per launch shape -----------------------------------------------------------
 #: A shape whose arena is at most this many bytes keeps its finished launches' arena
 #: and pinned staging for the next launch (a few per shape), with the kernel
@@ -482,14 +497,7 @@ def enqueue_launch(
                 for _ in range(launch.config.iterations):
                     kernel.function(geometry.grid, geometry.workgroup, args, stream=stream)
             events[2].record(stream)
-            if layout.download_bytes:
-                rt.memcpyAsync(
-                    pinned.ptr + template.readback_at,
-                    base + layout.download_offset,
-                    layout.download_bytes,
-                    rt.memcpyDeviceToHost,
-                    sp,
-                )
+            enqueue_readback(rt, layout, pinned, template.readback_at, base, sp)
             events[3].record(stream)
             flight = Flight(
                 ctx,
