@@ -102,6 +102,7 @@ class CompletionBridge:
         self._wake = False
         self._quiet_until = 0.0
         self._parked = False
+        self._idle_waiters = 0  # threads in wait_idle (notified when the count reaches 0)
         self._closing = False
         self._thread: threading.Thread | None = None
         #: Polling rounds and sleeps so far (for tests and benchmarks).
@@ -147,6 +148,7 @@ class CompletionBridge:
                 return
             self._quiet_until = now + quiet_s if quiet_s > 0 else 0.0
             self._wake = True
+            self._parked = False  # woken now: the next submissions need not wake it again
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
@@ -187,7 +189,7 @@ class CompletionBridge:
             _report(exc)
         with self._lock:
             self._count -= 1
-            if self._count == 0:
+            if self._count == 0 and self._idle_waiters:
                 self._idle.notify_all()
         return True
 
@@ -197,7 +199,11 @@ class CompletionBridge:
         Blocking: call it from a worker thread, never from an event loop.
         """
         with self._lock:
-            return self._idle.wait_for(lambda: self._count == 0, timeout)
+            self._idle_waiters += 1
+            try:
+                return self._idle.wait_for(lambda: self._count == 0, timeout)
+            finally:
+                self._idle_waiters -= 1
 
     def abandon(self, error: BaseException) -> int:
         """Call ``abandon(error)`` on every watch not finished yet; return how many there are.
@@ -244,6 +250,7 @@ class CompletionBridge:
                         self._parked = True
                         self._work.wait()
                         self._parked = False
+                        idle_since = None  # woken by work: linger afresh after it
                 if self._count == 0:
                     return
                 quiet = self._quiet_until - time.monotonic()
@@ -295,7 +302,7 @@ class CompletionBridge:
                 _report(exc)
             with self._lock:
                 self._count -= 1
-                if self._count == 0:
+                if self._count == 0 and self._idle_waiters:
                     self._idle.notify_all()
             progressed = True
             watch = following

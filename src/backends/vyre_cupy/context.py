@@ -154,6 +154,8 @@ class DeviceContext:
     def events(self, n: int) -> list[Any]:
         """Return ``n`` CUDA events, recycled ones first."""
         pool = self._events
+        if len(pool) >= n:  # the usual case, once warm
+            return [pool.popleft() for _ in range(n)]
         out = []
         for _ in range(n):
             try:
