@@ -487,7 +487,8 @@ def enqueue_launch(
         with streams.ordering(index):
             completer.mark_started()
             completer.annotate_all(_stream_attributes(template, index))
-            events[0].record(stream)
+            if completer.wants_phases:  # the upload's start only times its phase
+                events[0].record(stream)
             rt.memcpyAsync(base, pinned.ptr, layout.upload_bytes, rt.memcpyHostToDevice, sp)
             if layout.zero_bytes:
                 rt.memsetAsync(base + layout.zero_offset, 0, layout.zero_bytes, sp)
