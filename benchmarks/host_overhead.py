@@ -561,14 +561,6 @@ async def cuda_fake(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _own_share(profile: cProfile.Profile) -> float:
-    """The share of a profile's CPU time spent in vyre's code (not the fake's, not waiting)."""
-    own, fake = _own_time_by_module(pstats.Stats(profile))
-    vyre = sum(t for name, t in own.items() if name.startswith("vyre_"))
-    total = sum(own.values()) + fake
-    return vyre / total if total > 0 else 0.0
-
-
 async def _cuda_work(args: argparse.Namespace, device: Any) -> dict[str, Any]:
     """vyre's own host code per awaited dispatch on the fake device, waiting excluded.
 

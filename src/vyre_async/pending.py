@@ -563,6 +563,7 @@ class PendingDispatch:
                 "Fix: await it from async code, or call pending.result() from plain code"
             )
         core = self._core
+        self._stop_polling()  # a trio task never polls: the backend watches at once
         waiter = _TrioWaiter(trio.lowlevel.current_trio_token(), trio.lowlevel.current_task())
         if not core.add_waiter(waiter):
             return
@@ -667,8 +668,9 @@ class DispatchCompleter:
         still settle the dispatch on its own (a completion thread) if nobody
         polls; settling is once-only, so a race between the two is harmless.
         `PendingDispatch.done` calls ``check()`` too. ``give_up()``, when given, is
-        called once when polling stops with the dispatch still running (the
-        budget is spent, or a thread blocks in ``result()``): the backend's own
+        called once when nobody will poll any more with the dispatch still
+        running (the budget is spent, the awaiting task is cancelled, a trio
+        task awaits it, or a thread blocks in ``result()``): the backend's own
         completion path should then watch it at once.
         """
         core = self._core

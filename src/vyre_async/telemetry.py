@@ -235,7 +235,7 @@ class DispatchTrace:
 
 
 class _Facts:
-    """What telemetry needs of a dispatch that depends only on its launch shape."""
+    """What telemetry keeps of a dispatch for its metrics: labels and byte counts."""
 
     __slots__ = ("bytes_in", "bytes_out", "label_attrs", "labels")
 

@@ -222,6 +222,7 @@ async def test_trio_awaits_a_polled_dispatch_settled_from_another_thread() -> No
             tg.start_soon(wait)
             await anyio.wait_all_tasks_blocked()  # the waiter is parked, not polling
             assert poll.calls <= 1  # at most the look before parking (done())
+            assert poll.gave_up.is_set()  # told the backend at once: nobody will poll
             settler = threading.Thread(target=completer.resolve, args=(OUT,))
             settler.start()
     settler.join()

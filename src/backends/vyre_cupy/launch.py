@@ -57,6 +57,7 @@ __all__ = [
     "copy_attributes",
     "enqueue_launch",
     "enqueue_readback",
+    "copy_in",
     "fill_staging",
     "read_outputs",
     "record_phases",
@@ -203,10 +204,16 @@ def fill_staging(host: np.ndarray, template: LaunchTemplate, inputs: Sequence[An
     host[: len(lens)] = np.frombuffer(lens, np.uint8)
     for at, offset, nbytes in template.uploads:
         item = inputs[at]
-        # The caller's own array (the backend copies inputs itself): any shape or
-        # strides, copied once, straight into the pinned staging bytes.
-        dest = host[offset : offset + nbytes].view(item.dtype)
-        np.copyto(dest.reshape(item.shape), item, casting="no")
+        copy_in(host[offset : offset + nbytes].view(item.dtype), item)
+
+
+def copy_in(dest: np.ndarray, item: np.ndarray) -> None:
+    """Copy a host input into its flat staging view ``dest``, once.
+
+    ``item`` is the caller's own array (the backend copies inputs itself): any
+    shape or strides, of the buffer's dtype.
+    """
+    np.copyto(dest if item.ndim == 1 else dest.reshape(item.shape), item, casting="no")
 
 
 def read_outputs(outputs: Sequence[OutputSlot], readback: Any, base: int) -> list[np.ndarray]:
@@ -429,8 +436,7 @@ class Staging:
     def fill(self, template: LaunchTemplate, inputs: Sequence[Any]) -> None:
         """Copy the launch's host inputs (any shape or strides) into the staging views."""
         for (at, _, _), view in zip(template.uploads, self.views, strict=True):
-            item = inputs[at]
-            np.copyto(view if item.ndim == 1 else view.reshape(item.shape), item, casting="no")
+            copy_in(view, inputs[at])
 
 
 def _stream_attributes(template: LaunchTemplate, index: int) -> Mapping[str, str | int]:
@@ -566,8 +572,7 @@ def _fill_with_residents(
     for slot, item in zip(layout.slots, items, strict=True):
         if slot.source is Source.HOST and slot.nbytes:
             assert isinstance(item, np.ndarray) and slot.offset is not None
-            view = host[slot.offset : slot.offset + slot.nbytes].view(item.dtype)
-            np.copyto(view.reshape(item.shape), item, casting="no")
+            copy_in(host[slot.offset : slot.offset + slot.nbytes].view(item.dtype), item)
 
 
 def _enqueue_with_residents(
