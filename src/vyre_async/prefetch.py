@@ -142,6 +142,11 @@ class Prefetcher:
         self._failures = 0
         self._dropped = 0
         self._used = 0
+        # Steady state: the same shape again and again, predicted and ready. Its
+        # dispatches only count repeats (`_steady_run`); the counters and the
+        # history take them in at the next dispatch of another kind (`_fold`).
+        self._steady: ShapeFingerprint | None = None
+        self._steady_run = 0
 
     # Dispatch path (keep it cheap) ------------------------------------------------
     def observe(
@@ -170,6 +175,15 @@ class Prefetcher:
         Returns:
             The job to hand to `schedule` after the enqueue, or None.
         """
+        if cache_hit and fingerprint is not None and fingerprint is self._steady:
+            with self._lock:  # steady state: one more repeat, nothing else changes
+                steady = fingerprint is self._steady
+                if steady:
+                    self._steady_run += 1
+            if steady:
+                if recording or (recording is None and telemetry.is_recording()):
+                    self._annotate(pipeline, pending, True, 1.0)
+                return None
         try:
             identity = pipeline.identity
             digest = identity.digest
@@ -177,6 +191,7 @@ class Prefetcher:
             job = None
             steady = False
             with self._lock:
+                self._fold()
                 self._dispatches += 1
                 predicted = self._predicted
                 if (
@@ -190,6 +205,7 @@ class Prefetcher:
                     self._hits += 1
                     self._history.push(fp)  # a repeat of the latest: an append
                     hit, rate, steady = True, 1.0, True
+                    self._steady = fp  # its next repeats take the short cut above
                 elif predicted is None:
                     payload: object = (pipeline.program, pipeline.config, identity)
                 else:
@@ -219,21 +235,35 @@ class Prefetcher:
             if recording is None:
                 recording = telemetry.is_recording()
             if predicted is not None and recording:
-                record = pending.record
-                attributes = record.attributes
-                if attributes is None:
-                    record.attributes = {
-                        "vyre.prefetch.hit": hit,
-                        "vyre.prefetch.hit_rate": rate,
-                    }
-                else:
-                    attributes["vyre.prefetch.hit"] = hit
-                    attributes["vyre.prefetch.hit_rate"] = rate
-                telemetry.record_prefetch(self.backend_id, pipeline.program, hit)
+                self._annotate(pipeline, pending, hit, rate)
             return job
         except Exception:  # never break a dispatch over bookkeeping
             _log.warning("shape-prediction bookkeeping failed", exc_info=True)
             return None
+
+    def _annotate(
+        self, pipeline: PipelineLike, pending: PendingDispatch, hit: bool, rate: float
+    ) -> None:
+        """Put a scored prediction on the dispatch's span and metrics."""
+        record = pending.record
+        attributes = record.attributes
+        if attributes is None:
+            record.attributes = {"vyre.prefetch.hit": hit, "vyre.prefetch.hit_rate": rate}
+        else:
+            attributes["vyre.prefetch.hit"] = hit
+            attributes["vyre.prefetch.hit_rate"] = rate
+        telemetry.record_prefetch(self.backend_id, pipeline.program, hit)
+
+    def _fold(self) -> None:
+        """Leave the steady state: count its repeats and put them in the history (lock held)."""
+        run, fp = self._steady_run, self._steady
+        self._steady = None
+        if run and fp is not None:
+            self._steady_run = 0
+            self._dispatches += run
+            self._predictions += run
+            self._hits += run
+            self._history.repeat(fp, run)
 
     def _job_for(self, fp: ShapeFingerprint) -> PrefetchJob | None:
         """Return a compile job for ``fp`` when its pipeline is not cached (lock held)."""
@@ -284,6 +314,7 @@ class Prefetcher:
             if self.store.peek(job.identity) is None:
                 self.store.compile_once(job.program, job.config, job.identity)
                 with self._lock:
+                    self._fold()  # a prefetched pipeline is scored when it is used
                     self._compiles += 1
                     self._prefetched.add(digest)
         except Exception:
@@ -320,10 +351,11 @@ class Prefetcher:
     def stats(self) -> PrefetchStats:
         """Return a snapshot of the counters."""
         with self._lock:
+            run = self._steady_run  # the steady state's repeats, not folded in yet
             return PrefetchStats(
-                dispatches=self._dispatches,
-                predictions=self._predictions,
-                hits=self._hits,
+                dispatches=self._dispatches + run,
+                predictions=self._predictions + run,
+                hits=self._hits + run,
                 hit_rate=self._window_hits / len(self._outcomes) if self._outcomes else None,
                 window=self.window,
                 compiles=self._compiles,

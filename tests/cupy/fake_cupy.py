@@ -226,6 +226,11 @@ class FakeDevice:
         #: device timeline (``busy_until``, advanced by ``kernel_s`` per launch)
         #: reaches it. For timing completion without the GIL in the way.
         self.timed = False
+        #: A device that does nothing: copies, memsets and kernels are dropped and
+        #: every event is done once recorded. For measuring the host code that
+        #: drives a device with almost nothing of the fake's own to subtract
+        #: (results are garbage while it is set).
+        self.null = False
         self.busy_until = 0.0
         self.memory_limit = 1 << 31
         self.allocated = 0
@@ -361,6 +366,8 @@ class FakeDevice:
 
     def _memcpy(self, dst: int, src: int, size: int, kind: int, stream: int) -> None:
         self.check()
+        if self.null:
+            return
         assert kind in (MEMCPY_H2D, MEMCPY_D2H, MEMCPY_D2D)
         self._stream(stream).enqueue(lambda: ctypes.memmove(dst, src, size))
 
@@ -378,6 +385,8 @@ class FakeDevice:
         self.check()
         assert kind in (MEMCPY_H2D, MEMCPY_D2H, MEMCPY_D2D)
         assert width <= dpitch and width <= spitch, "cudaErrorInvalidPitchValue"
+        if self.null:
+            return
 
         def copy() -> None:
             for row in range(height):
@@ -387,6 +396,8 @@ class FakeDevice:
 
     def _memset(self, ptr: int, value: int, size: int, stream: int) -> None:
         self.check()
+        if self.null:
+            return
         self._stream(stream).enqueue(lambda: ctypes.memset(ptr, value, size))
 
     def launch(
@@ -556,6 +567,9 @@ class FakeEvent:
 
     def record(self, stream: FakeStream) -> None:
         self.device.check()
+        if self.device.null:  # done at once
+            self.generation = self.completed = self.generation + 1
+            return
         with self._cond:
             self.generation += 1
             generation = self.generation
@@ -577,6 +591,8 @@ class FakeEvent:
     def done(self) -> bool:
         """Like CuPy's ``Event.done`` (``cudaEventQuery``): never blocks, raises device errors."""
         self.device.check()
+        if self.device.null:
+            return self.completed >= self.generation
         with self._cond:
             done = self.completed >= self.generation
         if done and self.device.timed:
@@ -617,6 +633,8 @@ class FakeModule:
 
         def launch(grid: tuple[int, ...], block: tuple[int, ...], args: Any, stream: Any) -> None:
             device.check()
+            if device.null:
+                return
             assert len(grid) == len(block) == 3 and all(g >= 1 for g in grid + block)
             values = tuple(args)
             stream.enqueue(lambda: device.launch(index, threaded, grid, block, values, batch=batch))

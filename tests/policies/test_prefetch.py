@@ -17,7 +17,7 @@ from tests.policies.kernels import binop
 from vyre_async import DispatchConfig, KernelCompileFailed, telemetry
 from vyre_async.ir import Program
 from vyre_async.pending import PendingDispatch
-from vyre_async.prefetch import PrefetchJob
+from vyre_async.prefetch import Prefetcher, PrefetchJob
 from vyre_reference import ReferenceBackend
 
 N = 64
@@ -160,6 +160,45 @@ def test_repeat_history_hits_without_compiling() -> None:
     assert stats.hit_rate == 1.0
     predicted = prefetcher.predicted
     assert predicted is not None and predicted[0] == _fp_program(backend, A)
+
+
+@pytest.mark.parametrize(("capacity", "window"), [(16, 64), (128, 8)])
+def test_steady_repeats_count_and_predict_exactly_as_one_by_one_bookkeeping(
+    capacity: int, window: int
+) -> None:
+    """The steady state's short cut (a repeat only counted) loses nothing.
+
+    Beside a backend whose prefetcher never takes the short cut (no kept
+    fingerprint), after every dispatch: the same counters, hit rate,
+    prediction, history and span attributes, through long runs of one shape
+    (beyond the prediction window and the history) broken by others. With a
+    history longer than the window, the repeats a steady run skipped show in
+    the history (and in later predictions) once another shape comes.
+    """
+    fast, slow = ReferenceBackend(), ReferenceBackend()
+    for backend in (fast, slow):
+        backend.prefetcher = backend.front.prefetcher = Prefetcher(
+            backend.store, capacity=capacity, window=window
+        )
+    model = slow.prefetcher
+    assert fast.prefetcher is not None and model is not None
+    observe = model.observe
+
+    def one_by_one(pipeline: Any, geometry: Any, hit: bool, pending: Any, *rest: Any) -> Any:
+        return observe(pipeline, geometry, hit, pending, None, *rest[1:])
+
+    model.observe = one_by_one  # type: ignore[method-assign]
+    sequence = [A] * 70 + [B] + [A] * 5 + [B, C] * 3 + [A] * 100 + [C] + [A] * 20 + [B]
+    for program in sequence:
+        got, want = fast.dispatch(program, INPUTS), slow.dispatch(program, INPUTS)
+        got.result(), want.result()
+        assert fast.prefetcher.stats() == model.stats()
+        assert _attrs(got) == _attrs(want)
+        assert fast.prefetcher.predicted == model.predicted
+        if not fast.prefetcher._steady_run:  # a steady run's repeats join it when it ends
+            assert fast.prefetcher._history.entries == model._history.entries
+    stats = fast.prefetcher.stats()
+    assert stats.dispatches == len(sequence) and stats.hits > 150  # the runs were steady
 
 
 def test_cycle_history_predicts_the_next_program() -> None:

@@ -326,10 +326,9 @@ class CupyBackend(VyreBackend):
             if shape is not None:
                 shape.backend_state = known
         try:
-            with ctx.errors("enqueueing the dispatch"):
-                enqueue_launch(ctx, self, launch, native, known[1])
-        except BackendError as exc:
-            completer.fail(exc)
+            enqueue_launch(ctx, self, launch, native, known[1])
+        except Exception as exc:
+            completer.fail(ctx.failure(exc, "enqueueing the dispatch"))
         return launch.pending
 
     def enqueue_batch(self, launches: Sequence[Launch], decision: ExecutionDecision) -> None:

@@ -5,12 +5,17 @@ It holds the CuPy module and runtime, the device description, the stream pool
 recycled CUDA events, allocation of device arenas and pinned staging (CuPy's
 pools), the lock that guards resident-buffer events and captured graphs, and
 whether the device is lost. CUDA and CuPy exceptions become vyre-async errors in
-exactly one way, through the context manager `DeviceContext.errors`::
+exactly one way, `DeviceContext.translate`, reached through the context manager
+`DeviceContext.errors`::
 
-    with context.errors("enqueueing the dispatch"):
+    with context.errors("compiling the kernel"):
         ...  # a CuPy/CUDA exception leaves as DeviceOutOfMemory, DeviceLost or
              # DispatchFailed (vyre_cupy.errors.translate), raised from it; a
              # sticky error marks the device lost for every later dispatch
+
+or, on the dispatch path, which settles a dispatch with the error rather than
+raising it (and pays for no ``with`` per dispatch), through
+`DeviceContext.failure` in an ``except Exception`` clause.
 
 Layering: this module imports `vyre_cupy.device`, `errors`, `streams` and
 `completion` only; `vyre_cupy.launch`, `batch` and `backend` build on it.
@@ -125,6 +130,19 @@ class DeviceContext:
         if is_device_lost(exc) and isinstance(error, DeviceLost) and self.lost is None:
             self.lost = error
             _log.error("CUDA device %s is lost: %s", self.info.name, error)
+        return error
+
+    def failure(self, exc: Exception, doing: str) -> BackendError:
+        """Return the error a dispatch fails with for ``exc``, raised while ``doing``.
+
+        ``exc`` itself when it is a `BackendError`; else its translation, with
+        ``exc`` as its cause (what `ErrorScope` raises). For the dispatch path,
+        which settles dispatches with the error instead of raising it.
+        """
+        if isinstance(exc, BackendError):
+            return exc
+        error = self.translate(exc, doing)
+        error.__cause__ = exc
         return error
 
     def check_usable(self) -> None:

@@ -26,9 +26,9 @@ imported by `batch` and `backend`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
+from asyncio import _get_running_loop
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from vyre_async.errors import BackendError, DispatchTimeout
+from vyre_async.errors import DispatchTimeout
 from vyre_async.ir.types import Access
 from vyre_async.pipeline import Launch
 from vyre_async.plan import BindingPlan
@@ -190,11 +190,9 @@ POLL_BUDGET_S = 200e-6
 
 def _in_asyncio_loop() -> bool:
     """True when called inside a running asyncio loop (its tasks poll; trio's do not)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
+    # asyncio's own non-raising form of get_running_loop (in asyncio.__all__): the
+    # raising one costs an exception on every dispatch made outside a loop.
+    return _get_running_loop() is not None
 
 
 # Staging and readback ---------------------------------------------------------------------
@@ -256,6 +254,10 @@ class Flight:
         keep: Device arena, staging, stream and resident buffers: alive until done.
         keep_done: ``events[3]`` is also an ordering event (a resident buffer's
             last write or a graph's last replay): never recycle it.
+        staging: ``(template, staging)`` of a plain launch whose staging the shape
+            keeps for its next launch once this one finished (with its events).
+        results: A plain launch's typed readback views (`Staging.results`), copied
+            out when it finishes; None to read ``outputs`` out of ``readback``.
     """
 
     __slots__ = (
@@ -267,6 +269,7 @@ class Flight:
         "outputs",
         "readback",
         "readback_at",
+        "results",
         "staging",
         "stream",
         "stride",
@@ -286,9 +289,11 @@ class Flight:
         stride: int = 0,
         keep_done: bool = False,
         staging: tuple[LaunchTemplate, Staging] | None = None,
+        results: tuple[np.ndarray, ...] | None = None,
     ) -> None:
         self.ctx = ctx
         self.staging = staging
+        self.results = results
         self.launches = launches
         self.outputs = outputs
         self.stream = stream
@@ -325,22 +330,24 @@ class Flight:
         # that resumes finds the stream free); the readback bytes are the flight's own.
         ctx.streams.release(self.stream)
         try:
-            with ctx.errors("running the kernel"):
-                if error is not None:
-                    raise error
-                self._settle()
-        except BackendError as failure:
+            if error is not None:
+                raise error
+            self._settle()
+        except Exception as exc:
+            failure = ctx.failure(exc, "running the kernel")
             for launch in self.launches:
                 launch.completer.fail(failure)
         else:
-            ctx.recycle(self.events[:3] if self.keep_done else self.events)
             kept = self.staging
             if kept is not None and len(kept[0].spare) < SPARE_PER_SHAPE:
-                kept[0].spare.append(kept[1])  # its outputs are copied out: reusable
+                kept[0].spare.append(kept[1])  # outputs copied out: reusable, events and all
+            else:
+                ctx.recycle(self.events[:3] if self.keep_done else self.events)
         finally:
             self.keep = ()
             self.readback = None
             self.staging = None
+            self.results = None
 
     def _settle(self) -> None:
         launches = self.launches
@@ -355,7 +362,11 @@ class Flight:
             else:
                 events = self.events
                 device_s = self.ctx.elapsed_ns(events[1], events[2]) / 1e9
-            outputs = read_outputs(self.outputs, self.readback, self.readback_at)
+            results = self.results
+            if results is not None:  # the staging's readback views
+                outputs = [view.copy() for view in results]
+            else:
+                outputs = read_outputs(self.outputs, self.readback, self.readback_at)
             completer.resolve(outputs, device_s=device_s, compile_s=launch.compile_s)
             return
         stopped = [launch.completer.should_stop() for launch in launches]
@@ -402,35 +413,48 @@ SPARE_PER_SHAPE = 2
 
 
 class Staging:
-    """One launch's device arena and pinned staging/readback buffer, ready to fill.
+    """One launch's device arena, pinned staging/readback buffer and events, ready to fill.
+
+    Kept per launch shape between launches (`staging_for`), with everything a
+    launch would otherwise build: the typed views of the inputs and outputs in
+    the pinned buffer, the kernel arguments and the four events.
 
     Attributes:
         arena: The device arena.
         pinned: The pinned buffer (staging, then readback).
         views: Per entry of the template's ``uploads``, the typed staging view.
+        results: Per output of the template, its typed readback view.
         args: The kernel arguments (pointers into ``arena``, then its base).
         base: The arena's device address.
+        events: The launch's four events (upload start, kernel start and end,
+            readback end); they stay with the staging while it is kept.
         spare: True when the launch shape reuses it after the launch finishes.
     """
 
-    __slots__ = ("arena", "args", "base", "pinned", "spare", "views")
+    __slots__ = ("arena", "args", "base", "events", "pinned", "results", "spare", "views")
 
     def __init__(self, ctx: DeviceContext, template: LaunchTemplate, stream: Any) -> None:
         layout = template.layout
         self.arena = ctx.alloc(layout.total_bytes, stream)  # the pool ties it to this stream
-        self.pinned = ctx.pinned(template.pinned_bytes)  # staging, then readback
-        host = np.frombuffer(self.pinned, np.uint8, layout.upload_bytes)
+        self.pinned = pinned = ctx.pinned(template.pinned_bytes)  # staging, then readback
+        host = np.frombuffer(pinned, np.uint8, layout.upload_bytes)
         lens = template.lens
         host[: len(lens)] = np.frombuffer(lens, np.uint8)
         self.views = tuple(
             host[offset : offset + nbytes].view(dtype)
             for (_, offset, nbytes), dtype in zip(template.uploads, template.dtypes, strict=True)
         )
+        at = template.readback_at
+        self.results = tuple(
+            np.frombuffer(pinned, out.dtype, out.count, at + out.readback)
+            for out in template.outputs
+        )
         self.base = base = int(self.arena.ptr)
         self.args = (
             *[np.uint64(base + offset) for offset in template.arg_offsets],
             np.uint64(base),
         )
+        self.events = ctx.events(4)
         self.spare = layout.total_bytes <= SPARE_ARENA_BYTES
 
     def fill(self, template: LaunchTemplate, inputs: Sequence[Any]) -> None:
@@ -485,7 +509,7 @@ def enqueue_launch(
         staging = staging_for(ctx, template, stream)
         staging.fill(template, inputs)  # each input copied once, into pinned memory
         pinned, base, args = staging.pinned, staging.base, staging.args
-        events = ctx.events(4)
+        events = staging.events
         rt, sp = ctx.runtime, stream.ptr
         completer = launch.completer
         # One dispatch's operations are contiguous on its stream, and reach the bridge
@@ -516,6 +540,7 @@ def enqueue_launch(
                 readback_at=template.readback_at,
                 events=events,
                 staging=(template, staging) if staging.spare else None,
+                results=staging.results,
             )
             bridge = ctx.bridge
             budget = POLL_BUDGET_S if _in_asyncio_loop() else 0.0

@@ -9,6 +9,7 @@ cycles included. `RollingHitRate` scores predictions over a sliding window.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
@@ -83,6 +84,13 @@ class ShapeHistory(Generic[F]):
             return fp
         self.record(fp, payload)
         return fp if repeat else self.predict_next()
+
+    def repeat(self, fp: F, times: int) -> None:
+        """Append ``fp`` ``times`` times (as many `push` calls of a repeat of the latest).
+
+        Keeps any payload recorded with ``fp``; at most ``capacity`` appends matter.
+        """
+        self._ring.extend(itertools.repeat(fp, min(times, self.capacity)))
 
     def predict_next(self) -> F | None:
         """Return the predicted next fingerprint, or None without a pattern.
