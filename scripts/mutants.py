@@ -320,6 +320,23 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         "predictions made but never compiled in the background",
     ),
+    # 8. Hot-path short cuts (issue 14) must lose nothing they skip.
+    Mutant(
+        "steady-run-not-in-history",
+        "src/vyre_async/prefetch.py",
+        "            self._history.repeat(fp, run)\n",
+        "",
+        (PF + "test_steady_repeats_count_and_predict_exactly_as_one_by_one_bookkeeping[128-8]",),
+        "a steady run's repeats never reach the shape history (predictions drift after it)",
+    ),
+    Mutant(
+        "spin-beside-other-work",
+        "src/backends/vyre_cupy/launch.py",
+        "            or self.ctx.bridge.in_flight > 1  # others' work: the loop has better to do\n",
+        "",
+        ("tests/cupy/test_cupy_polling.py::test_a_poll_does_not_spin_otherwise[others-in-flight]",),
+        "an awaiting loop spins on one launch while others are in flight",
+    ),
     # Neighbours in other layers, sampled for the same kind of gap.
     Mutant(
         "reference-loop-start-view",

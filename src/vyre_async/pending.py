@@ -664,7 +664,8 @@ class DispatchCompleter:
         must be cheap and non-blocking, callable from any thread (the loop's, or
         one calling `PendingDispatch.done`), and settle the dispatch itself
         (`resolve`/`fail`) when it sees the work finished; its return value is
-        ignored. The backend must
+        ignored. It may spin for a few microseconds when it expects the work to end
+        within them (`vyre_cupy`'s hybrid polling), never longer. The backend must
         still settle the dispatch on its own (a completion thread) if nobody
         polls; settling is once-only, so a race between the two is harmless.
         `PendingDispatch.done` calls ``check()`` too. ``give_up()``, when given, is

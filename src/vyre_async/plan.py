@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,10 +35,20 @@ HostInput = np.ndarray | bytes | bytearray | memoryview
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchGeometry:
-    """Grid (workgroups per axis) and workgroup shape (lanes per axis) of one launch."""
+    """Grid (workgroups per axis) and workgroup shape (lanes per axis) of one launch.
+
+    Attributes:
+        grid: Workgroups per axis.
+        workgroup: Lanes per axis of one workgroup.
+        lanes: Total number of lanes launched (computed once: backends ask per dispatch).
+    """
 
     grid: tuple[int, int, int]
     workgroup: tuple[int, int, int]
+    lanes: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lanes", self.workgroups * self.lanes_per_workgroup)
 
     @property
     def workgroups(self) -> int:
@@ -49,11 +59,6 @@ class LaunchGeometry:
     def lanes_per_workgroup(self) -> int:
         """Lanes in one workgroup."""
         return self.workgroup[0] * self.workgroup[1] * self.workgroup[2]
-
-    @property
-    def lanes(self) -> int:
-        """Total number of lanes launched."""
-        return self.workgroups * self.lanes_per_workgroup
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

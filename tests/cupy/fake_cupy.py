@@ -232,6 +232,8 @@ class FakeDevice:
         #: (results are garbage while it is set).
         self.null = False
         self.busy_until = 0.0
+        #: When the newest recorded event fires (``timed``: its place on the timeline).
+        self.last_ready_at = 0.0
         self.memory_limit = 1 << 31
         self.allocated = 0
         self.sticky: int | None = None
@@ -579,7 +581,7 @@ class FakeEvent:
         with self._cond:
             now = time.perf_counter()
             self.ready_at = max(now, self.device.busy_until) if self.device.timed else now
-            self.stamp = self.ready_at
+            self.stamp = self.device.last_ready_at = self.ready_at
             self.completed = max(self.completed, generation)
             self._cond.notify_all()
 
@@ -590,9 +592,12 @@ class FakeEvent:
     @property
     def done(self) -> bool:
         """Like CuPy's ``Event.done`` (``cudaEventQuery``): never blocks, raises device errors."""
-        self.device.check()
-        if self.device.null:
+        device = self.device
+        device.check()
+        if device.null:
             return self.completed >= self.generation
+        if device.timed:  # operations ran on the recording thread: nothing to lock
+            return self.completed >= self.generation and time.perf_counter() >= self.ready_at
         with self._cond:
             done = self.completed >= self.generation
         if done and self.device.timed:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -20,6 +22,7 @@ import pytest
 
 import vyre_cupy.launch as cuda_launch
 from tests.cupy.fake_cupy import FakeDevice
+from vyre_async import DispatchConfig
 from vyre_async.programs import elementwise_xor
 from vyre_cupy import CupyBackend, create_backend
 from vyre_cupy.completion import CompletionBridge
@@ -434,3 +437,134 @@ async def test_a_small_shape_reuses_its_staging_and_never_mixes_inputs(
         outputs = await backend.dispatch(program, [a, b])
         assert outputs[0].tolist() == (a ^ b).tolist()
     assert len(allocations) - before == 3
+
+
+# Hybrid polling: spin when the shape's previous launch ended about now -----------------------
+
+
+class Countdown:
+    """A completion event that fires on its ``after + 1``-th query (or raises ``error``)."""
+
+    def __init__(self, after: int, error: BaseException | None = None) -> None:
+        self.after = after
+        self.queries = 0
+        self.error = error
+
+    @property
+    def done(self) -> bool:
+        self.queries += 1
+        if self.error is not None:
+            raise self.error
+        return self.queries > self.after
+
+
+class ClaimingBridge:
+    """Stands in for the completion bridge: records each claim (its ``ready`` flag)."""
+
+    def __init__(self, in_flight: int = 1) -> None:
+        self.in_flight = in_flight
+        self.claims: list[bool] = []
+
+    def poll(self, watch: object, *, queue: int, ready: bool = False) -> bool:
+        self.claims.append(ready)
+        return True
+
+
+def spin_flight(
+    event: Countdown, ends: list[float] | None, bridge: ClaimingBridge
+) -> cuda_launch.Flight:
+    ctx: Any = types.SimpleNamespace(bridge=bridge)
+    return cuda_launch.Flight(
+        ctx, (), (), stream=0, keep=(), readback=None, events=[None] * 3 + [event], ends=ends
+    )
+
+
+def test_a_poll_spins_until_the_end_when_the_shapes_last_launch_ended_about_now(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cuda_launch, "SPIN_MAX_S", NEVER_S)  # bounded by the event, not time
+    ends = [0.0, NEVER_S]  # the last launch ended within a minute of its enqueue
+    event, bridge = Countdown(after=50), ClaimingBridge()
+    flight = spin_flight(event, ends, bridge)
+    assert flight.poll() is True  # one poll saw the end: it kept querying
+    assert event.queries == 51
+    assert bridge.claims == [True]  # claimed as ready, without asking the event again
+    assert 0.0 < ends[0] <= ends[1] < NEVER_S  # learnt: when this launch was seen to end
+
+
+@pytest.mark.parametrize(
+    ("ends", "in_flight"),
+    [
+        ([0.0, 0.0], 1),  # no launch of the shape seen yet
+        ([30.0, 31.0], 1),  # the last one ended half a minute in: not now
+        ([0.0, NEVER_S], 2),  # other work in flight: the loop has better to do
+    ],
+    ids=["no-history", "not-due", "others-in-flight"],
+)
+def test_a_poll_does_not_spin_otherwise(
+    monkeypatch: pytest.MonkeyPatch, ends: list[float], in_flight: int
+) -> None:
+    monkeypatch.setattr(cuda_launch, "SPIN_MAX_S", NEVER_S)
+    event, bridge = Countdown(after=50), ClaimingBridge(in_flight)
+    before = list(ends)
+    flight = spin_flight(event, ends, bridge)
+    assert flight.poll() is False
+    assert event.queries == 1
+    assert bridge.claims == []
+    assert ends == before
+    assert flight.waited > 0.0  # its "not yet", for what it learns when it ends
+
+
+def test_a_spin_is_bounded_by_spin_max() -> None:
+    ends = [0.0, NEVER_S]
+    event, bridge = Countdown(after=10**12), ClaimingBridge()
+    flight = spin_flight(event, ends, bridge)
+    started = time.perf_counter()
+    assert flight.poll() is False
+    assert time.perf_counter() - started < EVENTUALLY_S  # (SPIN_MAX_S is 10 us)
+    assert event.queries > 1
+    assert ends == [0.0, NEVER_S] and bridge.claims == []
+
+
+def test_a_plain_ready_poll_learns_when_the_launch_ended() -> None:
+    ends = [0.0, 0.0]
+    event, bridge = Countdown(after=0), ClaimingBridge()
+    flight = spin_flight(event, ends, bridge)
+    assert flight.poll() is True
+    assert event.queries == 1 and bridge.claims == [True]
+    assert ends[0] == 0.0 and 0.0 < ends[1] < EVENTUALLY_S
+
+
+def test_a_flight_nobody_polls_neither_spins_nor_learns() -> None:
+    event, bridge = Countdown(after=0), ClaimingBridge()
+    flight = spin_flight(event, None, bridge)
+    assert flight.poll() is True
+    assert flight.launched == 0.0 and flight.waited == 0.0
+
+
+def test_a_device_error_in_the_poll_goes_to_the_bridge_to_settle() -> None:
+    event, bridge = Countdown(after=0, error=RuntimeError("sticky")), ClaimingBridge()
+    flight = spin_flight(event, [0.0, NEVER_S], bridge)
+    assert flight.poll() is True
+    assert bridge.claims == [False]  # the bridge asks the event again and settles with it
+
+
+@asyncio_only
+async def test_awaited_launches_teach_their_shape_when_they_end(
+    backend: CupyBackend, timed: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cuda_launch, "POLL_BUDGET_S", NEVER_S)
+    program = elementwise_xor(64)
+    a, b = xor_inputs(64)
+    await backend.dispatch(program, [a, b])
+    await idle(backend)
+    pipeline, _ = backend.store.lookup(program, DispatchConfig())
+    (template,) = [t for t in pipeline.native.templates.values() if set(t.counts) == {64}]
+    for _ in range(3):
+        with anyio.fail_after(EVENTUALLY_S):
+            outputs = await backend.dispatch(program, [a, b])
+        assert outputs[0].tolist() == (a ^ b).tolist()
+        lo, hi = template.ends
+        # A 2 ms kernel (its time counts from its launch, just before the flight's
+        # enqueue time is taken): seen running for most of it, and ended after that.
+        assert 0.5 * timed.kernel_s <= lo <= hi

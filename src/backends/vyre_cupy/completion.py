@@ -136,7 +136,11 @@ class CompletionBridge:
         with self._lock:
             if self._closing:
                 raise RuntimeError("the completion bridge is closed")
-            self._queues.setdefault(queue, deque()).append(watch)
+            waiting = self._queues.get(queue)
+            if waiting is None:
+                self._queues[queue] = deque((watch,))
+            else:
+                waiting.append(watch)
             self._count += 1
             now = self._newest = time.monotonic()
             if quiet_s > 0 and self._thread is not None and not self._parked:
@@ -162,12 +166,14 @@ class CompletionBridge:
                 self._wake = True
                 self._work.notify()
 
-    def poll(self, watch: Watch, *, queue: Hashable) -> bool:
+    def poll(self, watch: Watch, *, queue: Hashable, ready: bool = False) -> bool:
         """Finish ``watch`` here and now if it heads ``queue`` and is ready; return True if so.
 
         For an awaiting event loop (the dispatch's registered poll): never blocks
         beyond the ``ready`` probe. Returns False when the watch is not ready, is
         waiting behind earlier work on its queue, or was finished already.
+        ``ready=True``: the caller just saw ``watch.ready()`` answer True (work
+        that ended stays ended), so it is not asked again.
         """
         with self._lock:
             waiting = self._queues.get(queue)
@@ -175,7 +181,7 @@ class CompletionBridge:
                 return False
             error: BaseException | None = None
             try:
-                if not watch.ready():
+                if not ready and not watch.ready():
                     return False
             except Exception as exc:  # a device error settles the watch with it
                 error = exc

@@ -106,6 +106,7 @@ class DeviceContext:
         self.lock = threading.Lock()
         self.lost: DeviceLost | None = None
         self._events: deque[Any] = deque()
+        self._elapsed_ms = cupy.cuda.get_elapsed_time
         self._scopes: dict[str, ErrorScope] = {}
 
     # Errors --------------------------------------------------------------------------
@@ -189,7 +190,7 @@ class DeviceContext:
 
     def elapsed_ns(self, start: Any, end: Any) -> float:
         """Nanoseconds between two completed events (``cudaEventElapsedTime``)."""
-        return float(self.cupy.cuda.get_elapsed_time(start, end)) * 1e6
+        return float(self._elapsed_ms(start, end)) * 1e6
 
     def close_streams(self) -> None:
         """Drop the streams and recycled events (once nothing is in flight)."""

@@ -70,6 +70,10 @@ class LaunchTemplate:
         spare: Finished launches' arena + pinned staging, ready for the next launch
             of this shape (`vyre_cupy.launch.Staging`; small shapes only, a few kept).
         stream_attributes: Per stream index, ``copy_attributes`` plus ``vyre.stream``.
+        ends: ``[lo, hi]``: seconds after its enqueue between which the newest
+            launch of this shape that an awaiting loop polled was seen to end (its
+            last "not yet" and its "done"); ``[0.0, 0.0]`` until one was seen.
+            Where the next launch's poll spins (`vyre_cupy.launch.Flight.poll`).
     """
 
     counts: tuple[int, ...]
@@ -85,6 +89,7 @@ class LaunchTemplate:
     dtypes: tuple[np.dtype[Any], ...] = ()
     spare: deque[Any] = field(default_factory=deque, compare=False)
     stream_attributes: list[Mapping[str, str | int]] = field(default_factory=list, compare=False)
+    ends: list[float] = field(default_factory=lambda: [0.0, 0.0], compare=False)
 
 
 @dataclass(eq=False)
