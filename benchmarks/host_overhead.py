@@ -23,22 +23,30 @@ epoll or on a lock is its own line). Modules stand in for phases: ``backend``
 (front end and pipeline lookup), ``plan``, ``pending``, ``prefetch``,
 ``telemetry``, the engine's own modules.
 
-- **CUDA on the fake device** (``cuda_fake``): the warm awaited round trip of
-  the same xor on the ``cupy`` backend over the fake CuPy of ``tests/cupy``
-  (installed as ``tests.cupy.conftest.fake_device`` does; needs ``g++`` to
-  build the emulator library once, cached). The round trip there is mostly the
-  fake's stream threads and polling, so the driver's own cost is measured as
-  CPU time instead: the main thread's (``time.thread_time``) and the
-  completion thread's (its CPU clock) over ``--repeats`` awaited dispatches,
-  unprofiled, times the share of each thread's profiled (``cProfile``) CPU
-  time NOT spent inside the fake: a function of ``tests/cupy`` and whatever
-  only it calls (ctypes, its numpy copies) counts as the fake's, a function
-  called from both is split by its callers' shares; time blocked in epoll,
-  locks or sleeps is not CPU and is left out. Reported per thread, with a
-  breakdown by module (scaled the same way).
+- **CUDA on the fake device** (``cuda_fake``), the same xor on the ``cupy``
+  backend over the fake CuPy of ``tests/cupy`` (installed as
+  ``tests.cupy.conftest.fake_device`` does; needs ``g++`` to build the emulator
+  library once, cached):
+
+  - ``own_work_us``: vyre's own host code per awaited dispatch, split into
+    ``launch`` (the ``dispatch()`` call), ``finish`` (readback copy, settle,
+    release) and ``resume`` (to the task holding its outputs), measured on the
+    fake's ``null`` mode, where copies, memsets and kernels are dropped and
+    events are done once recorded (the few calls left return at once, and
+    count as vyre's); ``own_work_timed_minus_fake_us`` is the same on the
+    ``timed`` fake with every call into it timed and subtracted, a cross-check
+    that reads higher (what the timer cannot see stays on vyre's side);
+  - ``completion``: a 100 us kernel on the timed fake's device timeline, from
+    its completion event to the awaiting task running again: hybrid polling
+    (the default), polling once per loop turn, the completion thread alone;
+  - ``threads``: CPU time of the main and completion threads over awaited
+    dispatches on the threaded fake, split by module in the proportions of a
+    ``cProfile`` run (time inside the fake and what only it calls counted
+    apart; time blocked in epoll, locks or sleeps is not CPU).
 
 Goals (issue 14, as added cost over the floor): null inline <= 6 us, null thread
-<= 10 us, reference <= engine + 8 us.
+<= 10 us, reference <= engine + 8 us; CUDA own work <= 15 us; completion event
+to resumed task <= 5 us (polling).
 
     python benchmarks/host_overhead.py [--rounds 15] [--repeats 200]
 """
