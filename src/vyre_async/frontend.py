@@ -125,15 +125,18 @@ class LaunchTemplate:
         plan: The binding plan.
         backend_state: Free for the backend's per-shape facts (kernel arguments,
             arena layout); None until the backend sets it.
+        telemetry: What `vyre_async.telemetry` derives from the shape (span
+            attributes, metric labels), built on the first recorded dispatch.
     """
 
-    __slots__ = ("backend_state", "config", "fingerprint", "plan", "program")
+    __slots__ = ("backend_state", "config", "fingerprint", "plan", "program", "telemetry")
 
     def __init__(self, program: Program, config: DispatchConfig, plan: BindingPlan) -> None:
         self.program = program
         self.config = config
         self.plan = plan
         self.backend_state: Any = None
+        self.telemetry: Any = None
         #: The shape fingerprint the prefetcher records (kept: built once per shape).
         self.fingerprint: tuple[bytes, tuple[int, int, int], tuple[int, int, int]] | None = None
 
@@ -368,14 +371,14 @@ class DispatchFrontEnd:
         extra = current_dispatch_attributes()  # arm scheduler / batch verdicts
         if extra is not None:
             record.attributes = dict(extra)
-        if compile_phase is not None:
-            completer.record_phase("vyre.compile", *compile_phase)
         plan = template.plan
         launch = Launch(
             pipeline, plan, tuple(prepared), cfg, pending, completer, compile_s, template, resident
         )
         if trace is not None:
-            telemetry.attach(trace, pending, plan, cfg, backend.id)
+            telemetry.attach(trace, pending, template, backend.id)
+            if compile_phase is not None and record.span is not None:  # phases of spans only
+                completer.record_phase("vyre.compile", *compile_phase)
         prefetcher = self.prefetcher
         if prefetcher is None or cfg.speculation == "disable":
             return launch, None
@@ -386,7 +389,8 @@ class DispatchFrontEnd:
             geometry = plan.geometry
             fingerprint = (pipeline.identity.digest, geometry.grid, geometry.workgroup)
             template.fingerprint = fingerprint
-        recording = trace is not None
+        # Scored predictions go on a recorded span and into the metrics, if either is kept.
+        recording = trace is not None and (record.span is not None or trace.metered)
         return launch, prefetcher.observe(
             pipeline, plan.geometry, cache_hit, pending, fingerprint, recording
         )

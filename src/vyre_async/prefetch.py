@@ -244,14 +244,15 @@ class Prefetcher:
     def _annotate(
         self, pipeline: PipelineLike, pending: PendingDispatch, hit: bool, rate: float
     ) -> None:
-        """Put a scored prediction on the dispatch's span and metrics."""
+        """Put a scored prediction on the dispatch's span (when one records it) and metrics."""
         record = pending.record
-        attributes = record.attributes
-        if attributes is None:
-            record.attributes = {"vyre.prefetch.hit": hit, "vyre.prefetch.hit_rate": rate}
-        else:
-            attributes["vyre.prefetch.hit"] = hit
-            attributes["vyre.prefetch.hit_rate"] = rate
+        if record.span is not None:
+            attributes = record.attributes
+            if attributes is None:
+                record.attributes = {"vyre.prefetch.hit": hit, "vyre.prefetch.hit_rate": rate}
+            else:
+                attributes["vyre.prefetch.hit"] = hit
+                attributes["vyre.prefetch.hit_rate"] = rate
         telemetry.record_prefetch(self.backend_id, pipeline.program, hit)
 
     def _fold(self) -> None:

@@ -1,16 +1,25 @@
 """Every dispatch is an OpenTelemetry span; every outcome a metric. API only.
 
 The library uses ``opentelemetry-api`` alone: with no SDK configured, spans are
-non-recording and metric calls are no-ops (well under a microsecond each). The
-application chooses the SDK and exporters (see `vyre_async.tracing` and
-``docs/tracing.md``).
+non-recording and metric calls are no-ops, and a dispatch skips this module
+after one check. The application chooses the SDK and exporters (see
+`vyre_async.tracing` and ``docs/tracing.md``).
 
-Span ``vyre.dispatch`` starts in the caller's current context (so it nests under
-the request span, across ``await``) and ends when the result is ready. Its
-children — ``vyre.compile``, ``vyre.upload``, ``vyre.launch``, ``vyre.wait``,
-``vyre.readback`` — are created from the intervals the driver and backend
-record, where they apply. Metrics are labelled by backend id and op id, never
-by fingerprint (bounded cardinality).
+By default a dispatch is ONE span, ``vyre.dispatch``: opened in the caller's
+context with the time of ``dispatch()`` and every attribute known at launch
+(built once per launch shape), and ended when the result is ready with the
+phase durations (``vyre.phase.compile_s``, ``wait_s``, ``upload_s``,
+``launch_s``, ``readback_s``), the device and queue times and what the backend
+annotated since, in one call. With the tracing detail ``"phases"``
+(``VYRE_TRACE_DETAIL=phases``, `set_trace_detail`, or
+``configure_tracing(detail="phases")``) the phases are also child spans
+``vyre.compile``, ``vyre.wait``, ``vyre.upload``, ``vyre.launch``,
+``vyre.readback``. A span the sampler drops costs the SDK's unsampled span and
+nothing else: no attributes are built, no phases recorded, no end-time calls.
+Metrics are labelled by backend id and op id, never by fingerprint (bounded
+cardinality); counts and bytes are tallied in-process and read by observable
+counters at collection, the two histograms get one point each per dispatch with
+attribute sets built once per launch shape.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,31 +40,39 @@ from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from vyre_async._version import __version__
-from vyre_async.errors import DispatchTimeout
+from vyre_async.errors import DispatchTimeout, InvalidProgram
 from vyre_async.ir.program import Program
 
 if TYPE_CHECKING:
-    from vyre_async.config import DispatchConfig
-    from vyre_async.pending import DispatchRecord, PendingDispatch
-    from vyre_async.plan import BindingPlan
+    from vyre_async.pending import DispatchRecord, DispatchTiming, PendingDispatch
 
 __all__ = [
     "DispatchTrace",
     "PHASES",
+    "PHASE_ATTRIBUTES",
     "SECONDS_BUCKETS",
+    "TRACE_DETAILS",
     "is_enabled",
     "is_recording",
     "set_enabled",
+    "set_trace_detail",
     "SPAN_NAME",
     "finish_dispatch",
     "prometheus_text",
     "record_prefetch",
     "start_dispatch",
+    "trace_detail",
 ]
 
 SPAN_NAME = "vyre.dispatch"
-#: Child spans a dispatch may have, in the order they usually happen.
+#: Phases of a dispatch, in the order they usually happen (child span names with the
+#: ``"phases"`` detail).
 PHASES = ("vyre.compile", "vyre.wait", "vyre.upload", "vyre.launch", "vyre.readback")
+#: The span attribute that carries each phase's duration in seconds.
+PHASE_ATTRIBUTES = {name: f"vyre.phase.{name.removeprefix('vyre.')}_s" for name in PHASES}
+#: Tracing details: ``"span"`` (one span per dispatch, phases as attributes; the
+#: default) and ``"phases"`` (the phases also as child spans).
+TRACE_DETAILS = ("span", "phases")
 
 _tracer = trace.get_tracer("vyre_async", __version__)
 _meter = metrics.get_meter("vyre_async", __version__)
@@ -213,37 +231,109 @@ def _sdk_installed() -> tuple[bool, bool]:
     return _tracing, _metering
 
 
+def _detail_from(value: str) -> str:
+    detail = value.strip().lower() or "span"
+    if detail not in TRACE_DETAILS:
+        raise InvalidProgram(
+            f"unknown tracing detail {value!r}; choose one of {', '.join(TRACE_DETAILS)}",
+            fix="set VYRE_TRACE_DETAIL (or pass detail=) to 'span' or 'phases'",
+        )
+    return detail
+
+
+try:
+    _detail = _detail_from(os.environ.get("VYRE_TRACE_DETAIL", ""))
+except InvalidProgram as _exc:  # never fail an application's import over a variable
+    warnings.warn(str(_exc), RuntimeWarning, stacklevel=1)
+    _detail = "span"
+
+
+def set_trace_detail(detail: str) -> None:
+    """Choose how much of a dispatch a recorded trace shows, for this process.
+
+    ``"span"`` (the default): one ``vyre.dispatch`` span per dispatch, its
+    phases as ``vyre.phase.<name>_s`` attributes. ``"phases"``: the phases are
+    also child spans (``vyre.compile``, ``vyre.wait``, ``vyre.upload``,
+    ``vyre.launch``, ``vyre.readback``), for a close look in Jaeger; each
+    costs the SDK a span. The starting value comes from ``VYRE_TRACE_DETAIL``.
+
+    Raises:
+        InvalidProgram: ``detail`` is not one of `TRACE_DETAILS`.
+    """
+    global _detail
+    _detail = _detail_from(detail)
+
+
+def trace_detail() -> str:
+    """Return the tracing detail in force: ``"span"`` or ``"phases"``."""
+    return _detail
+
+
 class DispatchTrace:
     """Where and when a dispatch started: the caller's context and the start time.
 
     `start_dispatch` returns one instead of opening the SDK span at once. The
-    span is created when its attributes are all known (at `attach`, or in
-    `fail_before_launch`), in this captured context and with this start time,
-    so the trace is the same as if it had been opened at ``dispatch()`` — but
-    the SDK cleans and stores the attributes in one pass instead of three.
-    ``traced`` is False when only metrics are recorded (no SDK tracer provider).
+    span opens in `attach`, with the launch's attributes, in this captured
+    context and with this start time, so the trace is the same as if it had
+    been opened at ``dispatch()``. ``traced``: an SDK tracer provider is
+    installed; ``metered``: an SDK meter provider is.
     """
 
-    __slots__ = ("parent", "record", "start_ns", "traced")
+    __slots__ = ("metered", "parent", "record", "start_ns", "traced")
 
-    def __init__(self, traced: bool) -> None:
+    def __init__(self, traced: bool, metered: bool = True) -> None:
         self.traced = traced
+        self.metered = metered
         self.parent: Context | None = get_current() if traced else None
         self.start_ns = time.time_ns()
         #: The dispatch's record once `attach` ran (holds its span and claim).
         self.record: DispatchRecord | None = None
 
 
-class _Facts:
-    """What telemetry keeps of a dispatch for its metrics: labels and byte counts."""
+class _ShapeFacts:
+    """What telemetry needs of one launch shape, built once (`LaunchTemplate.telemetry`).
 
-    __slots__ = ("bytes_in", "bytes_out", "label_attrs", "labels")
+    The span's launch attributes (one mapping per ``cache_hit`` value, never
+    mutated: the SDK copies them), the metric labels as a tally key and as an
+    attribute set, the byte counts, and the tally entries of a successful
+    dispatch.
+    """
 
-    def __init__(self, labels: tuple[tuple[str, str], ...], bytes_in: int, bytes_out: int) -> None:
-        self.labels = labels
-        self.label_attrs = dict(labels)
-        self.bytes_in = bytes_in
-        self.bytes_out = bytes_out
+    __slots__ = ("backend_id", "bytes_in", "bytes_out", "label_attrs", "labels", "ok", "span")
+
+    def __init__(self, template: Any, backend_id: str) -> None:
+        plan, config = template.plan, template.config
+        program = plan.program
+        self.backend_id = backend_id
+        self.labels = _labels(backend_id, program)
+        self.label_attrs: Mapping[str, str] = dict(self.labels)
+        self.bytes_in = plan.bytes_in
+        self.bytes_out = plan.bytes_out
+        attributes = _program_attributes(backend_id, program)
+        attributes["vyre.launch.grid"] = plan.geometry.grid
+        attributes["vyre.launch.workgroup"] = plan.geometry.workgroup
+        attributes["vyre.bytes.in"] = plan.bytes_in
+        attributes["vyre.bytes.out"] = plan.bytes_out
+        if config.label:
+            attributes["vyre.label"] = config.label
+        if config.profile:
+            attributes["vyre.profile"] = config.profile
+        #: Indexed by ``cache_hit``.
+        self.span: tuple[Mapping[str, AttributeValue], ...] = tuple(
+            {**attributes, "vyre.pipeline.cache_hit": hit} for hit in (False, True)
+        )
+        labels = self.labels
+        done = (*labels, ("vyre.status", "ok"))
+        #: Indexed by ``cache_hit``: the tallies of a successful, uncancelled dispatch.
+        self.ok: tuple[tuple[tuple[str, tuple[tuple[str, str], ...], int], ...], ...] = tuple(
+            (
+                (cache, labels, 1),
+                ("vyre.dispatch.count", done, 1),
+                ("vyre.bytes.in", labels, self.bytes_in),
+                ("vyre.bytes.out", labels, self.bytes_out),
+            )
+            for cache in ("vyre.pipeline.cache.misses", "vyre.pipeline.cache.hits")
+        )
 
 
 def start_dispatch() -> DispatchTrace | None:
@@ -258,7 +348,7 @@ def start_dispatch() -> DispatchTrace | None:
     tracing, metering = _sdk_installed()
     if not (tracing or metering):
         return None
-    return DispatchTrace(tracing)
+    return DispatchTrace(tracing, metering)
 
 
 def _program_attributes(backend_id: str, program: Any) -> dict[str, AttributeValue]:
@@ -272,7 +362,7 @@ def _program_attributes(backend_id: str, program: Any) -> dict[str, AttributeVal
     return attributes
 
 
-def _open(started: DispatchTrace, attributes: dict[str, AttributeValue]) -> Span:
+def _open(started: DispatchTrace, attributes: Mapping[str, AttributeValue]) -> Span:
     return _tracer.start_span(
         SPAN_NAME,
         context=started.parent,
@@ -294,20 +384,21 @@ def fail_before_launch(
     if record is not None:
         with _claim_lock:
             if not record.claimed:
-                return  # the dispatch already settled and was counted (its span ended)
+                return  # settled and counted already, or nothing of it is recorded
             record.claimed = False
             span, record.span = record.span, None
     if started.traced:
-        if span is None:  # raised before attach: open the span now
+        if span is None and record is None:  # raised before attach: open the span now
             span = _open(started, _program_attributes(backend_id, program))
-        span.set_attribute("vyre.error.code", int(getattr(error, "code", 0)))
-        if span.is_recording():
+        if span is not None and span.is_recording():
+            span.set_attribute("vyre.error.code", int(getattr(error, "code", 0)))
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-        span.end()
-    op_id = getattr(program, "op_id", "") or "unnamed"
-    labels = (("vyre.backend.id", backend_id), ("vyre.program.op_id", op_id))
-    _tallies.add("vyre.dispatch.count", (*labels, ("vyre.status", "rejected")))
+            span.end()
+    if started.metered:
+        op_id = getattr(program, "op_id", "") or "unnamed"
+        labels = (("vyre.backend.id", backend_id), ("vyre.program.op_id", op_id))
+        _tallies.add("vyre.dispatch.count", (*labels, ("vyre.status", "rejected")))
 
 
 #: Guards the once-only claim of a dispatch's outcome (finish, cancelled await, rejection).
@@ -317,34 +408,36 @@ _claim_lock = threading.Lock()
 def attach(
     started: DispatchTrace | None,
     pending: PendingDispatch,
-    plan: BindingPlan,
-    config: DispatchConfig,
+    template: Any,
     backend_id: str,
 ) -> None:
-    """Open the dispatch span with the launch's attributes; end it when the dispatch settles."""
+    """Open the dispatch span with the launch's attributes; end it when the dispatch settles.
+
+    ``template`` is the launch shape's `vyre_async.frontend.LaunchTemplate`; what
+    telemetry derives from it is kept on it (``template.telemetry``). A span the
+    sampler drops is let go at once: the dispatch then records nothing more
+    unless metrics are collected.
+    """
     if started is None:
         return
-    program = plan.program
+    facts = template.telemetry
+    if facts is None or facts.backend_id != backend_id:
+        facts = template.telemetry = _ShapeFacts(template, backend_id)
     record = pending.record
-    extra = record.attributes  # arm-scheduler / batch verdicts, known by now
-    if started.traced:
-        attributes = _program_attributes(backend_id, program)
-        attributes["vyre.launch.grid"] = plan.geometry.grid
-        attributes["vyre.launch.workgroup"] = plan.geometry.workgroup
-        attributes["vyre.bytes.in"] = plan.bytes_in
-        attributes["vyre.bytes.out"] = plan.bytes_out
-        attributes["vyre.pipeline.cache_hit"] = record.cache_hit
-        if config.label:
-            attributes["vyre.label"] = config.label
-        if config.profile:
-            attributes["vyre.profile"] = config.profile
-        if extra:
-            attributes.update(extra)
-            record.sent = dict(extra)
-        record.span = _open(started, attributes)
-    record.claimed = True  # claimed once: by finish, await-cancelled or fail_before_launch
     started.record = record
-    record.trace = _Facts(_labels(backend_id, program), plan.bytes_in, plan.bytes_out)
+    if started.traced:
+        attributes = facts.span[record.cache_hit]
+        extra = record.attributes  # arm-scheduler / batch verdicts, known by now
+        if extra:
+            attributes = {**attributes, **extra}
+            record.sent = dict(extra)
+        span = _open(started, attributes)
+        if span.is_recording():
+            record.span = span
+        elif not started.metered:
+            return  # sampled out, no metrics: nothing else to do for this dispatch
+    record.claimed = True  # claimed once: by finish, await-cancelled or fail_before_launch
+    record.trace = facts if started.metered else None
     record.on_await_cancelled = _await_cancelled
     pending.add_done_callback(finish_dispatch)
 
@@ -364,71 +457,92 @@ def _await_cancelled(pending: PendingDispatch) -> None:
     if not claimed:  # finish ran first
         return
     if span is not None:
-        if span.is_recording():
-            span.set_attribute("vyre.await.cancelled", True)
-            span.set_status(
-                Status(
-                    StatusCode.ERROR, "await cancelled; the dispatch keeps running on the backend"
-                )
-            )
+        span.set_attribute("vyre.await.cancelled", True)
+        span.set_status(
+            Status(StatusCode.ERROR, "await cancelled; the dispatch keeps running on the backend")
+        )
         span.end()
-    _tallies.add("vyre.dispatch.count", (*record.trace.labels, ("vyre.status", "cancelled")))
+    facts: _ShapeFacts | None = record.trace
+    if facts is not None:
+        _tallies.add("vyre.dispatch.count", (*facts.labels, ("vyre.status", "cancelled")))
 
 
 def finish_dispatch(pending: PendingDispatch) -> None:
-    """End the dispatch span with the outcome, timing, phases and backend attributes."""
+    """End the dispatch span with the outcome, timing and phases; count and time it."""
     record = pending.record
-    facts: _Facts = record.trace
-    labels = facts.labels
     timing = pending.timing
     error = pending.exception()
-    status = (
-        "ok" if error is None else ("timeout" if isinstance(error, DispatchTimeout) else "error")
-    )
-    cache = "vyre.pipeline.cache.hits" if record.cache_hit else "vyre.pipeline.cache.misses"
-    counts = [(cache, labels, 1)]
     claimed, span = _claim(record)
-    if claimed:  # not counted as cancelled
-        counts.append(("vyre.dispatch.count", (*labels, ("vyre.status", status)), 1))
-        if span is not None:
-            _end_span(span, pending, error)
-    if error is None:
-        counts += [
-            ("vyre.bytes.in", labels, facts.bytes_in),
-            ("vyre.bytes.out", labels, facts.bytes_out),
-        ]
-    _tallies.add_many(counts)
-    if timing is not None and timing.wall_s is not None:
-        _latency.record(timing.wall_s, facts.label_attrs)
-    if timing is not None and timing.device_s is not None:
-        _device.record(timing.device_s, facts.label_attrs)
+    if span is not None:
+        _end_span(span, record, timing, error)
+    facts: _ShapeFacts | None = record.trace
+    if facts is None:  # no meter provider
+        return
+    labels = facts.labels
+    if error is None and claimed:
+        _tallies.add_many(facts.ok[record.cache_hit])
+    else:
+        cache = "vyre.pipeline.cache.hits" if record.cache_hit else "vyre.pipeline.cache.misses"
+        counts = [(cache, labels, 1)]
+        if claimed:  # not counted as cancelled
+            if error is None:
+                status = "ok"
+            else:
+                status = "timeout" if isinstance(error, DispatchTimeout) else "error"
+            counts.append(("vyre.dispatch.count", (*labels, ("vyre.status", status)), 1))
+        if error is None:
+            counts += [
+                ("vyre.bytes.in", labels, facts.bytes_in),
+                ("vyre.bytes.out", labels, facts.bytes_out),
+            ]
+        _tallies.add_many(counts)
+    if timing is not None:
+        if timing.wall_s is not None:
+            _latency.record(timing.wall_s, facts.label_attrs)
+        if timing.device_s is not None:
+            _device.record(timing.device_s, facts.label_attrs)
 
 
-def _end_span(span: Span, pending: PendingDispatch, error: BaseException | None) -> None:
-    if span.is_recording():
-        record = pending.record
-        phases = record.phases
-        if phases:
+def _end_span(
+    span: Span,
+    record: DispatchRecord,
+    timing: DispatchTiming | None,
+    error: BaseException | None,
+) -> None:
+    """Set what became known since the span opened, in one call, and end it."""
+    final: dict[str, AttributeValue] = {}
+    phases = record.phases
+    if phases:
+        for name, start_ns, end_ns in phases:
+            key = PHASE_ATTRIBUTES.get(name)
+            if key is not None:
+                seconds = max(0, end_ns - start_ns) / 1e9
+                final[key] = final.get(key, 0.0) + seconds  # type: ignore[operator]
+        if _detail == "phases":
             parent = trace.set_span_in_context(span)
             for name, start_ns, end_ns in phases:
                 child = _tracer.start_span(name, context=parent, start_time=start_ns)
                 child.end(end_time=max(start_ns, end_ns))
-        timing = pending.timing
-        final: dict[str, AttributeValue] = {}
-        later = record.attributes
-        if later:  # set since attach (prefetch outcome, backend annotations)
-            sent = record.sent or {}
-            final = {k: v for k, v in later.items() if k not in sent or sent[k] != v}
-        if timing is not None and timing.device_s is not None:
+    later = record.attributes
+    if later:  # set since attach (prefetch outcome, backend annotations)
+        sent = record.sent
+        if sent:
+            for key, value in later.items():
+                if key not in sent or sent[key] != value:
+                    final[key] = value
+        else:
+            final.update(later)
+    if timing is not None:
+        if timing.device_s is not None:
             final["vyre.device.time_s"] = timing.device_s
-        if timing is not None and timing.queue_s is not None:
+        if timing.queue_s is not None:
             final["vyre.queue.time_s"] = timing.queue_s
-        if error is not None:
-            final["vyre.error.code"] = int(getattr(error, "code", 0))
-            span.record_exception(error)
-            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-        if final:
-            span.set_attributes(final)
+    if error is not None:
+        final["vyre.error.code"] = int(getattr(error, "code", 0))
+        span.record_exception(error)
+        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+    if final:
+        span.set_attributes(final)
     span.end()
 
 

@@ -20,7 +20,10 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 import pytest
+from opentelemetry import trace
 
+import vyre_cupy.launch as cuda_launch
+from tests import otel_sdk
 from tests.contract import test_contract as contract
 from tests.cupy import test_cupy_gpu as gpu_tests
 from tests.cupy.conftest import Toolchain, installed
@@ -460,3 +463,29 @@ async def test_closing_gives_up_on_a_kernel_it_cannot_stop(own_backend: CupyBack
             own_backend.dispatch(gate(), [flag])
     finally:  # let the abandoned kernel end, so the emulator thread stops spinning
         ctypes.memmove(flag.native(own_backend).ptr, np.ones(1, np.uint32).ctypes.data, 4)
+
+
+@pytest.mark.anyio
+async def test_the_span_is_the_callers_child_when_the_completion_thread_ends_it(
+    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Traced dispatch finished on the completion thread: the caller's trace, phases on it."""
+    exporter, _ = otel_sdk.install()
+    monkeypatch.setattr(cuda_launch, "POLL_BUDGET_S", 0.0)  # nobody polls: the thread finishes
+    program = elementwise_xor(64)
+    a = np.arange(64, dtype=np.uint32)
+    await backend.dispatch(program, [a, a])  # compiled
+    bridge = backend.device_context.bridge
+    polled = bridge.polled
+    exporter.clear()
+    with trace.get_tracer("tests").start_as_current_span("request") as request:
+        outputs = await backend.dispatch(program, [a, a + 1])
+    assert outputs[0].tolist() == (a ^ (a + 1)).tolist()
+    assert bridge.polled == polled  # finished by the completion thread
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "vyre.dispatch"]
+    assert span.parent is not None
+    assert span.parent.span_id == request.get_span_context().span_id
+    assert span.context.trace_id == request.get_span_context().trace_id
+    attributes = span.attributes or {}
+    for phase in ("upload", "launch", "readback"):  # from the device events
+        assert isinstance(attributes[f"vyre.phase.{phase}_s"], float)

@@ -13,8 +13,9 @@ import anyio.to_thread
 import numpy as np
 import pytest
 
+from tests import otel_sdk
 from tests.policies.kernels import binop
-from vyre_async import DispatchConfig, KernelCompileFailed, telemetry
+from vyre_async import DispatchConfig, KernelCompileFailed
 from vyre_async.ir import Program
 from vyre_async.pending import PendingDispatch
 from vyre_async.prefetch import Prefetcher, PrefetchJob
@@ -57,15 +58,14 @@ class SlowBackend(ReferenceBackend):
 
 
 @pytest.fixture(autouse=True)
-def _recording(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Record prediction outcomes as if an OpenTelemetry SDK listened.
+def _recording() -> None:
+    """Record prediction outcomes on spans: the in-memory SDK listens.
 
-    Without one the prefetcher skips the span attributes these tests read from
-    each dispatch's record (tests/telemetry/test_no_sdk.py covers that side): a
-    dispatch here starts a metrics-only trace, as with an SDK meter provider.
+    Without a recording span the prefetcher puts no attributes on a dispatch's
+    record (tests/telemetry/test_no_sdk.py covers that side); these tests read
+    the outcomes there.
     """
-    monkeypatch.setattr(telemetry, "is_recording", lambda: True)
-    monkeypatch.setattr(telemetry, "start_dispatch", lambda: telemetry.DispatchTrace(False))
+    otel_sdk.install()
 
 
 def _attrs(pending: PendingDispatch) -> dict[str, Any]:

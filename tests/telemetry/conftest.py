@@ -1,39 +1,5 @@
-"""One OpenTelemetry SDK for the telemetry tests: in-memory spans and metrics."""
+"""The telemetry tests read spans and metrics from one in-memory OpenTelemetry SDK."""
 
-from __future__ import annotations
+from tests.otel_sdk import _sdk, reader, spans
 
-from collections.abc import Iterator
-
-import pytest
-from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-_EXPORTER = InMemorySpanExporter()
-_READER = InMemoryMetricReader()
-
-
-@pytest.fixture(scope="session")
-def _sdk() -> tuple[InMemorySpanExporter, InMemoryMetricReader]:
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-    trace.set_tracer_provider(provider)
-    metrics.set_meter_provider(MeterProvider(metric_readers=[_READER]))
-    return _EXPORTER, _READER
-
-
-@pytest.fixture
-def spans(
-    _sdk: tuple[InMemorySpanExporter, InMemoryMetricReader],
-) -> Iterator[InMemorySpanExporter]:
-    _sdk[0].clear()
-    yield _sdk[0]
-    _sdk[0].clear()
-
-
-@pytest.fixture
-def reader(_sdk: tuple[InMemorySpanExporter, InMemoryMetricReader]) -> InMemoryMetricReader:
-    return _sdk[1]
+__all__ = ["_sdk", "reader", "spans"]

@@ -101,7 +101,14 @@ def _spans_from_request(body: bytes) -> list[tuple[str, bytes, bytes, bytes, str
 
 
 def test_otlp_http_export_reaches_a_receiver_with_parent_links(receiver: str) -> None:
-    _run("otlp", {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver, "OTEL_SERVICE_NAME": "vyre-e2e"})
+    _run(
+        "otlp",
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver,
+            "OTEL_SERVICE_NAME": "vyre-e2e",
+            "VYRE_TRACE_DETAIL": "phases",  # the phase child spans travel too
+        },
+    )
     assert _Receiver.requests, "the exporter sent nothing"
     path, content_type, _ = _Receiver.requests[0]
     assert path == "/v1/traces" and content_type == "application/x-protobuf"

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -10,8 +14,9 @@ import numpy as np
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import StatusCode
 
 from tests.driver.fakes import DelayBackend
@@ -23,6 +28,7 @@ from vyre_async import (
     Launch,
     PendingDispatch,
     UnsupportedFeature,
+    telemetry,
 )
 from vyre_async.annotations import dispatch_attributes
 from vyre_async.programs import elementwise_xor
@@ -92,7 +98,40 @@ async def test_attributes_are_present_and_typed(
     assert span.status.status_code is StatusCode.UNSET
 
 
-async def test_phases_become_child_spans(spans: InMemorySpanExporter) -> None:
+@pytest.fixture
+def phases_detail() -> Iterator[None]:
+    telemetry.set_trace_detail("phases")
+    try:
+        yield
+    finally:
+        telemetry.set_trace_detail("span")
+
+
+async def test_by_default_a_dispatch_is_one_span_with_its_phase_durations(
+    spans: InMemorySpanExporter,
+) -> None:
+    assert telemetry.trace_detail() == "span"
+    backend = DelayBackend(delay=0.002)
+    try:
+        await backend.dispatch(XOR, INPUTS)  # first dispatch compiles
+    finally:
+        backend.close()
+    (span,) = spans.get_finished_spans()  # no child spans
+    assert span.name == "vyre.dispatch"
+    a = span.attributes
+    assert a is not None
+    phases = {k: v for k, v in a.items() if k.startswith("vyre.phase.")}
+    assert set(phases) == {"vyre.phase.compile_s", "vyre.phase.wait_s", "vyre.phase.launch_s"}
+    assert all(isinstance(v, float) and v >= 0.0 for v in phases.values())
+    assert phases["vyre.phase.launch_s"] >= 0.0015  # the backend's 2 ms launch
+    assert span.start_time is not None and span.end_time is not None
+    total = sum(phases.values())  # type: ignore[arg-type]
+    assert total <= (span.end_time - span.start_time) / 1e9
+
+
+async def test_with_the_phases_detail_phases_are_also_child_spans(
+    spans: InMemorySpanExporter, phases_detail: None
+) -> None:
     backend = DelayBackend(delay=0.002)
     try:
         await backend.dispatch(XOR, INPUTS)  # first dispatch compiles
@@ -110,6 +149,50 @@ async def test_phases_become_child_spans(spans: InMemorySpanExporter) -> None:
     assert parent.start_time is not None and parent.end_time is not None
     assert parent.start_time <= children["vyre.compile"].start_time  # type: ignore[operator]
     assert children["vyre.launch"].end_time <= parent.end_time  # type: ignore[operator]
+    # The same durations as the attributes the single span carries.
+    a = parent.attributes
+    assert a is not None
+    for name, child in children.items():
+        seconds = (child.end_time - child.start_time) / 1e9  # type: ignore[operator]
+        assert a[telemetry.PHASE_ATTRIBUTES[name]] == pytest.approx(seconds, abs=1e-9)
+
+
+def test_an_unknown_trace_detail_is_refused_with_a_fix() -> None:
+    with pytest.raises(InvalidProgram) as caught:
+        telemetry.set_trace_detail("everything")
+    assert "span" in str(caught.value) and "phases" in str(caught.value)
+    assert str(caught.value).rpartition("\n")[2].startswith("Fix: ")
+    assert telemetry.trace_detail() == "span"  # unchanged
+
+
+def test_an_unknown_trace_detail_in_the_environment_warns_and_keeps_the_default() -> None:
+    out = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c", "import vyre_async.telemetry"],
+        env={**os.environ, "VYRE_TRACE_DETAIL": "everything"},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode != 0 and "unknown tracing detail 'everything'" in out.stderr
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import warnings, vyre_async.telemetry as t; print(t.trace_detail())",
+        ],
+        env={**os.environ, "VYRE_TRACE_DETAIL": "everything"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "span" and "Fix: " in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-c", "import vyre_async.telemetry as t; print(t.trace_detail())"],
+        env={**os.environ, "VYRE_TRACE_DETAIL": " Phases "},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "phases"
 
 
 async def test_errors_before_launch_end_the_span_with_error(
@@ -154,8 +237,29 @@ async def test_cancelled_await_ends_the_span_clearly(spans: InMemorySpanExporter
 async def test_metrics_and_prometheus_text(
     spans: InMemorySpanExporter, reader: InMemoryMetricReader, backend: DelayBackend
 ) -> None:
+    def delay_buckets() -> list[int]:
+        """This backend's duration histogram, bucket counts (other tests add to it too)."""
+        counts = [0] * (len(SECONDS_BUCKETS) + 1)
+        for rm in reader.get_metrics_data().resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    if m.name != "vyre.dispatch.duration":
+                        continue
+                    for point in m.data.data_points:
+                        if point.attributes.get("vyre.backend.id") == "delay-test":
+                            counts = [
+                                c + n for c, n in zip(counts, point.bucket_counts, strict=True)
+                            ]
+        return counts
+
+    before = delay_buckets()
     for _ in range(3):
         await backend.dispatch(XOR, INPUTS)
+    added = [after - was for after, was in zip(delay_buckets(), before, strict=True)]
+    uppers = (*SECONDS_BUCKETS, float("inf"))
+    used = [u for u, c in zip(uppers, added, strict=True) if c]
+    # dispatches of >= 0.5 ms land in a sub-millisecond-scale bucket
+    assert sum(added) == 3 and 5e-4 <= used[0] <= 2.5e-3, used
     data = reader.get_metrics_data()
     names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
     assert {
@@ -175,13 +279,6 @@ async def test_metrics_and_prometheus_text(
                     for point in m.data.data_points:
                         assert isinstance(point, HistogramDataPoint)
                         assert tuple(point.explicit_bounds) == SECONDS_BUCKETS
-                        if point.attributes.get("vyre.backend.id") != "delay-test":
-                            continue  # other tests' backends (metrics are per process)
-                        uppers = (*point.explicit_bounds, float("inf"))
-                        used = [u for u, c in zip(uppers, point.bucket_counts, strict=True) if c]
-                        # dispatches of >= 0.5 ms land in a sub-millisecond-scale bucket
-                        # (other tests' slow and timed-out dispatches fill later ones)
-                        assert used and 5e-4 <= used[0] <= 2.5e-3, used
     text = prometheus_text(data)
     assert "# TYPE vyre_dispatch_count_total counter" in text
     assert (
@@ -259,3 +356,86 @@ async def test_a_dispatch_on_a_closed_backend_is_an_error_span(
     assert span.end_time is not None and span.status.status_code is StatusCode.ERROR
     assert span.attributes is not None
     assert span.attributes["vyre.error.code"] == int(BackendClosed.code)
+
+
+def _count(reader: InMemoryMetricReader, name: str, **labels: str) -> int:
+    """The sum of ``name``'s points whose attributes include ``labels`` (0 if none)."""
+    total = 0
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.name == name:
+                    for point in m.data.data_points:
+                        if all(point.attributes.get(k) == v for k, v in labels.items()):
+                            total += int(point.value)
+    return total
+
+
+async def test_a_sampled_out_dispatch_builds_nothing_yet_is_counted(
+    spans: InMemorySpanExporter, reader: InMemoryMetricReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A span the sampler drops: no attributes, no phases, no end-time work; metrics stay."""
+    dropping = TracerProvider(sampler=ALWAYS_OFF).get_tracer("sampled-out")
+    monkeypatch.setattr(telemetry, "_tracer", dropping)
+
+    def never(*args: object) -> None:
+        raise AssertionError("end-time attributes built for a span nobody records")
+
+    monkeypatch.setattr(telemetry, "_end_span", never)
+    shapes: list[object] = []
+    facts = telemetry._ShapeFacts
+
+    def counted(*args: Any) -> Any:
+        shapes.append(args)
+        return facts(*args)
+
+    monkeypatch.setattr(telemetry, "_ShapeFacts", counted)
+    labels = {"vyre.backend.id": "reference", "vyre.program.op_id": "std.xor"}
+    before = _count(reader, "vyre.dispatch.count", **labels, **{"vyre.status": "ok"})
+    backend = ReferenceBackend(inline_ns=0)  # worker threads: a wait phase, if it were kept
+    try:
+        for _ in range(20):  # the first compiles: a compile phase, if it were kept
+            pending = backend.dispatch(XOR, INPUTS)
+            await pending
+            record = pending.record
+            assert record.span is None and record.phases is None
+            assert not any(k.startswith("vyre.prefetch") for k in record.attributes or {})
+    finally:
+        await backend.aclose()
+    assert spans.get_finished_spans() == ()
+    assert len(shapes) == 1  # the launch attributes were built once, for the shape
+    after = _count(reader, "vyre.dispatch.count", **labels, **{"vyre.status": "ok"})
+    assert after - before == 20
+
+
+async def test_a_sampled_out_dispatch_without_metrics_is_let_go_at_attach(
+    spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(telemetry, "_tracer", TracerProvider(sampler=ALWAYS_OFF).get_tracer("x"))
+    monkeypatch.setattr(telemetry, "_sdk_installed", lambda: (True, False))  # tracer only
+    backend = ReferenceBackend()
+    pending = backend.dispatch(XOR, INPUTS)
+    await pending
+    record = pending.record
+    assert record.span is None and record.trace is None and not record.claimed
+    assert record.on_await_cancelled is None  # no done-callback, no claim: nothing to end
+    await backend.aclose()
+
+
+@pytest.mark.parametrize("completion", ["inline", "worker thread"])
+async def test_the_span_is_the_callers_child_wherever_the_dispatch_completes(
+    spans: InMemorySpanExporter, completion: str
+) -> None:
+    backend = ReferenceBackend() if completion == "inline" else ReferenceBackend(inline_ns=0)
+    try:
+        with tracer.start_as_current_span("request") as request:
+            pending = backend.dispatch(XOR, INPUTS)
+            await pending
+    finally:
+        await backend.aclose()
+    (span,) = _dispatch_spans(spans)
+    assert span.parent is not None
+    assert span.parent.span_id == request.get_span_context().span_id
+    assert span.context.trace_id == request.get_span_context().trace_id
+    if completion == "worker thread":
+        assert "vyre.phase.wait_s" in (span.attributes or {})  # it did queue for a worker

@@ -376,8 +376,9 @@ class ReferenceBackend(VyreBackend):
         if completer.should_stop():
             return self._stopped(launch)  # nothing runs
         completer.mark_started()
-        started_ns = time.time_ns()
-        if queued_ns is not None:
+        phases = completer.wants_phases  # (only a recorded span shows them)
+        started_ns = time.time_ns() if phases else 0
+        if phases and queued_ns is not None:
             completer.record_phase("vyre.wait", queued_ns, started_ns)
         start = time.perf_counter()
         try:
@@ -398,7 +399,8 @@ class ReferenceBackend(VyreBackend):
         if done is not None:  # its buffers are final: later users may start (and a
             done.set()  # done-callback may download them) before it resolves
         device_s = time.perf_counter() - start
-        completer.record_phase("vyre.launch", started_ns, time.time_ns())
+        if phases:
+            completer.record_phase("vyre.launch", started_ns, time.time_ns())
         completer.resolve(outputs, device_s=device_s, compile_s=launch.compile_s)
         return None
 
