@@ -95,6 +95,12 @@ class DispatchRecord:
         sent: The attributes already given to the span when it opened.
         on_await_cancelled: Called with the pending dispatch when an awaiting task
             is cancelled while the dispatch still runs.
+        on_settled: Called as ``on_settled(pending, wall_s, queue_s, device_s)``
+            when the dispatch settles, in the settling thread, before its
+            done-callbacks and waiters (telemetry ends the span and counts the
+            outcome here), or None. The times are those of `PendingDispatch.timing`.
+        prefetch: The shape prediction's outcome, ``(hit, rolling hit rate)``,
+            when the prefetcher scored the dispatch and telemetry records it; or None.
     """
 
     __slots__ = (
@@ -102,7 +108,9 @@ class DispatchRecord:
         "cache_hit",
         "claimed",
         "on_await_cancelled",
+        "on_settled",
         "phases",
+        "prefetch",
         "sent",
         "span",
         "trace",
@@ -117,6 +125,10 @@ class DispatchRecord:
         self.trace: Any = None
         self.sent: Mapping[str, object] | None = None
         self.on_await_cancelled: Callable[[PendingDispatch], None] | None = None
+        self.on_settled: (
+            Callable[[PendingDispatch, float, float | None, float | None], None] | None
+        ) = None
+        self.prefetch: tuple[bool, float] | None = None
 
     def __repr__(self) -> str:
         return f"<DispatchRecord cache_hit={self.cache_hit} attributes={self.attributes!r}>"
@@ -290,9 +302,22 @@ class _Core:
             stop = self.stop
         if state is _TIMED_OUT and stop is not None:
             stop.set()  # (a flag made later reads the passed deadline)
-        # Callbacks (span end, bookkeeping) run before waiters wake, so a caller that
-        # resumes sees them done; waiters wake even if a callback raises SystemExit.
+        # The record's hook and callbacks (span end, bookkeeping) run before waiters
+        # wake, so a caller that resumes sees them done; waiters wake even if a
+        # callback raises SystemExit.
         try:
+            hook = self.record.on_settled
+            if hook is not None:
+                started = self.started
+                try:
+                    hook(
+                        pending,
+                        self.settled_at - self.created,
+                        None if started is None else started - self.created,
+                        device_s,
+                    )
+                except Exception as exc:  # reported, never the dispatch's problem
+                    _report_callback_error(exc)
             if callbacks:
                 for fn in callbacks:
                     _run_callback(fn, pending)
@@ -773,10 +798,13 @@ def _run_callback(fn: Callable[[PendingDispatch], None], pending: PendingDispatc
     try:
         fn(pending)
     except Exception as exc:  # a callback's bug must not break the dispatch
-        args = threading.ExceptHookArgs(
-            (type(exc), exc, exc.__traceback__, threading.current_thread())
-        )
-        threading.excepthook(args)
+        _report_callback_error(exc)
+
+
+def _report_callback_error(exc: BaseException) -> None:
+    """Report an exception a done-callback raised through `threading.excepthook`."""
+    args = threading.ExceptHookArgs((type(exc), exc, exc.__traceback__, threading.current_thread()))
+    threading.excepthook(args)
 
 
 def _running_library() -> str | None:

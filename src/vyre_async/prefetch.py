@@ -49,6 +49,8 @@ __all__ = ["PrefetchJob", "PrefetchStats", "Prefetcher"]
 _log = logging.getLogger("vyre_async.prefetch")
 
 ShapeFingerprint = tuple[bytes, tuple[int, int, int], tuple[int, int, int]]
+#: The outcome of every dispatch in the steady state: a hit, all of the window hits.
+_STEADY = (True, 1.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,7 +184,7 @@ class Prefetcher:
                     self._steady_run += 1
             if steady:
                 if recording or (recording is None and telemetry.is_recording()):
-                    self._annotate(pipeline, pending, True, 1.0)
+                    self._annotate(pending, True, 1.0)
                 return None
         try:
             identity = pipeline.identity
@@ -235,25 +237,21 @@ class Prefetcher:
             if recording is None:
                 recording = telemetry.is_recording()
             if predicted is not None and recording:
-                self._annotate(pipeline, pending, hit, rate)
+                self._annotate(pending, hit, rate)
             return job
         except Exception:  # never break a dispatch over bookkeeping
             _log.warning("shape-prediction bookkeeping failed", exc_info=True)
             return None
 
-    def _annotate(
-        self, pipeline: PipelineLike, pending: PendingDispatch, hit: bool, rate: float
-    ) -> None:
-        """Put a scored prediction on the dispatch's span (when one records it) and metrics."""
-        record = pending.record
-        if record.span is not None:
-            attributes = record.attributes
-            if attributes is None:
-                record.attributes = {"vyre.prefetch.hit": hit, "vyre.prefetch.hit_rate": rate}
-            else:
-                attributes["vyre.prefetch.hit"] = hit
-                attributes["vyre.prefetch.hit_rate"] = rate
-        telemetry.record_prefetch(self.backend_id, pipeline.program, hit)
+    @staticmethod
+    def _annotate(pending: PendingDispatch, hit: bool, rate: float) -> None:
+        """Keep a scored prediction on the dispatch's record, for its span and metrics.
+
+        Telemetry reads it when the dispatch settles (``vyre.prefetch.hit`` and
+        ``.hit_rate`` on a recorded span, the ``vyre.prefetch.hits``/``misses``
+        counters with a meter provider).
+        """
+        pending.record.prefetch = _STEADY if hit and rate == 1.0 else (hit, rate)
 
     def _fold(self) -> None:
         """Leave the steady state: count its repeats and put them in the history (lock held)."""

@@ -44,7 +44,7 @@ from vyre_async.errors import DispatchTimeout, InvalidProgram
 from vyre_async.ir.program import Program
 
 if TYPE_CHECKING:
-    from vyre_async.pending import DispatchRecord, DispatchTiming, PendingDispatch
+    from vyre_async.pending import DispatchRecord, PendingDispatch
 
 __all__ = [
     "DispatchTrace",
@@ -166,8 +166,21 @@ def is_enabled() -> bool:
     return _enabled
 
 
+#: Metric labels per (backend id, op id), built once each (op ids are few by design).
+_LABELS: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}
+
+
 def _labels(backend_id: str, program: Program) -> tuple[tuple[str, str], ...]:
-    return (("vyre.backend.id", backend_id), ("vyre.program.op_id", program.op_id or "unnamed"))
+    op_id = program.op_id or "unnamed"
+    labels = _LABELS.get((backend_id, op_id))
+    if labels is None:
+        if len(_LABELS) >= 4096:  # a program per request, say: do not grow without end
+            _LABELS.clear()
+        labels = _LABELS[backend_id, op_id] = (
+            ("vyre.backend.id", backend_id),
+            ("vyre.program.op_id", op_id),
+        )
+    return labels
 
 
 # The API's stand-ins until an application installs an SDK (set once, never unset).
@@ -290,6 +303,9 @@ class DispatchTrace:
         self.record: DispatchRecord | None = None
 
 
+_Tally = tuple[str, tuple[tuple[str, str], ...], int]
+
+
 class _ShapeFacts:
     """What telemetry needs of one launch shape, built once (`LaunchTemplate.telemetry`).
 
@@ -324,16 +340,19 @@ class _ShapeFacts:
         )
         labels = self.labels
         done = (*labels, ("vyre.status", "ok"))
-        #: Indexed by ``cache_hit``: the tallies of a successful, uncancelled dispatch.
-        self.ok: tuple[tuple[tuple[str, tuple[tuple[str, str], ...], int], ...], ...] = tuple(
-            (
-                (cache, labels, 1),
+        #: The tallies of a successful, uncancelled dispatch, by ``(cache_hit, prefetch
+        #: hit)`` (None: the prediction was not scored).
+        self.ok: dict[tuple[bool, bool | None], tuple[_Tally, ...]] = {}
+        for hit in (False, True):
+            common: tuple[_Tally, ...] = (
+                ("vyre.pipeline.cache.hits" if hit else "vyre.pipeline.cache.misses", labels, 1),
                 ("vyre.dispatch.count", done, 1),
                 ("vyre.bytes.in", labels, self.bytes_in),
                 ("vyre.bytes.out", labels, self.bytes_out),
             )
-            for cache in ("vyre.pipeline.cache.misses", "vyre.pipeline.cache.hits")
-        )
+            self.ok[hit, None] = common
+            self.ok[hit, True] = (*common, ("vyre.prefetch.hits", labels, 1))
+            self.ok[hit, False] = (*common, ("vyre.prefetch.misses", labels, 1))
 
 
 def start_dispatch() -> DispatchTrace | None:
@@ -439,7 +458,7 @@ def attach(
     record.claimed = True  # claimed once: by finish, await-cancelled or fail_before_launch
     record.trace = facts if started.metered else None
     record.on_await_cancelled = _await_cancelled
-    pending.add_done_callback(finish_dispatch)
+    record.on_settled = finish_dispatch
 
 
 def _claim(record: DispatchRecord) -> tuple[bool, Span | None]:
@@ -467,23 +486,41 @@ def _await_cancelled(pending: PendingDispatch) -> None:
         _tallies.add("vyre.dispatch.count", (*facts.labels, ("vyre.status", "cancelled")))
 
 
-def finish_dispatch(pending: PendingDispatch) -> None:
-    """End the dispatch span with the outcome, timing and phases; count and time it."""
+def finish_dispatch(
+    pending: PendingDispatch,
+    wall_s: float | None = None,
+    queue_s: float | None = None,
+    device_s: float | None = None,
+) -> None:
+    """End the dispatch span with the outcome, timing and phases; count and time it.
+
+    The dispatch record's ``on_settled`` hook: the settling code passes the
+    times (those of `PendingDispatch.timing`). Called with the dispatch alone,
+    it reads them from ``pending.timing``.
+    """
     record = pending.record
-    timing = pending.timing
+    if wall_s is None:
+        timing = pending.timing
+        if timing is not None:
+            wall_s, queue_s, device_s = timing.wall_s, timing.queue_s, timing.device_s
     error = pending.exception()
     claimed, span = _claim(record)
     if span is not None:
-        _end_span(span, record, timing, error)
+        _end_span(span, record, queue_s, device_s, error)
     facts: _ShapeFacts | None = record.trace
     if facts is None:  # no meter provider
         return
     labels = facts.labels
+    prefetch = record.prefetch
     if error is None and claimed:
-        _tallies.add_many(facts.ok[record.cache_hit])
+        _tallies.add_many(facts.ok[record.cache_hit, None if prefetch is None else prefetch[0]])
     else:
         cache = "vyre.pipeline.cache.hits" if record.cache_hit else "vyre.pipeline.cache.misses"
         counts = [(cache, labels, 1)]
+        if prefetch is not None:
+            counts.append(
+                ("vyre.prefetch.hits" if prefetch[0] else "vyre.prefetch.misses", labels, 1)
+            )
         if claimed:  # not counted as cancelled
             if error is None:
                 status = "ok"
@@ -496,17 +533,17 @@ def finish_dispatch(pending: PendingDispatch) -> None:
                 ("vyre.bytes.out", labels, facts.bytes_out),
             ]
         _tallies.add_many(counts)
-    if timing is not None:
-        if timing.wall_s is not None:
-            _latency.record(timing.wall_s, facts.label_attrs)
-        if timing.device_s is not None:
-            _device.record(timing.device_s, facts.label_attrs)
+    if wall_s is not None:
+        _latency.record(wall_s, facts.label_attrs)
+    if device_s is not None:
+        _device.record(device_s, facts.label_attrs)
 
 
 def _end_span(
     span: Span,
     record: DispatchRecord,
-    timing: DispatchTiming | None,
+    queue_s: float | None,
+    device_s: float | None,
     error: BaseException | None,
 ) -> None:
     """Set what became known since the span opened, in one call, and end it."""
@@ -523,8 +560,11 @@ def _end_span(
             for name, start_ns, end_ns in phases:
                 child = _tracer.start_span(name, context=parent, start_time=start_ns)
                 child.end(end_time=max(start_ns, end_ns))
+    prefetch = record.prefetch
+    if prefetch is not None:
+        final["vyre.prefetch.hit"], final["vyre.prefetch.hit_rate"] = prefetch
     later = record.attributes
-    if later:  # set since attach (prefetch outcome, backend annotations)
+    if later:  # set since attach (backend annotations)
         sent = record.sent
         if sent:
             for key, value in later.items():
@@ -532,11 +572,10 @@ def _end_span(
                     final[key] = value
         else:
             final.update(later)
-    if timing is not None:
-        if timing.device_s is not None:
-            final["vyre.device.time_s"] = timing.device_s
-        if timing.queue_s is not None:
-            final["vyre.queue.time_s"] = timing.queue_s
+    if device_s is not None:
+        final["vyre.device.time_s"] = device_s
+    if queue_s is not None:
+        final["vyre.queue.time_s"] = queue_s
     if error is not None:
         final["vyre.error.code"] = int(getattr(error, "code", 0))
         span.record_exception(error)
@@ -547,7 +586,12 @@ def _end_span(
 
 
 def record_prefetch(backend_id: str, program: Program, hit: bool) -> None:
-    """Count one shape-prediction outcome for ``program``."""
+    """Count one shape-prediction outcome for ``program``.
+
+    For tools that score predictions themselves; the driver's prefetcher keeps
+    its outcome on the dispatch's record (``record.prefetch``), which is counted
+    when the dispatch settles.
+    """
     _tallies.add(
         "vyre.prefetch.hits" if hit else "vyre.prefetch.misses", _labels(backend_id, program)
     )

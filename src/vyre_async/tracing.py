@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vyre_async import telemetry
 from vyre_async.arguments import duration
 from vyre_async.errors import InvalidProgram, UnsupportedFeature
 
@@ -61,7 +62,11 @@ _TIMEOUT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_T
 
 
 def configure_tracing(
-    spec: str, *, service_name: str = "vyre-async", export_timeout_s: float = 2.0
+    spec: str,
+    *,
+    service_name: str = "vyre-async",
+    export_timeout_s: float = 2.0,
+    detail: str | None = None,
 ) -> TracerProvider | None:
     """Install a global SDK tracer provider exporting as ``spec`` says; return it.
 
@@ -84,10 +89,15 @@ def configure_tracing(
             ``OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`` or ``OTEL_EXPORTER_OTLP_TIMEOUT``
             (seconds, as the installed exporter reads them) win over it, and
             ``OTEL_BSP_EXPORT_TIMEOUT`` over the processor's value.
+        detail: How much of each dispatch the trace shows
+            (`vyre_async.telemetry.set_trace_detail`): ``"span"``, one span per
+            dispatch with its phase durations as attributes, or ``"phases"``,
+            the phases also as child spans. None (the default) keeps what
+            ``VYRE_TRACE_DETAIL`` chose (``"span"`` when unset).
 
     Raises:
-        InvalidProgram: an unknown ``spec``, or ``export_timeout_s`` not a
-            positive finite number of seconds (also a ``ValueError``).
+        InvalidProgram: an unknown ``spec`` or ``detail``, or ``export_timeout_s``
+            not a positive finite number of seconds (also a ``ValueError``).
         UnsupportedFeature: the SDK or the OTLP exporter is not installed.
     """
     export_timeout_s = duration(
@@ -98,6 +108,8 @@ def configure_tracing(
             f"the trace spec must be a str, got {spec!r}",
             fix="choose none, console, otlp or file:PATH (for example file:traces.jsonl)",
         )
+    if detail is not None:
+        telemetry.set_trace_detail(detail)
     if spec == "none":
         return None
     if spec not in ("console", "otlp") and not (spec.startswith("file:") and len(spec) > 5):

@@ -39,6 +39,7 @@ from vyre_async import (
     DType,
     InvalidProgram,
     UnsupportedFeature,
+    telemetry,
 )
 from vyre_async.cache.disk import PipelineCacheWarning
 from vyre_async.pending import DispatchCompleter
@@ -120,8 +121,13 @@ async def test_outputs_are_private_arrays_with_device_timing_and_phases(
 ) -> None:
     program = elementwise_xor(100)
     a = np.arange(100, dtype=np.uint32)
-    untraced = backend.dispatch(program, [a, a * 3])  # no span: no phase bookkeeping
-    await untraced
+    enabled = telemetry.is_enabled()
+    telemetry.set_enabled(False)  # (another test may have installed an SDK)
+    try:
+        untraced = backend.dispatch(program, [a, a * 3])  # no span: no phase bookkeeping
+        await untraced
+    finally:
+        telemetry.set_enabled(enabled)
     assert untraced.record.phases is None
     assert untraced.timing is not None and untraced.timing.device_s is not None
     monkeypatch.setattr(DispatchCompleter, "wants_phases", property(lambda self: True))

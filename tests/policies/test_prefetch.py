@@ -69,7 +69,12 @@ def _recording() -> None:
 
 
 def _attrs(pending: PendingDispatch) -> dict[str, Any]:
-    return dict(pending.record.attributes or {})
+    """The attributes the dispatch's span gets from the record (the prediction's too)."""
+    attributes = dict(pending.record.attributes or {})
+    if pending.record.prefetch is not None:
+        hit, rate = pending.record.prefetch
+        attributes["vyre.prefetch.hit"], attributes["vyre.prefetch.hit_rate"] = hit, rate
+    return attributes
 
 
 @pytest.mark.anyio
@@ -264,16 +269,29 @@ def test_launch_geometry_is_part_of_the_shape() -> None:
     assert predicted is not None and predicted[1] == (1, 1, 1)  # alternation: default grid next
 
 
-def test_metric_is_recorded_per_scored_prediction(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[tuple[str, str, bool]] = []
-    monkeypatch.setattr(
-        "vyre_async.telemetry.record_prefetch",
-        lambda backend_id, program, hit: calls.append((backend_id, program.op_id, hit)),
-    )
+def test_metric_is_recorded_per_scored_prediction() -> None:
+    _, reader = otel_sdk.install()
+
+    def counts() -> dict[tuple[str, str], int]:
+        found: dict[tuple[str, str], int] = {}
+        for rm in reader.get_metrics_data().resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    if m.name in ("vyre.prefetch.hits", "vyre.prefetch.misses"):
+                        for point in m.data.data_points:
+                            if point.attributes.get("vyre.backend.id") == "reference":
+                                key = (m.name, str(point.attributes["vyre.program.op_id"]))
+                                found[key] = found.get(key, 0) + int(point.value)
+        return found
+
+    before = counts()
     backend = ReferenceBackend()
     for program in (A, A, A, B):
         backend.dispatch_sync(program, INPUTS)
-    assert calls == [("reference", "test.xor", True), ("reference", "test.or", False)]
+    after = counts()
+    added = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    # A, A (no prediction from fewer than two entries), A (predicted: a hit), B (a miss).
+    assert added == {("vyre.prefetch.hits", "test.xor"): 1, ("vyre.prefetch.misses", "test.or"): 1}
 
 
 def test_prefetch_can_be_turned_off() -> None:

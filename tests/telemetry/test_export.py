@@ -201,3 +201,20 @@ def test_bad_trace_spec_is_a_usage_error() -> None:
     assert isinstance(info.value, InvalidProgram)  # a BackendError that is also a ValueError
     assert info.value.code is ErrorCode.INVALID_PROGRAM and "Fix:" in str(info.value)
     assert configure_tracing("none") is None
+
+
+def test_configure_tracing_sets_the_detail_and_refuses_an_unknown_one() -> None:
+    from vyre_async import telemetry
+    from vyre_async.tracing import configure_tracing
+
+    try:
+        assert configure_tracing("none", detail="phases") is None
+        assert telemetry.trace_detail() == "phases"
+        with pytest.raises(InvalidProgram, match="unknown tracing detail") as info:
+            configure_tracing("none", detail="all")
+        assert "Fix:" in str(info.value)
+        assert telemetry.trace_detail() == "phases"  # unchanged by the refused call
+        assert configure_tracing("none") is None  # None keeps what was chosen
+        assert telemetry.trace_detail() == "phases"
+    finally:
+        telemetry.set_trace_detail("span")

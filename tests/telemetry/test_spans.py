@@ -439,3 +439,20 @@ async def test_the_span_is_the_callers_child_wherever_the_dispatch_completes(
     assert span.context.trace_id == request.get_span_context().trace_id
     if completion == "worker thread":
         assert "vyre.phase.wait_s" in (span.attributes or {})  # it did queue for a worker
+
+
+async def test_a_failure_in_telemetry_is_reported_and_the_dispatch_still_settles(
+    spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reported: list[BaseException | None] = []
+    monkeypatch.setattr("threading.excepthook", lambda args: reported.append(args.exc_value))
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("telemetry bug")
+
+    monkeypatch.setattr(telemetry, "_end_span", broken)
+    backend = ReferenceBackend()
+    outputs = await backend.dispatch(XOR, INPUTS)
+    assert outputs[0].tolist() == (INPUTS[0] ^ INPUTS[1]).tolist()
+    assert [str(e) for e in reported] == ["telemetry bug"]
+    await backend.aclose()
