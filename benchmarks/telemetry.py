@@ -9,7 +9,10 @@ meter provider is global, installed once):
   exporter that discards (the export work, without network noise);
 - ``tracer_always_off``: an SDK tracer provider whose sampler drops every span;
 - ``tracer_sampled``: ``ParentBased(TraceIdRatioBased(0.01))`` + the batch
-  processor, the production set-up ``docs/tracing.md`` recommends;
+  processor, the production set-up ``docs/tracing.md`` recommends, dispatches
+  as roots (the ratio decides each);
+- ``tracer_sampled_child``: the same, every dispatch under a request span that
+  was not sampled (the 99 % case of a sampled service);
 - ``meter``: an SDK meter provider (with an in-memory reader), no tracer provider;
 - ``meter_tracer``: the meter provider and ``tracer_noop``'s tracer provider;
 - ``tracer_noop_phases``: ``tracer_noop`` with ``VYRE_TRACE_DETAIL=phases`` (the
@@ -73,12 +76,19 @@ if tracing:
     sampler = {
         "tracer_always_off": ALWAYS_OFF,
         "tracer_sampled": ParentBased(TraceIdRatioBased(0.01)),
+        "tracer_sampled_child": ParentBased(TraceIdRatioBased(0.01)),
     }.get(mode)
     provider = TracerProvider(sampler=sampler)
-    batched = mode in ("tracer_batch", "tracer_sampled")
+    batched = mode in ("tracer_batch", "tracer_sampled", "tracer_sampled_child")
     provider.add_span_processor(BatchSpanProcessor(Drop()) if batched else SpanProcessor())
     trace.set_tracer_provider(provider)
     floor_tracer = provider.get_tracer("floor")
+    if mode == "tracer_sampled_child":  # every dispatch runs under a request not sampled
+        from opentelemetry import context
+        unsampled = trace.NonRecordingSpan(
+            trace.SpanContext(0x1234, 0x5678, is_remote=False, trace_flags=trace.TraceFlags(0))
+        )
+        context.attach(trace.set_span_in_context(unsampled))
 if metering:
     reader = InMemoryMetricReader()
     meter_provider = MeterProvider(metric_readers=[reader])
@@ -216,6 +226,7 @@ MODES = (
     "tracer_batch",
     "tracer_always_off",
     "tracer_sampled",
+    "tracer_sampled_child",
     "meter",
     "meter_tracer",
     "tracer_noop_phases",

@@ -358,16 +358,79 @@ class _ShapeFacts:
 def start_dispatch() -> DispatchTrace | None:
     """Note the start of a dispatch in the caller's current context.
 
-    Returns None when nothing would be recorded: telemetry switched off, or no
-    OpenTelemetry SDK installed for traces or metrics. The span itself opens in
-    `attach` (or `fail_before_launch`), when its attributes are known.
+    Returns None when nothing would be recorded: telemetry switched off, no
+    OpenTelemetry SDK installed for traces or metrics, or no meter provider and
+    a span the installed sampler is known to drop (`_sampler_drops`). The span
+    itself opens in `attach` (or `fail_before_launch`), when its attributes are
+    known.
     """
     if not _enabled:
         return None
     tracing, metering = _sdk_installed()
+    if tracing and _sampler_drops():
+        tracing = False
     if not (tracing or metering):
         return None
     return DispatchTrace(tracing, metering)
+
+
+# What the installed sampler decides without being asked --------------------------
+#: The tracer provider and sampler `_sampler_drops` last read, and its verdict on them.
+_verdict: tuple[object, object, str] = (_UNKNOWN, _UNKNOWN, "ask")
+_PARENT_DECIDES = (
+    "remoteParentNotSampled:AlwaysOffSampler",
+    "localParentNotSampled:AlwaysOffSampler",
+)
+
+
+def _sampler_verdict() -> str:
+    """Return ``"never"``, ``"parent"`` or ``"ask"`` for the installed SDK sampler.
+
+    ``"never"``: the sampler drops every span (``AlwaysOffSampler``).
+    ``"parent"``: a ``ParentBased`` sampler whose not-sampled parents (remote
+    and local) give ``AlwaysOffSampler``: a span under a parent that is not
+    sampled is dropped. ``"ask"``: anything else (the SDK decides each span).
+    Read through the sampler's public description, once per provider and sampler.
+    """
+    global _verdict
+    provider = getattr(_trace_api, "_TRACER_PROVIDER", None)
+    sampler = getattr(provider, "sampler", None)
+    if provider is _verdict[0] and sampler is _verdict[1]:
+        return _verdict[2]
+    describe = getattr(sampler, "get_description", None)
+    try:
+        text = describe() if callable(describe) else ""
+    except Exception:  # a custom sampler's bug: let the SDK ask it
+        text = ""
+    if text == "AlwaysOffSampler":
+        verdict = "never"
+    elif isinstance(text, str) and text.startswith("ParentBased{") and all(
+        part in text for part in _PARENT_DECIDES
+    ):
+        verdict = "parent"
+    else:
+        verdict = "ask"
+    _verdict = (provider, sampler, verdict)
+    return verdict
+
+
+def _sampler_drops() -> bool:
+    """True when the installed sampler would drop a dispatch span started here and now.
+
+    The span is then not made at all (the SDK's own unsampled span costs more
+    than the rest of a dropped dispatch's telemetry): the sampler drops every
+    span, or it follows the parent and the caller's current span is a valid one
+    that is not sampled — the decisions OpenTelemetry's ``ALWAYS_OFF`` and
+    ``ParentBased`` samplers make, taken from their description. Any other
+    sampler is asked by the SDK, span by span.
+    """
+    verdict = _sampler_verdict()
+    if verdict == "ask":
+        return False
+    if verdict == "never":
+        return True
+    parent = trace.get_current_span().get_span_context()
+    return parent.is_valid and not parent.trace_flags.sampled
 
 
 def _program_attributes(backend_id: str, program: Any) -> dict[str, AttributeValue]:

@@ -456,3 +456,126 @@ async def test_a_failure_in_telemetry_is_reported_and_the_dispatch_still_settles
     assert outputs[0].tolist() == (INPUTS[0] ^ INPUTS[1]).tolist()
     assert [str(e) for e in reported] == ["telemetry bug"]
     await backend.aclose()
+
+
+class _Sampler:
+    def __init__(self, description: str) -> None:
+        self.description = description
+
+    def get_description(self) -> str:
+        return self.description
+
+
+class _Provider:
+    def __init__(self, description: str) -> None:
+        self.sampler = _Sampler(description)
+
+
+_UNSAMPLED_PARENT = trace.NonRecordingSpan(
+    trace.SpanContext(
+        trace_id=0x1234, span_id=0x5678, is_remote=False, trace_flags=trace.TraceFlags(0)
+    )
+)
+_SAMPLED_PARENT = trace.NonRecordingSpan(
+    trace.SpanContext(
+        trace_id=0x1234, span_id=0x5678, is_remote=False, trace_flags=trace.TraceFlags(1)
+    )
+)
+_PARENT_BASED = (
+    "ParentBased{root:TraceIdRatioBased{0.01},remoteParentSampled:AlwaysOnSampler,"
+    "remoteParentNotSampled:AlwaysOffSampler,localParentSampled:AlwaysOnSampler,"
+    "localParentNotSampled:AlwaysOffSampler}"
+)
+
+
+@pytest.mark.parametrize(
+    ("description", "parent", "made"),
+    [
+        ("AlwaysOffSampler", None, False),
+        ("AlwaysOffSampler", _SAMPLED_PARENT, False),
+        (_PARENT_BASED, _UNSAMPLED_PARENT, False),
+        (_PARENT_BASED, _SAMPLED_PARENT, True),
+        (_PARENT_BASED, None, True),  # a root: the ratio decides, span by span
+        (
+            _PARENT_BASED.replace("localParentNotSampled:AlwaysOffSampler", "x"),
+            _UNSAMPLED_PARENT,
+            True,
+        ),
+        ("TraceIdRatioBased{0.5}", _UNSAMPLED_PARENT, True),
+        ("AlwaysOnSampler", None, True),
+    ],
+    ids=[
+        "always-off",
+        "always-off-under-sampled",
+        "parent-based-under-unsampled",
+        "parent-based-under-sampled",
+        "parent-based-root",
+        "parent-based-that-samples-unsampled-parents",
+        "ratio-not-parent-based",
+        "always-on",
+    ],
+)
+def test_a_span_the_sampler_is_known_to_drop_is_not_made(
+    monkeypatch: pytest.MonkeyPatch, description: str, parent: Any, made: bool
+) -> None:
+    monkeypatch.setattr(telemetry._trace_api, "_TRACER_PROVIDER", _Provider(description))
+    monkeypatch.setattr(telemetry, "_sdk_installed", lambda: (True, False))  # tracer only
+    if parent is None:
+        started = telemetry.start_dispatch()
+    else:
+        with trace.use_span(parent):
+            started = telemetry.start_dispatch()
+    assert (started is not None) is made
+    if started is not None:
+        assert started.traced
+
+
+def test_with_metrics_a_dropped_span_still_leaves_the_dispatch_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(telemetry._trace_api, "_TRACER_PROVIDER", _Provider("AlwaysOffSampler"))
+    monkeypatch.setattr(telemetry, "_sdk_installed", lambda: (True, True))
+    started = telemetry.start_dispatch()
+    assert started is not None and not started.traced and started.metered
+
+
+def test_a_sampler_whose_description_fails_is_asked_by_the_sdk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Broken:
+        def get_description(self) -> str:
+            raise RuntimeError("custom sampler bug")
+
+    provider = _Provider("")
+    provider.sampler = Broken()  # type: ignore[assignment]
+    monkeypatch.setattr(telemetry._trace_api, "_TRACER_PROVIDER", provider)
+    monkeypatch.setattr(telemetry, "_sdk_installed", lambda: (True, False))
+    started = telemetry.start_dispatch()
+    assert started is not None and started.traced
+
+
+async def test_under_an_unsampled_request_no_sdk_span_is_made_and_metrics_count(
+    spans: InMemorySpanExporter, reader: InMemoryMetricReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-memory SDK's default sampler follows the parent: an unsampled parent drops it."""
+    opened: list[str] = []
+    start_span = telemetry._tracer.start_span
+
+    def counted(name: str, *args: Any, **kwargs: Any) -> Any:
+        opened.append(name)
+        return start_span(name, *args, **kwargs)
+
+    monkeypatch.setattr(telemetry._tracer, "start_span", counted)
+    labels = {"vyre.backend.id": "reference", "vyre.program.op_id": "std.xor"}
+    before = _count(reader, "vyre.dispatch.count", **labels, **{"vyre.status": "ok"})
+    backend = ReferenceBackend()
+    with trace.use_span(_UNSAMPLED_PARENT):
+        for _ in range(5):
+            await backend.dispatch(XOR, INPUTS)
+    assert opened == [] and spans.get_finished_spans() == ()
+    with tracer.start_as_current_span("sampled request"):
+        await backend.dispatch(XOR, INPUTS)
+    assert opened == ["vyre.dispatch"] and len(_dispatch_spans(spans)) == 1
+    after = _count(reader, "vyre.dispatch.count", **labels, **{"vyre.status": "ok"})
+    assert after - before == 6
+    await backend.aclose()
