@@ -14,8 +14,9 @@ annotated since, in one call. With the tracing detail ``"phases"``
 (``VYRE_TRACE_DETAIL=phases``, `set_trace_detail`, or
 ``configure_tracing(detail="phases")``) the phases are also child spans
 ``vyre.compile``, ``vyre.wait``, ``vyre.upload``, ``vyre.launch``,
-``vyre.readback``. A span the sampler drops costs the SDK's unsampled span and
-nothing else: no attributes are built, no phases recorded, no end-time calls.
+``vyre.readback``. A span the sampler drops costs at most the SDK's unsampled
+span: no attributes are built, no phases recorded, no end-time calls; one the
+installed sampler is known to drop (`_sampler_drops`) is not made at all.
 Metrics are labelled by backend id and op id, never by fingerprint (bounded
 cardinality); counts and bytes are tallied in-process and read by observable
 counters at collection, the two histograms get one point each per dispatch with
@@ -404,8 +405,10 @@ def _sampler_verdict() -> str:
         text = ""
     if text == "AlwaysOffSampler":
         verdict = "never"
-    elif isinstance(text, str) and text.startswith("ParentBased{") and all(
-        part in text for part in _PARENT_DECIDES
+    elif (
+        isinstance(text, str)
+        and text.startswith("ParentBased{")
+        and all(part in text for part in _PARENT_DECIDES)
     ):
         verdict = "parent"
     else:
