@@ -1,12 +1,28 @@
 """Shared pytest configuration: async tests run on asyncio and on trio; caches stay
-private; undefined behaviour in kernels the fake CUDA device ran fails the test."""
+private; undefined behaviour in kernels the fake CUDA device ran fails the test; the
+``ray`` backend runs on one local cluster of two workers, ended with the session."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import sys
 from collections.abc import Iterator
 
 import pytest
+
+from tests import ray_cluster
+
+if importlib.util.find_spec("ray") is not None and not os.environ.get("RAY_ADDRESS"):
+    # acquire_backend("ray") (the contract tests) starts one local cluster on first use.
+    os.environ.setdefault("VYRE_RAY_LOCAL_WORKERS", "2")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ray_cluster_ends() -> Iterator[None]:
+    """End the session's Ray cluster and every process of it, also after failures."""
+    yield
+    ray_cluster.end_cluster()
 
 
 @pytest.fixture(params=["asyncio", "trio"])

@@ -74,6 +74,8 @@ REGISTRATION_ONLY = {
     "vyre_reference.registration",
     "vyre_cupy",
     "vyre_cupy.registration",
+    "vyre_ray",
+    "vyre_ray.registration",
 }
 
 
@@ -82,10 +84,12 @@ def test_listing_backends_imports_only_their_registrations() -> None:
         [sys.executable, "-c", LISTING], capture_output=True, text=True, check=True, timeout=60
     )
     report = json.loads(out.stdout)
-    assert {"reference", "cupy"} <= set(report["ids"])
+    assert {"reference", "cupy", "ray"} <= set(report["ids"])
     new = set(report["new"])
     assert new >= REGISTRATION_ONLY
-    backend_modules = {m for m in new if m.split(".")[0] in {"vyre_reference", "vyre_cupy"}}
+    backend_modules = {
+        m for m in new if m.split(".")[0] in {"vyre_reference", "vyre_cupy", "vyre_ray"}
+    }
     assert backend_modules == REGISTRATION_ONLY  # e.g. no vyre_reference.engine, vyre_cupy.codegen
     for internal in (
         "vyre_reference.backend",
@@ -94,6 +98,9 @@ def test_listing_backends_imports_only_their_registrations() -> None:
         "vyre_cupy.backend",
         "vyre_cupy.codegen",
         "vyre_cupy.compile",
+        "vyre_ray.backend",
+        "vyre_ray.worker",
+        "ray",
     ):
         assert internal not in new, internal
     # Beyond those, only the core and the standard library (entry-point metadata).

@@ -44,6 +44,11 @@ class BackendRegistration:
         precedence: Lower wins among equally capable backends.
         dispatches: False for backends that only compile or validate.
         is_reference: True for the exact oracle backend.
+        remote: True for a backend that dispatches to other processes or machines
+            (``ray``): `acquire_preferred_backend` never picks it — it is not a
+            local device, and a remote worker choosing its own inner backend
+            must not pick the pool it belongs to — but `acquire_backend` builds
+            it by id, and the contract tests run on it.
     """
 
     id: str
@@ -51,6 +56,7 @@ class BackendRegistration:
     precedence: int = 100
     dispatches: bool = True
     is_reference: bool = False
+    remote: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -194,9 +200,9 @@ def _build(registration: BackendRegistration) -> VyreBackend:
 def acquire_preferred_backend(*, allow_reference: bool = False) -> VyreBackend:
     """Return the best usable dispatching backend of this machine.
 
-    Every dispatching, non-reference backend is tried; the ones that start are
-    ranked by capabilities, then precedence, then id. The reference backend is
-    never chosen implicitly.
+    Every dispatching, non-reference, local backend is tried; the ones that
+    start are ranked by capabilities, then precedence, then id. The reference
+    backend is never chosen implicitly, a remote one (``ray``) never.
 
     Args:
         allow_reference: When no other backend starts, return the reference
@@ -210,7 +216,7 @@ def acquire_preferred_backend(*, allow_reference: bool = False) -> VyreBackend:
     failures: list[str] = []
     started: list[tuple[BackendRegistration, VyreBackend]] = []
     for reg in registrations:
-        if not reg.dispatches or reg.is_reference:
+        if not reg.dispatches or reg.is_reference or reg.remote:
             continue
         try:
             started.append((reg, acquire_backend(reg.id)))

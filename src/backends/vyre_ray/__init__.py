@@ -1,0 +1,22 @@
+"""vyre-async's distributed backend (id ``"ray"``): a pool of Ray actors, one local backend each.
+
+Importing this package imports no Ray; `RayBackend` and `create_backend` are
+loaded on first use. See ``docs/distributed.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vyre_ray.backend import RayBackend, WorkerInfo, create_backend
+
+__all__ = ["RayBackend", "WorkerInfo", "create_backend"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from vyre_ray import backend
+
+        return getattr(backend, name)
+    raise AttributeError(f"module 'vyre_ray' has no attribute {name!r}")

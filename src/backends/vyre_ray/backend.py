@@ -1,0 +1,565 @@
+"""`RayBackend`: dispatches served by a pool of Ray actors, each with its own local backend.
+
+The caller's side does what every backend's does — validation, input checks,
+planning, the `PendingDispatch` — so errors knowable before launch raise in
+``dispatch()``. A launch then goes to one worker (`vyre_ray.worker.Worker`):
+the one that already holds the program (by fingerprint) unless it is much
+busier than the least busy, else the least busy one, which is sent the
+program's wire bytes with its first call. Inputs travel as Ray arguments
+(large ones through the object store, submitted off the calling thread after
+one copy); the result settles the dispatch from Ray's future callback, so it
+is awaitable from asyncio and trio alike. Outputs are copied out of Ray's
+read-only views.
+
+Faults: workers restart (``max_restarts=-1``) and Ray retries a call on the
+new worker (`TASK_RETRIES`); a retried call that reaches a worker without the
+program is sent again with the bytes. What cannot be retried fails with
+`DeviceLost`. Ray's exceptions become vyre-async errors in `vyre_ray.errors`
+only. Past its deadline a dispatch fails with `DispatchTimeout` and its remote
+task is cancelled. The caller's span context travels with each call: a
+worker's dispatch span is a child of the caller's ``vyre.dispatch`` span.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import numpy as np
+from opentelemetry import propagate, trace
+
+from vyre_async import __version__
+from vyre_async.backend import VyreBackend, poll_until
+from vyre_async.capabilities import FEATURES, BackendCapabilities
+from vyre_async.config import DispatchConfig
+from vyre_async.errors import BackendClosed, InvalidProgram, UnsupportedFeature
+from vyre_async.frontend import Launch
+from vyre_async.ir.program import Program
+from vyre_async.pending import PendingDispatch
+from vyre_ray.errors import UnknownProgram, not_installed, translate
+
+__all__ = ["TASK_RETRIES", "RayBackend", "WorkerInfo", "cluster_target", "create_backend"]
+
+_log = logging.getLogger("vyre_async.ray")
+
+#: Times Ray retries a call whose worker died (on the restarted worker).
+TASK_RETRIES = 3
+#: Inputs above this many bytes in all are copied and submitted off the calling thread.
+OFF_THREAD_BYTES = 1 << 20
+#: A worker holding the program is chosen unless it has this many more calls in flight
+#: than the least busy worker.
+AFFINITY_SLACK = 8
+#: Seconds to wait for a new pool's workers to start and describe themselves.
+START_TIMEOUT_S = 120.0
+
+
+def create_backend(**kwargs: Any) -> RayBackend:
+    """Build the ``ray`` backend (the registry's factory).
+
+    Connects to the cluster named by ``RAY_ADDRESS``; with
+    ``VYRE_RAY_LOCAL_WORKERS=N`` set instead, starts a local cluster of N workers
+    (for development and tests). ``RAY_ADDRESS`` wins when both are set.
+
+    Raises:
+        UnsupportedFeature: Ray is not installed, or neither variable is set.
+        InvalidProgram: ``VYRE_RAY_LOCAL_WORKERS`` is not a whole number >= 1.
+    """
+    return RayBackend(**kwargs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerInfo:
+    """One worker of the pool, as `RayBackend.workers` reports it.
+
+    Attributes:
+        index: Its place in the pool.
+        node: The Ray node id it runs on.
+        pid: Its process id.
+        inner: The id of its local backend (``"reference"``, ``"cupy"``).
+        device: Its local backend's device fingerprint.
+        cached_programs: Programs it holds (by fingerprint).
+        in_flight: Dispatches it is running now.
+    """
+
+    index: int
+    node: str
+    pid: int
+    inner: str
+    device: str
+    cached_programs: int
+    in_flight: int
+
+
+@dataclass(eq=False)
+class _Member:
+    """The caller's view of one worker: its handle, what it holds, its load."""
+
+    index: int
+    handle: Any
+    seen: set[bytes] = dataclasses.field(default_factory=set)
+    in_flight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Shipped:
+    """A program as the pool receives it: its fingerprint and wire bytes (per launch shape)."""
+
+    digest: bytes
+    wire: bytes
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise not_installed(exc) from exc
+    return ray
+
+
+def _local_workers(environ: Mapping[str, str] | None = None) -> int | None:
+    raw = (os.environ if environ is None else environ).get("VYRE_RAY_LOCAL_WORKERS")
+    if raw is None or not raw.strip():
+        return None
+    try:
+        workers = int(raw)
+    except ValueError:
+        workers = 0
+    if workers < 1:
+        raise InvalidProgram(
+            f"VYRE_RAY_LOCAL_WORKERS must be a whole number >= 1, got {raw!r}",
+            fix="set VYRE_RAY_LOCAL_WORKERS=2 (or unset it and set RAY_ADDRESS)",
+        )
+    return workers
+
+
+_connect_lock = threading.Lock()
+#: Whether this process started the local cluster it is connected to.
+_started_here = False
+
+
+def cluster_target(
+    address: str | None, workers: int | None, environ: Mapping[str, str]
+) -> tuple[str, str | int]:
+    """Where a new connection goes: ``("address", ADDRESS)`` or ``("local", WORKERS)``.
+
+    An explicit ``address`` wins, then ``RAY_ADDRESS``, then a local cluster of
+    ``workers`` or ``VYRE_RAY_LOCAL_WORKERS`` workers.
+
+    Raises:
+        UnsupportedFeature: none of them is given.
+        InvalidProgram: ``VYRE_RAY_LOCAL_WORKERS`` is not a whole number >= 1.
+    """
+    target = address or environ.get("RAY_ADDRESS") or None
+    if target is not None:
+        return "address", target
+    local = workers or _local_workers(environ)
+    if local is None:
+        raise UnsupportedFeature(
+            "the 'ray' backend needs a Ray cluster: none is named and none was asked to start",
+            fix="set RAY_ADDRESS to a running cluster (ray start --head prints it), or set "
+            "VYRE_RAY_LOCAL_WORKERS=2 to start a local one, or use RayBackend.local(workers=2)",
+            backend_id="ray",
+            cause="no-cluster",
+        )
+    return "local", local
+
+
+def _connect(ray: Any, address: str | None, workers: int | None) -> int:
+    """Connect this process to Ray (once); return how many workers a new pool gets."""
+    global _started_here
+    with _connect_lock:
+        if not ray.is_initialized():
+            kind, where = cluster_target(address, workers, os.environ)
+            address = str(where) if kind == "address" else None
+            local = int(where) if kind == "local" else None
+            options: dict[str, Any] = {
+                "include_dashboard": False,
+                "log_to_driver": False,
+                "logging_level": logging.ERROR,
+                "namespace": "vyre",
+            }
+            if address is None:
+                options["num_cpus"] = local
+            try:
+                ray.init(address=address, **options)
+            except Exception as exc:  # a wrong address, a cluster that is not up
+                error = translate(exc, doing=f"connecting to the Ray cluster at {address!r}")
+                raise UnsupportedFeature(
+                    f"the 'ray' backend cannot reach its cluster: {error.message}",
+                    fix="check RAY_ADDRESS and that the cluster is up (ray status)",
+                    backend_id="ray",
+                    cause="unreachable",
+                ) from exc
+            _started_here = address is None
+        if workers is not None:
+            return workers
+        local = _local_workers()
+        if local is not None and _started_here:
+            return local
+        resources = ray.cluster_resources()
+        gpus = int(resources.get("GPU", 0))
+        return gpus or max(1, int(resources.get("CPU", 1)))
+
+
+def _intersect(capabilities: Sequence[BackendCapabilities]) -> BackendCapabilities:
+    """What every worker supports (the pool is only as capable as its weakest worker)."""
+    first = capabilities[0]
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(first):
+        seen = [getattr(c, f.name) for c in capabilities]
+        if f.name in FEATURES or f.name == "ordered_resident_buffers":
+            values[f.name] = all(seen)
+        elif f.name == "max_workgroup_size":
+            values[f.name] = tuple(min(axis) for axis in zip(*seen, strict=True))
+        elif f.name == "subgroup_size":
+            values[f.name] = seen[0] if len(set(seen)) == 1 else None
+        elif f.name == "device_name":
+            names = sorted(set(seen))
+            values[f.name] = names[0] if len(names) == 1 else ", ".join(names)
+        else:
+            values[f.name] = min(seen)
+    values["distributed"] = True
+    values["ordered_resident_buffers"] = False  # no resident buffers on the pool (yet)
+    return BackendCapabilities(**values)
+
+
+class RayBackend(VyreBackend):
+    """Dispatch on a pool of Ray actors, each holding a local backend with warm caches.
+
+    Args:
+        address: The cluster to connect to (``"ray://host:10001"``, ``"auto"``);
+            default ``RAY_ADDRESS``, or a local cluster of
+            ``VYRE_RAY_LOCAL_WORKERS`` workers. A process connects to one
+            cluster: later instances share the first connection.
+        workers: Pool size; default one per GPU of the cluster (or per CPU
+            without GPUs; the local cluster's size when this process started it).
+        inner: The local backend every worker holds (``"reference"``,
+            ``"cupy"``); default ``acquire_preferred_backend(allow_reference=True)``
+            on each worker.
+        num_gpus_per_worker: GPUs each worker requests from Ray (default: none;
+            pass 1 for GPU workers).
+        trace: A `vyre_async.tracing.configure_tracing` spec each worker exports
+            its own spans with (``"otlp"`` reads the ``OTEL_*`` variables of the
+            worker's environment), or None.
+        worker_env: Environment variables for the workers' processes (Ray's
+            ``runtime_env``), e.g. ``{"OTEL_EXPORTER_OTLP_ENDPOINT": ...}``.
+        **kwargs: Passed to `VyreBackend` (``close_timeout``, ``prefetch``, ...).
+
+    Raises:
+        UnsupportedFeature: Ray is not installed, no cluster is named, or it
+            cannot be reached; the workers cannot start.
+        InvalidProgram: ``workers`` or ``VYRE_RAY_LOCAL_WORKERS`` is not >= 1.
+    """
+
+    id = "ray"
+    version = __version__
+    #: Inputs are serialised into Ray's call (or copied first, for large ones) before
+    #: ``dispatch()`` returns: the front end hands the caller's arrays over uncopied.
+    copies_inputs = True
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        workers: int | None = None,
+        inner: str | None = None,
+        num_gpus_per_worker: float | None = None,
+        trace: str | None = None,
+        worker_env: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        ray = _import_ray()  # first: a machine without Ray fails before any set-up
+        if workers is not None and (
+            isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
+        ):
+            raise InvalidProgram(
+                f"workers must be a whole number >= 1, got {workers!r}",
+                fix="pass workers=2",
+            )
+        super().__init__(**kwargs)
+        self._ray = ray
+        size = _connect(ray, address, workers)
+        from vyre_ray.worker import Worker
+
+        actor = ray.remote(Worker).options(
+            max_restarts=-1,
+            max_task_retries=TASK_RETRIES,
+            max_concurrency=1000,
+            num_cpus=0,
+            num_gpus=num_gpus_per_worker or 0,
+            scheduling_strategy="SPREAD",
+            **({"runtime_env": {"env_vars": dict(worker_env)}} if worker_env else {}),
+        )
+        self._members = [_Member(i, actor.remote(inner, i, trace)) for i in range(size)]
+        try:
+            described = ray.get(
+                [m.handle.describe.remote() for m in self._members], timeout=START_TIMEOUT_S
+            )
+        except Exception as exc:
+            for member in self._members:
+                ray.kill(member.handle)
+            error = translate(exc, doing="starting the pool's workers")
+            raise UnsupportedFeature(
+                f"the 'ray' backend's workers could not start: {error.message}",
+                fix="check the cluster's resources (ray status) and the workers' logs; "
+                "with num_gpus_per_worker, the cluster needs that many GPUs per worker",
+                backend_id="ray",
+                cause="workers",
+            ) from exc
+        self._caps = _intersect([d["capabilities"] for d in described])
+        self._devices = sorted({str(d["device"]) for d in described})
+        self._inner = sorted({str(d["inner"]) for d in described})
+        self._lock = threading.Lock()
+        self._running: dict[Any, Launch] = {}  # ref -> its launch
+        self._submitter: concurrent.futures.ThreadPoolExecutor | None = None
+
+    @classmethod
+    def local(cls, workers: int = 2, inner: str | None = "reference", **kwargs: Any) -> RayBackend:
+        """Start (or join) a local Ray cluster and a pool of ``workers`` workers on it."""
+        return cls(workers=workers, inner=inner, **kwargs)
+
+    # Description ----------------------------------------------------------------
+    def capabilities(self) -> BackendCapabilities:
+        """What every worker's backend supports, with ``distributed=True``."""
+        return self._caps
+
+    def device_fingerprint(self) -> str:
+        """The pool: its workers' backends and devices."""
+        return f"ray pool of {len(self._members)} ({', '.join(self._inner)}): " + "; ".join(
+            self._devices
+        )
+
+    def compiler_fingerprint(self) -> str:
+        """Workers compile for themselves; the pool's pipelines are the programs' wire bytes."""
+        return f"vyre_ray {__version__}: wire bytes, compiled on each worker"
+
+    def workers(self) -> list[WorkerInfo]:
+        """Describe every worker now (asks each; blocks up to 30 s).
+
+        Raises:
+            BackendClosed: the backend was closed.
+            DeviceLost: a worker did not answer.
+        """
+        self.check_open()
+        try:
+            described = self._ray.get(
+                [m.handle.describe.remote() for m in self._members], timeout=30
+            )
+        except Exception as exc:
+            raise translate(exc, doing="describing the workers") from exc
+        return [
+            WorkerInfo(
+                index=int(d["index"]),
+                node=str(d["node"]),
+                pid=int(d["pid"]),
+                inner=str(d["inner"]),
+                device=str(d["device"]),
+                cached_programs=int(d["cached_programs"]),
+                in_flight=int(d["in_flight"]),
+            )
+            for d in described
+        ]
+
+    # Pipelines --------------------------------------------------------------------
+    def build_pipeline(self, program: Program, config: DispatchConfig) -> _Shipped:
+        """The program as the workers receive it (each compiles it on first use)."""
+        return _Shipped(program.fingerprint(), program.to_wire())
+
+    # Dispatch ---------------------------------------------------------------------
+    def enqueue(self, launch: Launch) -> PendingDispatch:
+        """Send the launch to a worker; settle it from Ray's future callback.
+
+        Raises:
+            BackendClosed: the backend was closed.
+        """
+        self.check_open()
+        shape = launch.template
+        shipped = None if shape is None else shape.backend_state
+        if not isinstance(shipped, _Shipped):  # per launch shape: the program with its counts
+            program = launch.plan.program
+            shipped = _Shipped(program.fingerprint(), program.to_wire())
+            if shape is not None:
+                shape.backend_state = shipped
+        inputs = launch.inputs
+        if sum(getattr(item, "nbytes", 0) for item in inputs) > OFF_THREAD_BYTES:
+            copies = [np.array(item, copy=True) for item in inputs]  # the caller may reuse theirs
+            self._submit_off_thread(launch, shipped, copies)
+        else:
+            self._submit(launch, shipped, inputs)
+        return launch.pending
+
+    def _submit_off_thread(self, launch: Launch, shipped: _Shipped, inputs: Sequence[Any]) -> None:
+        with self._lock:
+            if self._submitter is None:
+                self._submitter = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=2, thread_name_prefix="vyre-ray-submit"
+                )
+            submitter = self._submitter
+        carrier = self._carrier(launch)
+        submitter.submit(self._submit, launch, shipped, inputs, carrier)
+
+    @staticmethod
+    def _carrier(launch: Launch) -> dict[str, str]:
+        """The caller's trace context (its dispatch span, if one records) for the worker."""
+        carrier: dict[str, str] = {}
+        span = launch.pending.record.span
+        context = trace.set_span_in_context(span) if span is not None else None
+        propagate.inject(carrier, context=context)
+        return carrier
+
+    def _choose(self, digest: bytes) -> _Member:
+        with self._lock:
+            members = self._members
+            least = min(members, key=lambda m: m.in_flight)
+            holders = [m for m in members if digest in m.seen]
+            if holders:
+                best = min(holders, key=lambda m: m.in_flight)
+                if best.in_flight <= least.in_flight + AFFINITY_SLACK:
+                    least = best
+            least.in_flight += 1
+            return least
+
+    def _config_for(self, launch: Launch) -> DispatchConfig:
+        """The launch's config for the worker: the time left of its deadline, if any."""
+        config = launch.config
+        if config.timeout is None:
+            return config
+        left = launch.pending.created + float(config.timeout) - time.monotonic()
+        return dataclasses.replace(config, timeout=max(left, 1e-3))
+
+    def _submit(
+        self,
+        launch: Launch,
+        shipped: _Shipped,
+        inputs: Sequence[Any],
+        carrier: Mapping[str, str] | None = None,
+        *,
+        member: _Member | None = None,
+        resend: bool = False,
+    ) -> None:
+        completer = launch.completer
+        try:
+            if carrier is None:
+                carrier = self._carrier(launch)
+            if member is None:
+                member = self._choose(shipped.digest)
+            # Until a call of the program succeeded there, every call sends its bytes: an
+            # async actor may start a later call before an earlier one decoded them.
+            send = resend or shipped.digest not in member.seen
+            completer.mark_started()
+            ref = member.handle.run.remote(
+                shipped.digest,
+                shipped.wire if send else None,
+                list(inputs),
+                self._config_for(launch),
+                dict(carrier),
+            )
+        except Exception as exc:
+            if member is not None:
+                with self._lock:
+                    member.in_flight -= 1
+            completer.fail(translate(exc, doing="sending the dispatch to a worker"))
+            return
+        with self._lock:
+            self._running[ref] = launch
+        if launch.config.timeout is not None:
+            launch.pending.add_done_callback(lambda pending: self._cancel_if_late(pending, ref))
+        ref.future().add_done_callback(
+            lambda future: self._settle(launch, shipped, inputs, carrier, member, ref, future)
+        )
+
+    def _cancel_if_late(self, pending: PendingDispatch, ref: Any) -> None:
+        """A dispatch past its deadline: cancel its remote task (its result is not wanted)."""
+        with self._lock:
+            running = ref in self._running
+        if running and pending.exception() is not None:
+            try:
+                self._ray.cancel(ref)
+            except Exception:  # already finished, or its worker is gone
+                _log.debug("cancelling a late Ray task failed", exc_info=True)
+
+    def _settle(
+        self,
+        launch: Launch,
+        shipped: _Shipped,
+        inputs: Sequence[Any],
+        carrier: Mapping[str, str] | None,
+        member: _Member,
+        ref: Any,
+        future: concurrent.futures.Future[Any],
+    ) -> None:
+        """Ray's callback (its thread): settle the dispatch with the worker's outputs or error."""
+        with self._lock:
+            self._running.pop(ref, None)
+            member.in_flight -= 1
+        completer = launch.completer
+        try:
+            outputs = future.result()
+        except BaseException as exc:
+            cause = getattr(exc, "cause", exc)
+            if isinstance(cause, UnknownProgram) and not self.closed:
+                # A restarted worker got a retried call without the program: send it again.
+                member.seen.discard(shipped.digest)
+                with self._lock:
+                    member.in_flight += 1
+                self._submit(launch, shipped, inputs, carrier, member=member, resend=True)
+                return
+            if self.closed:
+                completer.fail(_closed_error())
+            else:
+                completer.fail(translate(exc, doing="running the dispatch on a worker"))
+            return
+        member.seen.add(shipped.digest)  # it holds the program now
+        # Ray's arrays may be read-only views of its object store: every backend's are writable.
+        outputs = [a if a.flags.writeable else a.copy() for a in outputs]
+        completer.resolve(outputs, compile_s=launch.compile_s)
+
+    # Lifecycle ------------------------------------------------------------------
+    async def flush(self) -> None:
+        """Wait, without blocking the event loop, until every submitted dispatch finished."""
+        await poll_until(lambda: not self._running)
+
+    async def shutdown(self) -> None:
+        """Let in-flight work finish (at most ``close_timeout``), then stop the workers.
+
+        Work still running then fails with `BackendClosed`; the workers are
+        killed, which ends it. The cluster stays up (other pools may share it).
+        """
+        self._closed = True
+        with anyio.move_on_after(self.close_timeout):
+            await poll_until(lambda: not self._running)
+        with self._lock:
+            left = list(self._running.items())
+            self._running.clear()
+        error = _closed_error()
+        for ref, launch in left:
+            try:
+                self._ray.cancel(ref, force=False)
+            except Exception:  # it ends with its worker below anyway
+                _log.debug("cancelling a Ray task at close failed", exc_info=True)
+            launch.completer.fail(error)
+        for member in self._members:
+            try:
+                self._ray.kill(member.handle, no_restart=True)
+            except Exception:  # already gone
+                _log.debug("killing a Ray worker failed", exc_info=True)
+        if self._submitter is not None:
+            self._submitter.shutdown(wait=False)
+
+
+def _closed_error() -> BackendClosed:
+    return BackendClosed(
+        "the ray backend was closed while the dispatch still ran on a worker; its result "
+        "was discarded",
+        fix="await the dispatches you need (or backend.flush()) before closing, or raise "
+        "close_timeout",
+        backend_id="ray",
+    )

@@ -1,0 +1,16 @@
+"""Entry-point registration of the Ray backend; imports nothing but the record (never Ray)."""
+
+from __future__ import annotations
+
+from vyre_async.registry import BackendRegistration
+
+__all__ = ["REGISTRATION"]
+
+REGISTRATION = BackendRegistration(
+    id="ray",
+    factory="vyre_ray.backend:create_backend",
+    precedence=50,
+    dispatches=True,
+    is_reference=False,
+    remote=True,  # never picked by acquire_preferred_backend: asked for by id only
+)

@@ -1,0 +1,360 @@
+"""The ``ray`` backend on the session's local cluster: acquisition, the pool, faults, traces.
+
+The contract tests and the conformance corpus run on ``ray`` too
+(``tests/contract``); these cover what is particular to a pool of remote
+workers. Every Ray process is ended with the session (``tests/ray_cluster.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+import anyio
+import numpy as np
+import pytest
+
+pytest.importorskip("ray", reason="the ray extra is not installed")
+
+from opentelemetry import trace
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+)
+
+from tests import otel_sdk
+from vyre_async import (
+    DeviceLost,
+    DispatchConfig,
+    DispatchTimeout,
+    InvalidProgram,
+    UnsupportedFeature,
+    acquire_backend,
+    acquire_preferred_backend,
+    registered_backends,
+)
+from vyre_async.backend import poll_until
+from vyre_async.ir import (
+    Access,
+    Assign,
+    BufferDecl,
+    DType,
+    Let,
+    Load,
+    Loop,
+    Program,
+    Store,
+    Var,
+    u32,
+)
+from vyre_async.programs import elementwise_xor
+from vyre_ray import RayBackend
+from vyre_ray.backend import cluster_target
+
+pytestmark = pytest.mark.anyio
+XOR = elementwise_xor(64)
+
+
+@pytest.fixture
+def pool() -> RayBackend:
+    backend = acquire_backend("ray")
+    assert isinstance(backend, RayBackend)
+    return backend
+
+
+def spin() -> Program:
+    """``out[0] = sum(range(n))``, ``n`` read at run time: as long as you like."""
+    return Program(
+        [
+            BufferDecl("n", 0, Access.UNIFORM, DType.U32, 1),
+            BufferDecl("out", 1, Access.WRITE, DType.U32, 1),
+        ],
+        1,
+        [
+            Let("acc", u32(0)),
+            Loop("i", u32(0), Load("n", u32(0)), [Assign("acc", Var("acc") + Var("i"))]),
+            Store("out", u32(0), Var("acc")),
+        ],
+        op_id="test.ray.spin",
+    )
+
+
+# Acquisition ----------------------------------------------------------------------------
+
+
+def test_listing_backends_imports_no_ray() -> None:
+    code = (
+        "import sys, vyre_async\n"
+        "ids = [r.id for r in vyre_async.registered_backends()]\n"
+        "assert 'ray' in ids, ids\n"
+        "assert 'ray' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_without_ray_installed_the_fix_names_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from vyre_async import acquire_backend, UnsupportedFeature\n"
+        "try:\n"
+        "    acquire_backend('ray')\n"
+        "except UnsupportedFeature as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True
+    )
+    assert "needs Ray, which is not installed" in out.stdout
+    assert "Fix: pip install 'vyre-async[ray]'" in out.stdout
+
+
+def test_the_cluster_is_named_or_asked_for() -> None:
+    assert cluster_target(None, None, {"RAY_ADDRESS": "ray://h:10001"}) == (
+        "address",
+        "ray://h:10001",
+    )
+    both = {"RAY_ADDRESS": "auto", "VYRE_RAY_LOCAL_WORKERS": "3"}
+    assert cluster_target(None, None, both) == ("address", "auto")  # RAY_ADDRESS wins
+    assert cluster_target("ray://x:1", None, both) == ("address", "ray://x:1")
+    assert cluster_target(None, None, {"VYRE_RAY_LOCAL_WORKERS": "3"}) == ("local", 3)
+    assert cluster_target(None, 4, {}) == ("local", 4)
+    with pytest.raises(UnsupportedFeature) as info:
+        cluster_target(None, None, {})
+    message = str(info.value)
+    assert "RAY_ADDRESS" in message and "VYRE_RAY_LOCAL_WORKERS" in message
+    assert message.rpartition("\n")[2].startswith("Fix: ")
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(InvalidProgram, match="VYRE_RAY_LOCAL_WORKERS"):
+            cluster_target(None, None, {"VYRE_RAY_LOCAL_WORKERS": bad})
+
+
+def test_ray_is_never_preferred_only_asked_for_by_id() -> None:
+    (registration,) = [r for r in registered_backends() if r.id == "ray"]
+    assert registration.remote and registration.dispatches
+    assert acquire_preferred_backend(allow_reference=True).id != "ray"
+
+
+def test_a_pool_size_must_be_a_whole_number() -> None:
+    with pytest.raises(InvalidProgram, match="workers must be"):
+        RayBackend(workers=0)
+
+
+# The pool ------------------------------------------------------------------------------------
+
+
+async def test_workers_describe_themselves_and_keep_programs(pool: RayBackend) -> None:
+    a = np.arange(64, dtype=np.uint32)
+    for k in range(8):
+        assert (await pool.dispatch(XOR, [a, a + k]))[0].tolist() == (a ^ (a + k)).tolist()
+    workers = pool.workers()
+    assert [w.index for w in workers] == [0, 1]
+    assert {w.inner for w in workers} == {"reference"}
+    assert len({w.pid for w in workers}) == 2 and os.getpid() not in {w.pid for w in workers}
+    assert all(w.in_flight == 0 for w in workers)
+    assert sum(w.cached_programs for w in workers) >= 1
+    assert pool.capabilities().distributed
+
+
+class _Spy:
+    """Stands in for a worker's actor handle and records whether each call sent the program."""
+
+    def __init__(self, handle: Any, sent: list[bool]) -> None:
+        self._handle = handle
+        self._sent = sent
+        spy = self
+
+        class Run:
+            @staticmethod
+            def remote(digest: bytes, wire: bytes | None, *rest: Any) -> Any:
+                spy._sent.append(wire is not None)
+                return spy._handle.run.remote(digest, wire, *rest)
+
+        self.run = Run()
+        self.describe = handle.describe
+
+
+async def test_a_program_is_sent_once_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = RayBackend.local(workers=2)
+    try:
+        sent: list[bool] = []
+        for member in backend._members:
+            monkeypatch.setattr(member, "handle", _Spy(member.handle, sent))
+        program = elementwise_xor(48)
+        a = np.arange(48, dtype=np.uint32)
+        for k in range(12):  # one at a time: the first call to each worker carries it
+            assert (await backend.dispatch(program, [a, a + k]))[0].tolist() == (
+                a ^ (a + k)
+            ).tolist()
+        assert len(sent) == 12 and 1 <= sum(sent) <= 2
+        assert sent[0] is True
+    finally:
+        await backend.aclose()
+
+
+async def test_large_inputs_go_through_the_object_store_and_outputs_are_writable(
+    pool: RayBackend,
+) -> None:
+    n = 300_000  # 2 x 1.2 MB: copied, then submitted off the calling thread
+    program = elementwise_xor(n)
+    a = np.arange(n, dtype=np.uint32)
+    b = np.full(n, 7, np.uint32)
+    pending = pool.dispatch(program, [a, b])
+    a[:] = 0  # the caller may reuse its arrays once dispatch() returned
+    (out,) = await pending
+    assert out.flags.writeable and out.flags.owndata
+    assert np.array_equal(out, np.arange(n, dtype=np.uint32) ^ np.uint32(7))
+
+
+async def test_a_worker_error_arrives_as_the_same_vyre_error(pool: RayBackend) -> None:
+    with pytest.raises(DispatchTimeout) as info:
+        await pool.dispatch(
+            spin(), [np.array([2_000_000_000], np.uint32)], DispatchConfig(timeout=0.3)
+        )
+    assert "Fix:" in str(info.value)
+    with anyio.fail_after(30):  # the remote task was cancelled, or stopped at its deadline
+        await poll_until(lambda: not any(w.in_flight for w in pool.workers()))
+
+
+# Faults -------------------------------------------------------------------------------------
+
+
+async def test_a_worker_killed_under_load_costs_no_wrong_result_and_no_hang() -> None:
+    """64 tasks dispatch continuously; one worker is SIGKILLed; the pool serves again."""
+    backend = RayBackend.local(workers=2)
+    try:
+        program = elementwise_xor(64)
+        rng = np.random.default_rng(3)
+        base = rng.integers(0, 2**32, 64, dtype=np.uint32)
+        await backend.dispatch(program, [base, base])  # warm both paths
+        stop = anyio.Event()
+        wrong: list[int] = []
+        ok = [0]
+        lost: list[DeviceLost] = []
+        other: list[BaseException] = []
+
+        async def dispatcher(k: int) -> None:
+            mine = base + np.uint32(k)
+            while not stop.is_set():
+                try:
+                    (out,) = await backend.dispatch(program, [base, mine])
+                except DeviceLost as exc:
+                    lost.append(exc)
+                    continue
+                except Exception as exc:  # anything else is a failure of the test
+                    other.append(exc)
+                    return
+                if not np.array_equal(out, base ^ mine):
+                    wrong.append(k)
+                ok[0] += 1
+
+        victim = backend.workers()[0]
+        with anyio.fail_after(90):  # no await hangs
+            async with anyio.create_task_group() as tasks:
+                for k in range(64):
+                    tasks.start_soon(dispatcher, k)
+                await anyio.sleep(0.5)
+                before = ok[0]
+                os.kill(victim.pid, signal.SIGKILL)
+                killed_at = time.monotonic()
+                await anyio.sleep(2.0)
+                stop.set()
+        assert not wrong and not other, (wrong, other[:3])
+        assert ok[0] > before  # it kept serving
+        assert all(str(e).rpartition("\n")[2].startswith("Fix: ") for e in lost)
+        # The pool serves again: the killed worker was replaced within 10 s.
+        deadline = killed_at + 10.0
+        while True:
+            workers = backend.workers()
+            if workers[0].pid != victim.pid:
+                break
+            assert time.monotonic() < deadline, "the killed worker was not replaced in 10 s"
+            await anyio.sleep(0.1)
+        for _ in range(8):
+            (out,) = await backend.dispatch(program, [base, base + np.uint32(1)])
+            assert np.array_equal(out, base ^ (base + np.uint32(1)))
+    finally:
+        await backend.aclose()
+
+
+async def test_closing_the_pool_ends_its_workers() -> None:
+    backend = RayBackend.local(workers=1)
+    pids = [w.pid for w in backend.workers()]
+    backend.close_timeout = 0.5
+    pending = backend.dispatch(spin(), [np.array([0xFFFF_FFFF], np.uint32)])
+    await anyio.sleep(0.2)
+    with anyio.fail_after(30):
+        await backend.aclose()
+    with pytest.raises(Exception) as info:
+        await pending
+    assert "Fix:" in str(info.value)
+    with anyio.fail_after(15):
+        await poll_until(lambda: not any(_alive(pid) for pid in pids))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# Traces ---------------------------------------------------------------------------------------
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    bodies: ClassVar[list[bytes]] = []
+
+    def do_POST(self) -> None:
+        _Receiver.bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+@pytest.fixture
+def receiver() -> Iterator[str]:
+    _Receiver.bodies = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+async def test_a_workers_span_is_a_child_of_the_callers_span(receiver: str) -> None:
+    exporter, _ = otel_sdk.install()  # the caller records its spans in memory
+    backend = RayBackend.local(
+        workers=1,
+        trace="otlp",
+        worker_env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver, "OTEL_BSP_SCHEDULE_DELAY": "50"},
+    )
+    try:
+        exporter.clear()
+        with trace.get_tracer("tests").start_as_current_span("request"):
+            await backend.dispatch(XOR, [np.arange(64, dtype=np.uint32)] * 2)
+        (caller,) = [s for s in exporter.get_finished_spans() if s.name == "vyre.dispatch"]
+        import ray
+
+        assert ray.get(backend._members[0].handle.flush_telemetry.remote(), timeout=30)
+        spans = []
+        for body in _Receiver.bodies:
+            request = ExportTraceServiceRequest.FromString(body)
+            for rs in request.resource_spans:
+                for ss in rs.scope_spans:
+                    spans += [s for s in ss.spans if s.name == "vyre.dispatch"]
+        (remote,) = spans
+        assert remote.trace_id == caller.context.trace_id.to_bytes(16, "big")
+        assert remote.parent_span_id == caller.context.span_id.to_bytes(8, "big")
+    finally:
+        await backend.aclose()
