@@ -220,8 +220,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "span-key-misspelt-in-code",
         "src/vyre_async/telemetry.py",
-        'final["vyre.queue.time_s"] = timing.queue_s',
-        'final["vyre.queue_time_s"] = timing.queue_s',
+        'final["vyre.queue.time_s"] = queue_s',
+        'final["vyre.queue_time_s"] = queue_s',
         (TABLE,),
         "the documented vyre.queue.time_s was never set",
     ),

@@ -12,6 +12,7 @@ ever killed by group.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -59,10 +60,8 @@ def end_cluster(timeout_s: float = 10.0) -> list[int]:
         time.sleep(0.1)
     killed = [pid for pid in ours if _alive(pid)]
     for pid in killed:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and any(_alive(pid) for pid in killed):
         time.sleep(0.05)
