@@ -358,3 +358,29 @@ async def test_a_workers_span_is_a_child_of_the_callers_span(receiver: str) -> N
         assert remote.parent_span_id == caller.context.span_id.to_bytes(8, "big")
     finally:
         await backend.aclose()
+
+
+# Errors ---------------------------------------------------------------------------------------
+
+
+def test_ray_errors_become_vyre_errors_with_a_fix() -> None:
+    import ray.exceptions as rex
+
+    from vyre_async import BackendError, DeviceOutOfMemory, DispatchFailed
+    from vyre_ray.errors import translate
+
+    own = InvalidProgram("bad input", fix="fix it")
+    wrapped = rex.RayTaskError("run", "traceback", own)
+    assert translate(wrapped, doing="x") is own  # a worker's own error: same class and code
+    cases = [
+        (rex.ObjectStoreFullError("store full"), DeviceOutOfMemory),
+        (rex.ActorDiedError(), DeviceLost),
+        (rex.RayTaskError("run", "traceback", ValueError("boom")), DispatchFailed),
+        (RuntimeError("anything else"), DispatchFailed),
+    ]
+    for exc, kind in cases:
+        error = translate(exc, doing="running the dispatch")
+        assert type(error) is kind, (exc, error)
+        assert isinstance(error, BackendError) and error.__cause__ is exc
+        assert "running the dispatch" in str(error)
+        assert str(error).rpartition("\n")[2].startswith("Fix: ")
