@@ -15,6 +15,11 @@ execution mode chosen for the repeated submission.
 
     .venv/bin/python examples/megakernel_arms.py            # reference backend
     .venv/bin/python examples/megakernel_arms.py --backend cupy --size 4194304
+    .venv/bin/python examples/megakernel_arms.py --timeline arms.json   # for ui.perfetto.dev
+
+With ``--timeline PATH`` every dispatch and graph is traced (with the phase
+detail) and the trace is written as Chrome trace-event JSON: open it in
+https://ui.perfetto.dev to see the layers' arms side by side.
 
 The result is checked against running the arms one by one in submission order,
 and the two are timed in interleaved rounds (medians reported).
@@ -105,6 +110,12 @@ def show(result: GraphResult) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
+    provider = None
+    if args.timeline:
+        from vyre_async.tracing import configure_tracing
+
+        spans_file = f"{args.timeline}.otlp.jsonl"
+        provider = configure_tracing(f"file:{spans_file}", detail="phases")
     backend = acquire_backend(args.backend)
     # Measure once per device (cached on disk): the concurrency and residency verdicts read it.
     calibration = await anyio.to_thread.run_sync(lambda: calibration_for(backend, measure=True))
@@ -147,6 +158,15 @@ async def main(args: argparse.Namespace) -> None:
         + (f" ({mode.reason})" if mode.reason else "")
     )
     await backend.shutdown()
+    if provider is not None:
+        from vyre_async.timeline import convert
+
+        provider.shutdown()  # flushes the spans to the file
+        timeline = convert(spans_file, args.timeline)
+        print(
+            f"timeline: {timeline.spans} spans, {timeline.events} slices on {timeline.tracks} "
+            f"tracks -> {args.timeline} (open it in https://ui.perfetto.dev)"
+        )
 
 
 if __name__ == "__main__":
@@ -154,4 +174,7 @@ if __name__ == "__main__":
     parser.add_argument("--backend", default="reference", help="backend id (default reference)")
     parser.add_argument("--size", type=int, default=1 << 21, help="elements per buffer")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
+    parser.add_argument(
+        "--timeline", default=None, metavar="PATH", help="write a Perfetto timeline of the run"
+    )
     anyio.run(main, parser.parse_args())

@@ -8,6 +8,7 @@ import logging
 import platform
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -110,6 +111,49 @@ def _demo(args: argparse.Namespace) -> int:
             provider.shutdown()
 
 
+def _timeline(args: argparse.Namespace) -> int:
+    from vyre_async.timeline import convert
+
+    source = Path(args.trace)
+    if not source.is_file():
+        print(
+            f"vyre-async: no trace file {str(source)!r}\n"
+            "Fix: write one first, e.g. vyre-async demo --trace file:traces.jsonl",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        report = convert(source, args.output)
+    except OSError as exc:
+        print(
+            f"vyre-async: cannot write {args.output!r}: {exc}\nFix: choose a writable path for -o",
+            file=sys.stderr,
+        )
+        return 2
+    if report.skipped_lines:
+        shown = ", ".join(str(n) for n in report.skipped_lines[:10])
+        more = (
+            "" if len(report.skipped_lines) <= 10 else f" and {len(report.skipped_lines) - 10} more"
+        )
+        print(
+            f"vyre-async: skipped {len(report.skipped_lines)} line(s) that are not OTLP-JSON "
+            f"span batches: {shown}{more} (a file cut short keeps its other lines)",
+            file=sys.stderr,
+        )
+    if not report.spans:
+        print(
+            f"vyre-async: {str(source)!r} holds no spans\n"
+            "Fix: pass a file written by --trace file:PATH (OTLP-JSON, one batch per line)",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"{report.spans} spans -> {report.events} slices on {report.tracks} tracks: "
+        f"{args.output} (open it in https://ui.perfetto.dev or chrome://tracing)"
+    )
+    return 0
+
+
 def _tracing(spec: str) -> Any:
     if spec == "none":
         return None
@@ -166,6 +210,17 @@ def build_parser() -> argparse.ArgumentParser:
         "default http://localhost:4318; OTEL_SERVICE_NAME names the service)",
     )
     demo.set_defaults(run=_demo)
+    traces = commands.add_parser("trace", help="work with trace files written by --trace file:PATH")
+    trace_commands = traces.add_subparsers(dest="trace_command", required=True)
+    timeline = trace_commands.add_parser(
+        "timeline",
+        help="turn an OTLP-JSON trace file into Chrome trace-event JSON (ui.perfetto.dev)",
+    )
+    timeline.add_argument("trace", help="the OTLP-JSON lines file (--trace file:PATH)")
+    timeline.add_argument(
+        "-o", "--output", required=True, help="where to write the trace-event JSON"
+    )
+    timeline.set_defaults(run=_timeline)
     return parser
 
 

@@ -1,0 +1,317 @@
+"""A trace to look at: OTLP-JSON spans become Chrome trace-event JSON for Perfetto.
+
+``vyre-async trace timeline TRACE.jsonl -o timeline.json`` reads the OTLP-JSON
+lines that ``--trace file:PATH`` (`vyre_async.tracing.OtlpJsonFileExporter`)
+writes and writes a trace-event file that https://ui.perfetto.dev and
+``chrome://tracing`` open:
+
+- one process per service (``service.name``: the application, each Ray worker);
+- in it, one track per place work ran: per backend stream (``vyre.stream``),
+  else per backend, split into lanes so that dispatches in flight together sit
+  side by side — concurrency and copy overlap show as parallel slices;
+- each ``vyre.dispatch`` span is a slice named by its program (and its arm and
+  layer in an arm graph), with its attributes as arguments and its phases
+  nested inside: the phase child spans when the trace has them (the
+  ``phases`` detail), else slices laid out from the ``vyre.phase.*_s``
+  durations (compile and wait from the start, upload, launch and readback
+  ending at the end; marked ``approximate``);
+- ``vyre.graph`` spans on a track of their own, other spans (requests) on
+  lanes of their own, their children nested inside.
+
+Only the standard library is used: no SDK is needed to convert a file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["Span", "TimelineReport", "read_otlp_json", "to_trace_events", "write_timeline"]
+
+#: Phase attribute, in the order phases happen within a dispatch.
+_PHASES = (
+    ("vyre.phase.compile_s", "compile"),
+    ("vyre.phase.wait_s", "wait"),
+    ("vyre.phase.upload_s", "upload"),
+    ("vyre.phase.launch_s", "launch"),
+    ("vyre.phase.readback_s", "readback"),
+)
+_LEADING = 2  # compile and wait lie from the start, the rest end at the end
+
+
+@dataclass(slots=True)
+class Span:
+    """One span of an OTLP-JSON trace file."""
+
+    trace_id: str
+    span_id: str
+    parent_id: str
+    name: str
+    start_ns: int
+    end_ns: int
+    service: str
+    attributes: dict[str, Any] = field(default_factory=dict)
+    children: list[Span] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineReport:
+    """What `write_timeline` did: spans read, events and tracks written, lines skipped."""
+
+    spans: int
+    events: int
+    tracks: int
+    skipped_lines: tuple[int, ...]
+
+
+def _value(raw: Mapping[str, Any]) -> Any:
+    """An OTLP ``AnyValue`` as a Python value."""
+    for key in ("stringValue", "boolValue", "doubleValue"):
+        if key in raw:
+            return raw[key]
+    if "intValue" in raw:
+        return int(raw["intValue"])
+    if "arrayValue" in raw:
+        return [_value(v) for v in raw["arrayValue"].get("values", ())]
+    return None
+
+
+def _attributes(items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    return {item["key"]: _value(item.get("value", {})) for item in items}
+
+
+def read_otlp_json(lines: Iterable[str]) -> tuple[list[Span], list[int]]:
+    """Parse OTLP-JSON lines (``{"resourceSpans": [...]}`` each); return spans and bad lines.
+
+    A line that is not such an object (a file cut short by a crash, a stray
+    line) is skipped and its number returned, so nothing else is lost.
+    """
+    spans: list[Span] = []
+    skipped: list[int] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            document = json.loads(line)
+            found = list(_spans_of(document))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            skipped.append(number)
+            continue
+        spans += found
+    return spans, skipped
+
+
+def _spans_of(document: Mapping[str, Any]) -> Iterator[Span]:
+    for resource_spans in document["resourceSpans"]:
+        resource = _attributes(resource_spans.get("resource", {}).get("attributes", ()))
+        service = str(resource.get("service.name", "unknown service"))
+        for scope_spans in resource_spans.get("scopeSpans", ()):
+            for raw in scope_spans.get("spans", ()):
+                yield Span(
+                    trace_id=str(raw.get("traceId", "")),
+                    span_id=str(raw["spanId"]),
+                    parent_id=str(raw.get("parentSpanId", "")),
+                    name=str(raw["name"]),
+                    start_ns=int(raw["startTimeUnixNano"]),
+                    end_ns=int(raw["endTimeUnixNano"]),
+                    service=service,
+                    attributes=_attributes(raw.get("attributes", ())),
+                )
+
+
+class _Lanes:
+    """Lanes of one track group: a slice goes to the first lane free at its start."""
+
+    def __init__(self) -> None:
+        self.ends: list[int] = []
+
+    def place(self, start_ns: int, end_ns: int) -> int:
+        for lane, busy_until in enumerate(self.ends):
+            if busy_until <= start_ns:
+                self.ends[lane] = end_ns
+                return lane
+        self.ends.append(end_ns)
+        return len(self.ends) - 1
+
+
+def _track_group(span: Span) -> str:
+    """Where a top-level slice goes: its backend's stream or the backend, graphs, other spans."""
+    attributes = span.attributes
+    if span.name == "vyre.dispatch":
+        backend = attributes.get("vyre.backend.id", "backend")
+        stream = attributes.get("vyre.stream")
+        return f"{backend} stream {stream}" if stream is not None else str(backend)
+    if span.name == "vyre.graph":
+        return "arm graphs"
+    return "spans"
+
+
+def _slice_name(span: Span) -> str:
+    attributes = span.attributes
+    if span.name != "vyre.dispatch":
+        label = attributes.get("vyre.graph.label")
+        return f"graph {label}" if span.name == "vyre.graph" and label else span.name
+    name = str(attributes.get("vyre.label") or attributes.get("vyre.program.op_id") or "dispatch")
+    arm = attributes.get("vyre.arm.label", attributes.get("vyre.arm.index"))
+    layer = attributes.get("vyre.policy.arm.layer")
+    if arm is not None:
+        name += f" [arm {arm}" + (f", layer {layer}]" if layer is not None else "]")
+    return name
+
+
+def _us(ns: int) -> float:
+    return ns / 1000.0
+
+
+def _args(span: Span) -> dict[str, Any]:
+    args = dict(span.attributes)
+    args["span_id"] = span.span_id
+    args["trace_id"] = span.trace_id
+    return args
+
+
+def _within(start: int, end: int, lo: int, hi: int) -> tuple[int, int]:
+    start = min(max(start, lo), hi)
+    return start, min(max(end, start), hi)
+
+
+def _phase_slices(span: Span) -> list[tuple[str, int, int, bool]]:
+    """(name, start, end, approximate) of a dispatch's phases, inside its interval."""
+    lo, hi = span.start_ns, span.end_ns
+    children = [c for c in span.children if c.name.startswith("vyre.")]
+    if children:
+        out = []
+        cursor = lo
+        for child in sorted(children, key=lambda c: c.start_ns):
+            start, end = _within(max(child.start_ns, cursor), child.end_ns, lo, hi)
+            out.append((child.name.removeprefix("vyre."), start, end, False))
+            cursor = end
+        return out
+    durations = [
+        (name, span.attributes.get(key)) for key, name in _PHASES if key in span.attributes
+    ]
+    known = [
+        (name, max(0, round(float(d) * 1e9)))
+        for name, d in durations
+        if isinstance(d, int | float) and math.isfinite(d)
+    ]
+    leading = [p for p in known if p[0] in ("compile", "wait")][:_LEADING]
+    trailing = [p for p in known if p[0] not in ("compile", "wait")]
+    out = []
+    cursor = lo
+    for name, ns in leading:
+        start, end = _within(cursor, cursor + ns, lo, hi)
+        out.append((name, start, end, True))
+        cursor = end
+    floor = cursor
+    cursor = hi
+    for name, ns in reversed(trailing):
+        start, end = _within(cursor - ns, cursor, floor, hi)
+        out.append((name, start, end, True))
+        cursor = start
+    return sorted(out, key=lambda p: p[1])
+
+
+def to_trace_events(spans: Iterable[Span]) -> dict[str, Any]:
+    """Return the Chrome trace-event JSON object (``{"traceEvents": [...]}``) of ``spans``."""
+    spans = list(spans)
+    by_id = {(s.trace_id, s.span_id): s for s in spans}
+    roots: list[Span] = []
+    for span in spans:
+        parent = by_id.get((span.trace_id, span.parent_id)) if span.parent_id else None
+        # A dispatch is a top-level slice of its track even under a request span.
+        if parent is not None and parent.service == span.service and span.name != "vyre.dispatch":
+            parent.children.append(span)
+        else:
+            roots.append(span)
+    origin = min((s.start_ns for s in spans), default=0)
+    services = sorted({s.service for s in roots} | {s.service for s in spans})
+    pid_of = {service: index + 1 for index, service in enumerate(services)}
+    events: list[dict[str, Any]] = []
+    tracks: dict[tuple[int, str, int], int] = {}
+    lanes: dict[tuple[int, str], _Lanes] = {}
+
+    def tid_for(pid: int, group: str, lane: int) -> int:
+        key = (pid, group, lane)
+        if key not in tracks:
+            tracks[key] = len([k for k in tracks if k[0] == pid]) + 1
+            label = group if lane == 0 else f"{group} · lane {lane}"
+            events.append(
+                {"ph": "M", "name": "thread_name", "pid": pid, "tid": tracks[key],
+                 "args": {"name": label}}
+            )  # fmt: skip
+        return tracks[key]
+
+    def emit(span: Span, pid: int, tid: int, lo: int, hi: int) -> None:
+        start, end = _within(span.start_ns, span.end_ns, lo, hi)
+        events.append(
+            {
+                "ph": "X",
+                "name": _slice_name(span),
+                "cat": span.name,
+                "pid": pid,
+                "tid": tid,
+                "ts": _us(start - origin),
+                "dur": _us(end - start),
+                "args": _args(span),
+            }
+        )
+        if span.name == "vyre.dispatch":
+            for name, p_start, p_end, approximate in _phase_slices(span):
+                events.append(
+                    {
+                        "ph": "X",
+                        "name": name,
+                        "cat": "vyre.phase",
+                        "pid": pid,
+                        "tid": tid,
+                        "ts": _us(p_start - origin),
+                        "dur": _us(p_end - p_start),
+                        "args": {"approximate": approximate},
+                    }
+                )
+            return
+        cursor = start
+        for child in sorted(span.children, key=lambda c: c.start_ns):
+            c_start, c_end = _within(max(child.start_ns, cursor), child.end_ns, start, end)
+            if c_end > c_start:
+                emit(child, pid, tid, c_start, c_end)
+                cursor = c_end
+
+    for service in services:
+        pid = pid_of[service]
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": service}})
+    for span in sorted(roots, key=lambda s: (s.start_ns, -s.end_ns)):
+        pid = pid_of[span.service]
+        group = _track_group(span)
+        lane = lanes.setdefault((pid, group), _Lanes()).place(span.start_ns, span.end_ns)
+        emit(span, pid, tid_for(pid, group, lane), span.start_ns, span.end_ns)
+    slices = [e for e in events if e["ph"] == "X"]
+    meta = [e for e in events if e["ph"] == "M"]
+    slices.sort(key=lambda e: (e["pid"], e["tid"], e["ts"], -e["dur"]))
+    return {"traceEvents": meta + slices, "displayTimeUnit": "ms"}
+
+
+def write_timeline(source: TextIO, target: TextIO) -> TimelineReport:
+    """Convert the OTLP-JSON lines of ``source`` into trace-event JSON written to ``target``."""
+    spans, skipped = read_otlp_json(source)
+    document = to_trace_events(spans)
+    json.dump(document, target)
+    events = document["traceEvents"]
+    tracks = sum(1 for e in events if e.get("name") == "thread_name")
+    return TimelineReport(
+        spans=len(spans),
+        events=sum(1 for e in events if e["ph"] == "X"),
+        tracks=tracks,
+        skipped_lines=tuple(skipped),
+    )
+
+
+def convert(trace: str | Path, output: str | Path) -> TimelineReport:
+    """Convert the file ``trace`` into ``output`` (see `write_timeline`)."""
+    with open(trace, encoding="utf-8") as source, open(output, "w", encoding="utf-8") as target:
+        return write_timeline(source, target)
