@@ -89,6 +89,12 @@ def backend(fake: FakeDevice) -> Iterator[CupyBackend]:
     anyio.run(backend.shutdown)
 
 
+@pytest.fixture
+def vyre_backend(backend: CupyBackend) -> CupyBackend:
+    """The contract tests below (shared with `vyre_async.testing`) run on the fake device."""
+    return backend
+
+
 @pytest.fixture(scope="module")
 def gpu(backend: CupyBackend) -> CupyBackend:
     """The fake-device backend, under the name the GPU tests use."""

@@ -1,0 +1,435 @@
+"""The driver contract, checked on a backend under asyncio and trio (`vyre_async.testing`).
+
+Every test takes the ``vyre_backend`` fixture of the `vyre_async.testing.plugin`
+pytest plugin: ``python -m pytest --pyargs vyre_async.testing --vyre-backend=ID``.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+import numpy as np
+import pytest
+
+from vyre_async import (
+    Access,
+    BackendClosed,
+    BackendError,
+    BufferDecl,
+    DispatchConfig,
+    DispatchTimeout,
+    DType,
+    InvalidProgram,
+    PendingDispatch,
+    Program,
+    ResidentBuffer,
+    ResultAlreadyTaken,
+    UnsupportedFeature,
+    VyreBackend,
+    acquire_backend,
+)
+from vyre_async.ir import Assign, Expr, If, Let, Load, Loop, Stmt, Store, Var, gid, u32
+from vyre_async.programs import elementwise_xor, standard_workloads
+from vyre_async.shadow import compare_outputs
+from vyre_async.testing.corpus import Case, cases
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Every contract test runs under asyncio and under trio (skipped without trio)."""
+    if request.param == "trio":
+        pytest.importorskip("trio", reason="trio is not installed: the trio half is skipped")
+    return str(request.param)
+
+
+CASES = cases()
+
+
+def spin(workgroup: int = 1) -> Program:
+    """``out[0] = sum(range(n))`` with ``n`` read at run time: as long as you like."""
+    return Program(
+        [
+            BufferDecl("n", 0, Access.UNIFORM, DType.U32, 1),
+            BufferDecl("out", 1, Access.WRITE, DType.U32, workgroup),
+        ],
+        workgroup,
+        [
+            Let("acc", u32(0)),
+            Loop("i", u32(0), Load("n", u32(0)), [Assign("acc", Var("acc") + Var("i"))]),
+            Store("out", u32(0), Var("acc")),
+        ],
+        op_id="test.spin",
+    )
+
+
+def _config(case: Case) -> DispatchConfig:
+    return DispatchConfig(
+        grid_override=case.grid,
+        ulp_budget=case.ulp_budget or None,
+        fixpoint_iterations=case.fixpoint_iterations,
+        label=case.name,
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+async def test_corpus_byte_for_byte(vyre_backend: VyreBackend, case: Case) -> None:
+    if case.error is not None:
+        with pytest.raises(case.error) as info:
+            await vyre_backend.dispatch(case.program, case.inputs, _config(case))
+        assert "Fix:" in str(info.value)
+        return
+    outputs = await vyre_backend.dispatch(case.program, case.inputs, _config(case))
+    divergence = compare_outputs(
+        case.name, case.program, case.inputs, outputs, case.expected, ulp_budget=case.ulp_budget
+    )
+    assert divergence is None, str(divergence)
+    for got, want in zip(outputs, case.expected, strict=True):
+        assert got.dtype == np.asarray(want).dtype
+
+
+async def test_errors_before_launch_carry_a_fix(vyre_backend: VyreBackend) -> None:
+    program = elementwise_xor(8)
+    ok = [np.zeros(8, np.uint32), np.zeros(8, np.uint32)]
+    bad_calls: list[tuple[Callable[[], object], type[BackendError]]] = [
+        (lambda: vyre_backend.dispatch(program, ok[:1]), InvalidProgram),
+        (lambda: vyre_backend.dispatch(program, [ok[0], np.zeros(8, np.float32)]), InvalidProgram),
+        (
+            lambda: vyre_backend.dispatch(program, ok, DispatchConfig(max_output_bytes=4)),
+            InvalidProgram,
+        ),
+    ]
+    if not vyre_backend.capabilities().grid_sync:
+        bad_calls.append(
+            (
+                lambda: vyre_backend.dispatch(program, ok, DispatchConfig(cooperative=True)),
+                UnsupportedFeature,
+            )
+        )
+    for call, error in bad_calls:
+        with pytest.raises(error) as info:
+            call()
+        assert str(info.value).rpartition("\n")[2].startswith("Fix: ")
+    assert (await vyre_backend.dispatch(program, ok))[0].tolist() == [0] * 8
+
+
+async def test_a_result_is_taken_once(vyre_backend: VyreBackend) -> None:
+    pending = vyre_backend.dispatch(elementwise_xor(4), [np.ones(4, np.uint32)] * 2)
+    await pending
+    with pytest.raises(ResultAlreadyTaken):
+        await pending
+
+
+async def test_many_dispatches_in_flight_complete_correctly(vyre_backend: VyreBackend) -> None:
+    workloads = standard_workloads()
+    jobs = []
+    for seed in range(48):
+        w = workloads[seed % len(workloads)]
+        inputs = w.inputs(seed)
+        jobs.append(
+            (
+                w,
+                w.expected(inputs),
+                vyre_backend.dispatch(w.program, inputs, DispatchConfig(grid_override=w.grid)),
+            )
+        )
+    for w, expected, pending in jobs:
+        outputs = await pending
+        assert compare_outputs(w.name, w.program, [], outputs, expected) is None
+
+
+def _rw_program(name: str, lanes: int, value: Expr, *, spin_input: bool = False) -> Program:
+    """``x[gid] = value(x[gid])`` on a READ_WRITE buffer, after an optional run-time spin."""
+    buffers = [BufferDecl("x", 0, Access.READ_WRITE, DType.U32, lanes)]
+    body: list[Stmt] = [Store("x", gid(), value)]
+    if spin_input:
+        # A recurrence the compiler cannot fold, kept alive by a store that never
+        # happens for the spin counts used here: the kernel really takes longer.
+        buffers.append(BufferDecl("n", 1, Access.UNIFORM, DType.U32, 1))
+        body = [
+            Let("acc", u32(0)),
+            Loop("i", u32(0), Load("n", u32(0)), [Assign("acc", Var("acc") * u32(3) + Var("i"))]),
+            *body,
+            If(Var("acc").eq(u32(0x9E3779B9)), [Store("x", gid(), Var("acc"))]),
+        ]
+    return Program(buffers, lanes, body, op_id=f"test.{name}")
+
+
+def _copy_program(lanes: int) -> Program:
+    return Program(
+        [
+            BufferDecl("x", 0, Access.READ, DType.U32, lanes),
+            BufferDecl("out", 1, Access.WRITE, DType.U32, lanes),
+        ],
+        lanes,
+        [Store("out", gid(), Load("x", gid()))],
+        op_id="test.copy",
+    )
+
+
+def resident_order_programs(lanes: int = 64) -> tuple[Program, Program, Program]:
+    """The ordering test's kernels: slow ``x += 1``, ``x *= 3``, and ``out = x``."""
+    return (
+        _rw_program("slow_add", lanes, Load("x", gid()) + u32(1), spin_input=True),
+        _rw_program("triple", lanes, Load("x", gid()) * u32(3)),
+        _copy_program(lanes),
+    )
+
+
+def _resident_setup(
+    vyre_backend: VyreBackend,
+) -> tuple[np.ndarray, ResidentBuffer, tuple[Program, Program, Program]]:
+    """``x0``, a resident copy of it, and the ordering kernels, compiled (skip if no residents)."""
+    x0 = np.arange(64, dtype=np.uint32)
+    try:
+        x = vyre_backend.upload(x0)
+    except UnsupportedFeature:
+        pytest.skip(f"backend {vyre_backend.id!r} has no resident buffers")
+    programs = resident_order_programs(64)
+    for program in programs:
+        vyre_backend.compile(program)  # compile first: only the ordering is under test
+    return x0, x, programs
+
+
+async def test_dispatches_sharing_a_resident_buffer_take_effect_in_submission_order(
+    vyre_backend: VyreBackend,
+) -> None:
+    x0, x, (slow_add, triple, copy) = _resident_setup(vyre_backend)
+    spins = np.array([3000], np.uint32)
+    x_check = vyre_backend.upload(x0)
+    await vyre_backend.dispatch(slow_add, [x_check, spins])
+    assert vyre_backend.download(x_check).tolist() == (x0 + 1).tolist()
+    vyre_backend.free(x_check)
+
+    # No await in between: the backend alone orders them.
+    a = vyre_backend.dispatch(slow_add, [x, spins])  # writes x (slowly)
+    if vyre_backend.id == "reference":
+        assert not a.done()  # the ordering below is really exercised
+    b = vyre_backend.dispatch(copy, [x])  # read after write: sees x0 + 1
+    c = vyre_backend.dispatch(triple, [x])  # write after read and after write
+    d = vyre_backend.dispatch(copy, [x])  # sees (x0 + 1) * 3
+    e = vyre_backend.dispatch(slow_add, [x, spins])  # write after read: d must not see it
+    # download waits for the writes submitted before it
+    assert vyre_backend.download(x).tolist() == ((x0 + 1) * 3 + 1).tolist()
+    outputs = [await p for p in (a, b, c, d, e)]
+    assert outputs[1][0].tolist() == (x0 + 1).tolist()
+    assert outputs[3][0].tolist() == ((x0 + 1) * 3).tolist()
+    # freeing a buffer that queued work still uses does not break that work
+    f = vyre_backend.dispatch(slow_add, [x, spins])
+    g = vyre_backend.dispatch(copy, [x])
+    vyre_backend.free(x)
+    await f
+    assert (await g)[0].tolist() == ((x0 + 1) * 3 + 2).tolist()
+
+
+async def test_a_timed_out_dispatch_keeps_the_order_of_those_behind_it(
+    vyre_backend: VyreBackend,
+) -> None:
+    """A dispatch that times out waiting for an earlier one must not let later ones pass."""
+    x0, x, (slow_add, triple, copy) = _resident_setup(vyre_backend)
+    spins = np.array([20000], np.uint32)
+    a = vyre_backend.dispatch(slow_add, [x, spins])
+    t = vyre_backend.dispatch(triple, [x], DispatchConfig(timeout=0.005))  # may time out waiting
+    c = vyre_backend.dispatch(copy, [x])  # after a: sees x0 + 1 (and x0 * 3 + 3 if t ran)
+    await a
+    try:
+        await t
+        expected = (x0 + 1) * 3
+    except DispatchTimeout:
+        expected = None
+    seen = (await c)[0]
+    if expected is None:  # t timed out: it may or may not have run on the device
+        assert seen.tolist() in ((x0 + 1).tolist(), ((x0 + 1) * 3).tolist())
+    else:
+        assert seen.tolist() == expected.tolist()
+    vyre_backend.free(x)
+
+
+async def test_timeout_raises_promptly_and_the_backend_recovers(vyre_backend: VyreBackend) -> None:
+    n = np.array([2_000_000_000], np.uint32)
+    start = time.monotonic()
+    with pytest.raises(DispatchTimeout) as info:
+        await vyre_backend.dispatch(spin(), [n], DispatchConfig(timeout=0.05, label="spin"))
+    waited = time.monotonic() - start
+    assert 0.04 <= waited < 1.5, waited  # prompt, with room for a loaded CI machine
+    assert isinstance(info.value, TimeoutError)
+    outputs = await vyre_backend.dispatch(spin(), [np.array([100], np.uint32)])
+    assert outputs[0][0] == sum(range(100))
+
+
+async def test_cancelling_waiters_leaves_everything_else_intact(vyre_backend: VyreBackend) -> None:
+    xor = elementwise_xor(256)
+    # Warm every pool to its bounded size first, so a leak shows as growth.
+    warm = [vyre_backend.dispatch(spin(), [np.array([5000], np.uint32)]) for _ in range(8)]
+    for pending in warm:
+        await pending
+    await vyre_backend.dispatch(xor, [np.zeros(256, np.uint32)] * 2)
+    await vyre_backend.flush()
+    await anyio.to_thread.run_sync(gc.collect)  # anyio keeps one idle worker thread cached
+    threads_before = threading.active_count()
+    pendings_before = _live_pendings()
+    cancelled: set[int] = set()
+    survivors_ok = 0
+    scopes: list[anyio.CancelScope] = []
+    victims: list[PendingDispatch] = []
+    rng = np.random.default_rng(7)
+
+    async def victim() -> None:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            pending = vyre_backend.dispatch(
+                spin(), [np.array([200_000], np.uint32)], DispatchConfig(timeout=2.0)
+            )
+            victims.append(pending)
+            await pending
+        if scope.cancelled_caught:
+            cancelled.add(id(pending))
+
+    async def survivor() -> None:
+        nonlocal survivors_ok
+        a = rng.integers(0, 2**32, 256, dtype=np.uint32)
+        b = rng.integers(0, 2**32, 256, dtype=np.uint32)
+        outputs = await vyre_backend.dispatch(xor, [a, b])
+        survivors_ok += int(np.array_equal(outputs[0], a ^ b))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(200):
+            tg.start_soon(victim if i % 2 == 0 else survivor)
+        for _ in range(3):
+            await anyio.lowlevel.checkpoint()
+        in_flight = {id(p) for p in victims if not p.done()}
+        for scope in scopes:
+            scope.cancel()
+    assert len(scopes) == 100
+    # Every victim still running when its waiter was cancelled saw the cancellation
+    # (a fast device may finish some victims first; the reference backend finishes none).
+    assert len(in_flight) >= 10
+    assert in_flight <= cancelled
+    assert survivors_ok == 100
+    await vyre_backend.flush()
+    victims.clear()
+    in_flight.clear()
+    gc.collect()
+    assert threading.active_count() <= threads_before
+    assert _live_pendings() <= pendings_before  # no dispatch state kept alive
+    outputs = await vyre_backend.dispatch(
+        xor, [np.full(256, 3, np.uint32), np.ones(256, np.uint32)]
+    )
+    assert outputs[0].tolist() == [2] * 256
+
+
+def _live_pendings() -> int:
+    return sum(isinstance(o, PendingDispatch) for o in gc.get_objects())
+
+
+def _rss_bytes() -> int:
+    with open(f"/proc/{os.getpid()}/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc for RSS")
+async def test_load_10000_dispatches_from_200_tasks(vyre_backend: VyreBackend) -> None:
+    xor = elementwise_xor(64)
+    per_task = 50
+    a = np.arange(64, dtype=np.uint32)
+    await vyre_backend.dispatch(xor, [a, a])
+    rss_before = _rss_bytes()
+    peak = rss_before
+    correct = 0
+
+    async def worker(t: int) -> None:
+        nonlocal correct, peak
+        b = np.full(64, t, np.uint32)
+        for _ in range(per_task):
+            outputs = await vyre_backend.dispatch(xor, [a, b])
+            correct += int(np.array_equal(outputs[0], a ^ b))
+        peak = max(peak, _rss_bytes())
+
+    start = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for t in range(200):
+            tg.start_soon(worker, t)
+    elapsed = time.perf_counter() - start
+    assert correct == 200 * per_task
+    growth = peak - rss_before
+    print(
+        f"\n{vyre_backend.id}: 10000 dispatches in {elapsed:.2f} s, "
+        f"peak RSS growth {growth / 2**20:.1f} MiB"
+    )
+    assert growth < 256 * 2**20
+
+
+async def test_a_closed_backend_refuses_every_operation(vyre_backend: VyreBackend) -> None:
+    """0.1.0 raised InvalidProgram (a program error) and still uploaded after close."""
+    xor = elementwise_xor(64)
+    a = np.arange(64, dtype=np.uint32)
+    pipeline = vyre_backend.compile(xor)
+    assert (await vyre_backend.dispatch(xor, [a, a]))[0].tolist() == [0] * 64
+    try:
+        resident: ResidentBuffer | None = vyre_backend.upload(a)
+    except UnsupportedFeature:
+        resident = None
+    await vyre_backend.aclose()
+    assert vyre_backend.closed
+    operations: dict[str, Callable[[], object]] = {
+        "dispatch": lambda: vyre_backend.dispatch(xor, [a, a]),
+        "pipeline.dispatch": lambda: pipeline.dispatch([a, a]),
+        "dispatch_batch": lambda: pipeline.dispatch_batch([[a, a]]),
+        "compile": lambda: vyre_backend.compile(elementwise_xor(32)),
+        "upload": lambda: vyre_backend.upload(a),
+        "alloc": lambda: vyre_backend.alloc("u32", 4),
+    }
+    if resident is not None:
+        operations["download"] = lambda: vyre_backend.download(resident)
+    for name, operation in operations.items():
+        with pytest.raises(BackendClosed) as info:
+            operation()
+        assert info.value.code == 1011, name
+        assert "\nFix: " in str(info.value), name
+    with pytest.raises(BackendClosed):
+        await vyre_backend.compile_async(xor)
+    await vyre_backend.aclose()  # closing twice is harmless
+    if resident is not None:
+        vyre_backend.free(resident)  # releasing after close is allowed
+    fresh = acquire_backend(vyre_backend.id)  # the Fix works: a new instance
+    assert fresh is not vyre_backend and not fresh.closed
+    assert (await fresh.dispatch(xor, [a, a]))[0].tolist() == [0] * 64
+
+
+async def test_a_resident_buffer_of_another_instance_is_refused(vyre_backend: VyreBackend) -> None:
+    a = np.arange(64, dtype=np.uint32)
+    try:
+        mine = vyre_backend.upload(a)
+    except UnsupportedFeature:
+        pytest.skip(f"backend {vyre_backend.id!r} has no resident buffers")
+    other = type(vyre_backend)()
+    try:
+        with pytest.raises(InvalidProgram, match="another instance") as info:
+            other.dispatch(_copy_program(64), [mine])
+        assert "\nFix: " in str(info.value)
+        with pytest.raises(InvalidProgram, match="another instance"):
+            other.download(mine)
+    finally:
+        await other.aclose()
+
+
+async def test_closing_ends_a_dispatch_that_would_run_for_hours(vyre_backend: VyreBackend) -> None:
+    """A runaway kernel kept aclose() waiting forever on 0.1.0."""
+    vyre_backend.close_timeout = 1.0
+    runaway = spin()
+    vyre_backend.compile(runaway)
+    pending = vyre_backend.dispatch(runaway, [np.array([0xFFFF_FFFF], np.uint32)])
+    await anyio.sleep(0.05)
+    with anyio.fail_after(vyre_backend.close_timeout + 20):
+        await vyre_backend.aclose()
+        with pytest.raises(BackendClosed) as info:
+            await pending
+    assert "\nFix: " in str(info.value)
