@@ -30,6 +30,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from tests import otel_sdk
 from vyre_async import (
+    BackendClosed,
     DeviceLost,
     DispatchConfig,
     DispatchTimeout,
@@ -179,12 +180,13 @@ class _Spy:
         self.describe = handle.describe
 
 
-async def test_a_program_is_sent_once_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_program_is_sent_once_per_worker() -> None:
     backend = RayBackend.local(workers=2)
+    handles = [member.handle for member in backend._members]
     try:
         sent: list[bool] = []
         for member in backend._members:
-            monkeypatch.setattr(member, "handle", _Spy(member.handle, sent))
+            member.handle = _Spy(member.handle, sent)
         program = elementwise_xor(48)
         a = np.arange(48, dtype=np.uint32)
         for k in range(12):  # one at a time: the first call to each worker carries it
@@ -194,6 +196,8 @@ async def test_a_program_is_sent_once_per_worker(monkeypatch: pytest.MonkeyPatch
         assert len(sent) == 12 and 1 <= sum(sent) <= 2
         assert sent[0] is True
     finally:
+        for member, handle in zip(backend._members, handles, strict=True):
+            member.handle = handle  # the real handles, so closing kills the workers
         await backend.aclose()
 
 
@@ -211,7 +215,28 @@ async def test_large_inputs_go_through_the_object_store_and_outputs_are_writable
     assert np.array_equal(out, np.arange(n, dtype=np.uint32) ^ np.uint32(7))
 
 
-async def test_a_worker_error_arrives_as_the_same_vyre_error(pool: RayBackend) -> None:
+def test_a_worker_error_arrives_as_the_same_vyre_error(pool: RayBackend) -> None:
+    """An error raised on the worker crosses Ray and comes back as itself, with its Fix."""
+    from vyre_ray.errors import translate
+
+    handle = pool._members[0].handle
+    ref = handle.run.remote(b"\0" * 32, b"not a program", [], DispatchConfig(), None)
+    with pytest.raises(Exception) as raw:  # what Ray's future raises: its wrapper class
+        ref.future().result(timeout=60)
+    error = translate(raw.value, doing="running the dispatch on a worker")
+    assert type(error) is InvalidProgram  # the worker's own error, unwrapped
+    assert str(error).rpartition("\n")[2].startswith("Fix: ")
+    assert "ray" not in type(error).__module__
+
+
+def test_workers_that_cannot_start_are_refused_with_a_fix() -> None:
+    with pytest.raises(UnsupportedFeature) as info:
+        RayBackend.local(workers=1, inner="cupy")  # no CuPy on the workers here
+    assert "workers could not start" in str(info.value)
+    assert str(info.value).rpartition("\n")[2].startswith("Fix: ")
+
+
+async def test_a_timeout_cancels_the_remote_task(pool: RayBackend) -> None:
     with pytest.raises(DispatchTimeout) as info:
         await pool.dispatch(
             spin(), [np.array([2_000_000_000], np.uint32)], DispatchConfig(timeout=0.3)
@@ -290,7 +315,7 @@ async def test_closing_the_pool_ends_its_workers() -> None:
     await anyio.sleep(0.2)
     with anyio.fail_after(30):
         await backend.aclose()
-    with pytest.raises(Exception) as info:
+    with pytest.raises(BackendClosed) as info:
         await pending
     assert "Fix:" in str(info.value)
     with anyio.fail_after(15):
@@ -372,9 +397,16 @@ def test_ray_errors_become_vyre_errors_with_a_fix() -> None:
     own = InvalidProgram("bad input", fix="fix it")
     wrapped = rex.RayTaskError("run", "traceback", own)
     assert translate(wrapped, doing="x") is own  # a worker's own error: same class and code
+    # What ref.future() really raises: a class derived from RayTaskError and the cause.
+    dual = rex.RayTaskError("run", "traceback", own).as_instanceof_cause()
+    assert isinstance(dual, InvalidProgram) and isinstance(dual, rex.RayTaskError)
+    unwrapped = translate(dual, doing="x")
+    assert type(unwrapped) is InvalidProgram and str(unwrapped).endswith("Fix: fix it")
     cases = [
         (rex.ObjectStoreFullError("store full"), DeviceOutOfMemory),
         (rex.ActorDiedError(), DeviceLost),
+        (rex.GetTimeoutError("no answer"), DeviceLost),
+        (rex.OutOfDiskError("disk full"), DeviceOutOfMemory),
         (rex.RayTaskError("run", "traceback", ValueError("boom")), DispatchFailed),
         (RuntimeError("anything else"), DispatchFailed),
     ]

@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,8 @@ from vyre_async.errors import BackendClosed, InvalidProgram, UnsupportedFeature
 from vyre_async.frontend import Launch
 from vyre_async.ir.program import Program
 from vyre_async.pending import PendingDispatch
-from vyre_ray.errors import UnknownProgram, not_installed, translate
+from vyre_ray.errors import UnknownProgram, cause_of, not_installed, translate
+from vyre_ray.worker import PROGRAMS_KEPT
 
 __all__ = ["TASK_RETRIES", "RayBackend", "WorkerInfo", "cluster_target", "create_backend"]
 
@@ -100,11 +102,14 @@ class WorkerInfo:
 
 @dataclass(eq=False)
 class _Member:
-    """The caller's view of one worker: its handle, what it holds, its load."""
+    """The caller's view of one worker: its handle, the programs it holds, its load.
+
+    ``seen`` and ``in_flight`` change under the backend's lock only.
+    """
 
     index: int
     handle: Any
-    seen: set[bytes] = dataclasses.field(default_factory=set)
+    seen: OrderedDict[bytes, None] = dataclasses.field(default_factory=OrderedDict)
     in_flight: int = 0
 
 
@@ -172,8 +177,8 @@ def cluster_target(
     return "local", local
 
 
-def _connect(ray: Any, address: str | None, workers: int | None) -> int:
-    """Connect this process to Ray (once); return how many workers a new pool gets."""
+def _connect(ray: Any, address: str | None, workers: int | None) -> tuple[int, bool]:
+    """Connect this process to Ray (once); return a new pool's size, and if it is per GPU."""
     global _started_here
     with _connect_lock:
         if not ray.is_initialized():
@@ -200,13 +205,15 @@ def _connect(ray: Any, address: str | None, workers: int | None) -> int:
                 ) from exc
             _started_here = address is None
         if workers is not None:
-            return workers
+            return workers, False
         local = _local_workers()
         if local is not None and _started_here:
-            return local
+            return local, False
         resources = ray.cluster_resources()
         gpus = int(resources.get("GPU", 0))
-        return gpus or max(1, int(resources.get("CPU", 1)))
+        if gpus:
+            return gpus, True
+        return max(1, int(resources.get("CPU", 1))), False
 
 
 def _intersect(capabilities: Sequence[BackendCapabilities]) -> BackendCapabilities:
@@ -244,8 +251,9 @@ class RayBackend(VyreBackend):
         inner: The local backend every worker holds (``"reference"``,
             ``"cupy"``); default ``acquire_preferred_backend(allow_reference=True)``
             on each worker.
-        num_gpus_per_worker: GPUs each worker requests from Ray (default: none;
-            pass 1 for GPU workers).
+        num_gpus_per_worker: GPUs each worker requests from Ray, which then sets its
+            ``CUDA_VISIBLE_DEVICES`` (default: 1 when the pool size is the cluster's
+            GPU count, else none; pass 1 for GPU workers).
         trace: A `vyre_async.tracing.configure_tracing` spec each worker exports
             its own spans with (``"otlp"`` reads the ``OTEL_*`` variables of the
             worker's environment), or None.
@@ -286,7 +294,9 @@ class RayBackend(VyreBackend):
             )
         super().__init__(**kwargs)
         self._ray = ray
-        size = _connect(ray, address, workers)
+        size, per_gpu = _connect(ray, address, workers)
+        if per_gpu and num_gpus_per_worker is None:
+            num_gpus_per_worker = 1  # one worker per GPU: each gets its own (CUDA_VISIBLE_DEVICES)
         from vyre_ray.worker import Worker
 
         actor = ray.remote(Worker).options(
@@ -318,7 +328,8 @@ class RayBackend(VyreBackend):
         self._devices = sorted({str(d["device"]) for d in described})
         self._inner = sorted({str(d["inner"]) for d in described})
         self._lock = threading.Lock()
-        self._running: dict[Any, Launch] = {}  # ref -> its launch
+        self._running: dict[Any, Launch] = {}  # ref -> its launch (the call in flight)
+        self._open: dict[int, Launch] = {}  # every launch enqueued and not settled yet
         self._submitter: concurrent.futures.ThreadPoolExecutor | None = None
 
     @classmethod
@@ -346,7 +357,7 @@ class RayBackend(VyreBackend):
 
         Raises:
             BackendClosed: the backend was closed.
-            DeviceLost: a worker did not answer.
+            DeviceLost: a worker did not answer within 30 s, or died.
         """
         self.check_open()
         try:
@@ -388,23 +399,45 @@ class RayBackend(VyreBackend):
             shipped = _Shipped(program.fingerprint(), program.to_wire())
             if shape is not None:
                 shape.backend_state = shipped
-        inputs = launch.inputs
-        if sum(getattr(item, "nbytes", 0) for item in inputs) > OFF_THREAD_BYTES:
-            copies = [np.array(item, copy=True) for item in inputs]  # the caller may reuse theirs
-            self._submit_off_thread(launch, shipped, copies)
+        # Our own copies: a call is serialised again when it is resent, or later when it
+        # is submitted off this thread, and the caller may reuse its arrays at once.
+        inputs = [np.array(item, copy=True) for item in launch.inputs]
+        with self._lock:
+            self._open[id(launch)] = launch
+        launch.pending.add_done_callback(lambda _: self._forget(launch))
+        carrier = self._carrier(launch)
+        if sum(item.nbytes for item in inputs) > OFF_THREAD_BYTES:
+            self._off_thread(launch, shipped, inputs, carrier)
         else:
-            self._submit(launch, shipped, inputs)
+            self._submit(launch, shipped, inputs, carrier)
         return launch.pending
 
-    def _submit_off_thread(self, launch: Launch, shipped: _Shipped, inputs: Sequence[Any]) -> None:
+    def _forget(self, launch: Launch) -> None:
+        with self._lock:
+            self._open.pop(id(launch), None)
+
+    def _off_thread(
+        self,
+        launch: Launch,
+        shipped: _Shipped,
+        inputs: Sequence[np.ndarray],
+        carrier: Mapping[str, str],
+        member: _Member | None = None,
+    ) -> None:
+        """Submit from the submission thread (large inputs; resends from Ray's callbacks)."""
         with self._lock:
             if self._submitter is None:
                 self._submitter = concurrent.futures.ThreadPoolExecutor(
                     max_workers=2, thread_name_prefix="vyre-ray-submit"
                 )
             submitter = self._submitter
-        carrier = self._carrier(launch)
-        submitter.submit(self._submit, launch, shipped, inputs, carrier)
+        try:
+            submitter.submit(self._submit, launch, shipped, inputs, carrier, member)
+        except RuntimeError:  # the submitter was shut down: the backend is closing
+            if member is not None:
+                with self._lock:
+                    member.in_flight -= 1
+            launch.completer.fail(_closed_error())
 
     @staticmethod
     def _carrier(launch: Launch) -> dict[str, str]:
@@ -415,7 +448,8 @@ class RayBackend(VyreBackend):
         propagate.inject(carrier, context=context)
         return carrier
 
-    def _choose(self, digest: bytes) -> _Member:
+    def _choose(self, digest: bytes) -> tuple[_Member, bool]:
+        """The worker for a call of ``digest``, counted busy, and whether to send the bytes."""
         with self._lock:
             members = self._members
             least = min(members, key=lambda m: m.in_flight)
@@ -425,7 +459,7 @@ class RayBackend(VyreBackend):
                 if best.in_flight <= least.in_flight + AFFINITY_SLACK:
                     least = best
             least.in_flight += 1
-            return least
+            return least, digest not in least.seen
 
     def _config_for(self, launch: Launch) -> DispatchConfig:
         """The launch's config for the worker: the time left of its deadline, if any."""
@@ -439,21 +473,27 @@ class RayBackend(VyreBackend):
         self,
         launch: Launch,
         shipped: _Shipped,
-        inputs: Sequence[Any],
-        carrier: Mapping[str, str] | None = None,
-        *,
+        inputs: Sequence[np.ndarray],
+        carrier: Mapping[str, str],
         member: _Member | None = None,
-        resend: bool = False,
     ) -> None:
+        """Send one call; ``member`` (already counted busy) resends it there with the bytes."""
         completer = launch.completer
+        if completer.should_stop():  # past its deadline before it went out: not sent at all
+            if member is not None:
+                with self._lock:
+                    member.in_flight -= 1
+            launch.pending.done()  # (settles it as timed out)
+            return
+        sent = False
         try:
-            if carrier is None:
-                carrier = self._carrier(launch)
             if member is None:
-                member = self._choose(shipped.digest)
-            # Until a call of the program succeeded there, every call sends its bytes: an
-            # async actor may start a later call before an earlier one decoded them.
-            send = resend or shipped.digest not in member.seen
+                member, send = self._choose(shipped.digest)
+            else:
+                send = True  # a resend: the worker did not have the program
+            # Until a call of the program succeeded on a worker, every call to it sends
+            # the bytes: an async actor may start a later call before an earlier one
+            # decoded them.
             completer.mark_started()
             ref = member.handle.run.remote(
                 shipped.digest,
@@ -462,22 +502,22 @@ class RayBackend(VyreBackend):
                 self._config_for(launch),
                 dict(carrier),
             )
+            sent = True
+            with self._lock:
+                self._running[ref] = launch
+            if launch.config.timeout is not None:
+                launch.pending.add_done_callback(lambda p: self._cancel_if_late(p, ref))
+            ref.future().add_done_callback(
+                lambda future: self._settle(launch, shipped, inputs, carrier, member, ref, future)
+            )
         except Exception as exc:
-            if member is not None:
+            if member is not None and not sent:
                 with self._lock:
                     member.in_flight -= 1
             completer.fail(translate(exc, doing="sending the dispatch to a worker"))
-            return
-        with self._lock:
-            self._running[ref] = launch
-        if launch.config.timeout is not None:
-            launch.pending.add_done_callback(lambda pending: self._cancel_if_late(pending, ref))
-        ref.future().add_done_callback(
-            lambda future: self._settle(launch, shipped, inputs, carrier, member, ref, future)
-        )
 
     def _cancel_if_late(self, pending: PendingDispatch, ref: Any) -> None:
-        """A dispatch past its deadline: cancel its remote task (its result is not wanted)."""
+        """A dispatch that settled with an error (a timeout): cancel its remote task."""
         with self._lock:
             running = ref in self._running
         if running and pending.exception() is not None:
@@ -490,69 +530,88 @@ class RayBackend(VyreBackend):
         self,
         launch: Launch,
         shipped: _Shipped,
-        inputs: Sequence[Any],
-        carrier: Mapping[str, str] | None,
+        inputs: Sequence[np.ndarray],
+        carrier: Mapping[str, str],
         member: _Member,
         ref: Any,
         future: concurrent.futures.Future[Any],
     ) -> None:
         """Ray's callback (its thread): settle the dispatch with the worker's outputs or error."""
-        with self._lock:
-            self._running.pop(ref, None)
-            member.in_flight -= 1
         completer = launch.completer
         try:
-            outputs = future.result()
-        except BaseException as exc:
-            cause = getattr(exc, "cause", exc)
-            if isinstance(cause, UnknownProgram) and not self.closed:
-                # A restarted worker got a retried call without the program: send it again.
-                member.seen.discard(shipped.digest)
-                with self._lock:
-                    member.in_flight += 1
-                self._submit(launch, shipped, inputs, carrier, member=member, resend=True)
+            with self._lock:
+                self._running.pop(ref, None)
+                member.in_flight -= 1
+            try:
+                outputs = future.result()
+            except Exception as exc:
+                if isinstance(cause_of(exc), UnknownProgram) and not self.closed:
+                    # A restarted worker got a retried call without the program: send it
+                    # again with the bytes, from the submission thread (not Ray's).
+                    with self._lock:
+                        member.seen.pop(shipped.digest, None)
+                        member.in_flight += 1
+                    self._off_thread(launch, shipped, inputs, carrier, member)
+                    return
+                if self.closed:
+                    completer.fail(_closed_error())
+                else:
+                    completer.fail(translate(exc, doing="running the dispatch on a worker"))
                 return
-            if self.closed:
-                completer.fail(_closed_error())
-            else:
-                completer.fail(translate(exc, doing="running the dispatch on a worker"))
-            return
-        member.seen.add(shipped.digest)  # it holds the program now
-        # Ray's arrays may be read-only views of its object store: every backend's are writable.
-        outputs = [a if a.flags.writeable else a.copy() for a in outputs]
-        completer.resolve(outputs, compile_s=launch.compile_s)
+            with self._lock:  # the worker holds the program now
+                member.seen[shipped.digest] = None
+                member.seen.move_to_end(shipped.digest)
+                if len(member.seen) > PROGRAMS_KEPT:  # as the worker forgets them
+                    member.seen.popitem(last=False)
+            # Ray's arrays may be read-only views of its object store: every backend's
+            # are writable.
+            outputs = [a if a.flags.writeable else a.copy() for a in outputs]
+            completer.resolve(outputs, compile_s=launch.compile_s)
+        except Exception as exc:  # never leave the dispatch unsettled
+            completer.fail(translate(exc, doing="settling the dispatch"))
 
     # Lifecycle ------------------------------------------------------------------
     async def flush(self) -> None:
-        """Wait, without blocking the event loop, until every submitted dispatch finished."""
-        await poll_until(lambda: not self._running)
+        """Wait, without blocking the event loop, until every dispatch enqueued so far settled."""
+        await poll_until(lambda: not self._open)
 
     async def shutdown(self) -> None:
         """Let in-flight work finish (at most ``close_timeout``), then stop the workers.
 
-        Work still running then fails with `BackendClosed`; the workers are
-        killed, which ends it. The cluster stays up (other pools may share it).
+        Dispatches still unsettled then (queued for submission, or running) fail
+        with `BackendClosed`; the workers export the spans they hold (bounded)
+        and are killed, which ends what they still run. The cluster stays up
+        (other pools may share it).
         """
         self._closed = True
         with anyio.move_on_after(self.close_timeout):
-            await poll_until(lambda: not self._running)
+            await poll_until(lambda: not self._open)
         with self._lock:
-            left = list(self._running.items())
+            submitter, self._submitter = self._submitter, None
+        if submitter is not None:
+            submitter.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            left = list(self._open.values())
+            refs = list(self._running)
             self._running.clear()
         error = _closed_error()
-        for ref, launch in left:
+        for ref in refs:
             try:
                 self._ray.cancel(ref, force=False)
             except Exception:  # it ends with its worker below anyway
                 _log.debug("cancelling a Ray task at close failed", exc_info=True)
+        for launch in left:
             launch.completer.fail(error)
-        for member in self._members:
+        handles = [m.handle for m in self._members]
+        try:  # spans still buffered on the workers
+            self._ray.get([h.flush_telemetry.remote() for h in handles], timeout=2.0)
+        except Exception:
+            _log.debug("the workers did not flush their spans in time", exc_info=True)
+        for handle in handles:
             try:
-                self._ray.kill(member.handle, no_restart=True)
+                self._ray.kill(handle, no_restart=True)
             except Exception:  # already gone
                 _log.debug("killing a Ray worker failed", exc_info=True)
-        if self._submitter is not None:
-            self._submitter.shutdown(wait=False)
 
 
 def _closed_error() -> BackendClosed:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from vyre_async.errors import (
     BackendError,
     DeviceLost,
@@ -12,7 +10,7 @@ from vyre_async.errors import (
     UnsupportedFeature,
 )
 
-__all__ = ["UnknownProgram", "not_installed", "translate"]
+__all__ = ["UnknownProgram", "cause_of", "not_installed", "translate"]
 
 
 class UnknownProgram(Exception):
@@ -38,39 +36,55 @@ def not_installed(cause: BaseException) -> UnsupportedFeature:
     return error
 
 
+def cause_of(exc: BaseException) -> BaseException:
+    """The exception a worker raised, for Ray's wrapper of it (else ``exc`` itself)."""
+    import ray.exceptions as rex
+
+    if isinstance(exc, rex.RayTaskError):
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, BaseException):
+            return cause
+    return exc
+
+
 def translate(exc: BaseException, *, doing: str) -> BackendError:
     """Return the vyre-async error for an exception Ray raised while ``doing``.
 
-    A worker's own `BackendError` comes back as itself (same class and code);
-    a worker that died and could not be replaced in time is `DeviceLost`; a
-    full object store is `DeviceOutOfMemory`; anything else is `DispatchFailed`
-    naming what happened. The Ray exception is the cause.
+    A worker's own `BackendError` comes back as itself (same class and code;
+    Ray's future raises it wrapped in a class derived from both, which is
+    unwrapped here); a worker that died, or a node lost with its objects, and
+    could not be replaced in time is `DeviceLost`; a full object store or disk
+    is `DeviceOutOfMemory`; anything else is `DispatchFailed` naming what
+    happened. The Ray exception is the cause.
     """
     import ray.exceptions as rex
 
-    if isinstance(exc, BackendError):
-        return exc
-    cause: Any = getattr(exc, "cause", None)
-    if isinstance(exc, rex.RayTaskError) and isinstance(cause, BackendError):
+    cause = cause_of(exc)
+    if isinstance(cause, BackendError) and not isinstance(cause, rex.RayError):
         return cause
     error: BackendError
-    if isinstance(exc, rex.ObjectStoreFullError | rex.OutOfMemoryError):
+    if isinstance(exc, rex.ObjectStoreFullError | rex.OutOfMemoryError | rex.OutOfDiskError):
         error = DeviceOutOfMemory(
-            f"the Ray cluster ran out of memory while {doing}: {exc}",
+            f"the Ray cluster ran out of memory while {doing}: {type(exc).__name__}",
             fix="send smaller inputs per dispatch, or give the cluster more object store "
-            "memory (ray start --object-store-memory)",
+            "memory (ray start --object-store-memory) or disk",
         )
-    elif isinstance(exc, rex.RayActorError | rex.WorkerCrashedError | rex.NodeDiedError):
+    elif isinstance(
+        exc,
+        rex.RayActorError
+        | rex.WorkerCrashedError
+        | rex.NodeDiedError
+        | rex.ObjectLostError
+        | rex.GetTimeoutError,
+    ):
         error = DeviceLost(
-            f"a Ray worker died while {doing} and the dispatch could not be retried: "
-            f"{type(exc).__name__}",
-            fix="retry the dispatch: the pool replaces dead workers; check the workers' "
-            "logs (ray logs) for why they died",
+            f"a Ray worker died or did not answer while {doing}: {type(exc).__name__}",
+            fix="retry: the pool replaces dead workers; check the cluster (ray status) and "
+            "the workers' logs (ray logs) for why",
         )
     else:
-        detail = cause if cause is not None else exc
         error = DispatchFailed(
-            f"the Ray worker failed while {doing}: {type(detail).__name__}: {detail}",
+            f"the Ray worker failed while {doing}: {type(cause).__name__}: {cause}",
             fix="inspect the chained exception; check the Ray cluster (ray status)",
         )
     error.__cause__ = exc
