@@ -17,7 +17,6 @@ import pytest
 
 import vyre_cupy.batch
 from tests.conformance.corpus import Case, cases
-from tests.contract.test_contract import _config
 from tests.cupy.device_programs import accumulate
 from tests.cupy.fake_cupy import FakeDevice
 from tests.cupy.unit_programs import early_return
@@ -26,6 +25,7 @@ from vyre_async.calibration import Calibration, CalibrationStore, calibration_fo
 from vyre_async.pending import PendingDispatch
 from vyre_async.programs import elementwise_xor
 from vyre_async.shadow import compare_outputs
+from vyre_async.testing.test_contract import _config
 from vyre_cupy import CupyBackend, create_backend
 from vyre_cupy.codegen import generate
 from vyre_reference import execute
