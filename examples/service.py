@@ -1,0 +1,358 @@
+"""A real async service on vyre-async: Starlette, served by uvicorn.
+
+    .venv/bin/python examples/service.py --port 8000          # or:
+    .venv/bin/uvicorn service:app --app-dir examples --port 8000
+
+The backend is acquired once, in the app's lifespan (``VYRE_BACKEND``, else
+``acquire_preferred_backend(allow_reference=True)``), and closed at shutdown,
+after the requests in flight finished. Endpoints:
+
+- ``POST /v1/run/{program}`` (``xor``: two u32 arrays; ``saxpy``: two f32
+  arrays and ``alpha``) runs the standard program on the request's data and
+  returns its output. JSON for small arrays: ``{"inputs": [[...], [...]]}``
+  (saxpy: ``{"inputs": [x, y], "alpha": 2.0}``) gives ``{"outputs": [[...]]}``.
+  Raw little-endian bytes for large ones: ``Content-Type:
+  application/octet-stream``, the inputs concatenated, ``X-Vyre-Counts: N,N``
+  (elements per input) and ``X-Vyre-Dtypes: u32,u32``; the answer is the
+  output's bytes with the same headers.
+- ``POST /v1/numpy/{program}``: the same answer computed with numpy in the
+  handler (the benchmark's baseline, ``benchmarks/service.py``).
+- ``GET /health``: the backend id and device.
+- ``GET /metrics``: the Prometheus text of vyre-async's metrics (with the
+  OpenTelemetry SDK installed).
+
+Bad requests (malformed body, wrong dtype or count, an array over
+``VYRE_SERVICE_MAX_ELEMENTS``, default 4 194 304) get 4xx with the driver's
+message and Fix as JSON; driver faults get 5xx; nothing crashes the server.
+``VYRE_SERVICE_TRACE`` (``otlp``, ``console``, ``file:PATH``) installs the
+tracing SDK; every request is then an HTTP server span (OpenTelemetry's ASGI
+middleware) and the parent of its ``vyre.dispatch`` span. Needs the
+``service`` extra: ``pip install 'vyre-async[service]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from opentelemetry import context as otel_context
+from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from vyre_async import (
+    BackendClosed,
+    BackendError,
+    DeviceLost,
+    InvalidProgram,
+    Program,
+    UnsupportedFeature,
+    acquire_backend,
+    acquire_preferred_backend,
+    telemetry,
+)
+from vyre_async.programs import elementwise_xor, saxpy
+
+MAX_ELEMENTS = int(os.environ.get("VYRE_SERVICE_MAX_ELEMENTS", str(1 << 22)))
+RAW = "application/octet-stream"
+_DTYPES = {"u32": np.dtype("<u4"), "f32": np.dtype("<f4")}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A program the service runs: how to build it for ``n`` elements, its inputs, numpy."""
+
+    build: Callable[[int], Program]
+    dtypes: tuple[str, ...]  # of the array inputs
+    scalar: str | None  # a JSON field given as a one-element input (saxpy's alpha)
+    numpy: Callable[[Sequence[np.ndarray]], np.ndarray]
+
+
+PROGRAMS = {
+    "xor": Spec(elementwise_xor, ("u32", "u32"), None, lambda v: v[0] ^ v[1]),
+    "saxpy": Spec(
+        saxpy,
+        ("f32", "f32"),
+        "alpha",
+        lambda v: (np.float32(v[2][0]) * v[0] + v[1]).astype(np.float32),
+    ),
+}
+
+
+class BadRequest(Exception):
+    """A request the service refuses (4xx), with the reason and what to do."""
+
+    def __init__(self, status: int, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.status, self.message, self.fix = status, message, fix
+
+
+def _error(status: int, kind: str, message: str, fix: str, code: int | None = None) -> Response:
+    body: dict[str, Any] = {"error": kind, "message": message, "fix": fix}
+    if code is not None:
+        body["code"] = code
+    return JSONResponse(body, status_code=status)
+
+
+def _driver_error(exc: BackendError) -> Response:
+    message, _, fix = exc.message.rpartition("\nFix: ")
+    if isinstance(exc, InvalidProgram | UnsupportedFeature):
+        status = 422 if isinstance(exc, UnsupportedFeature) else 400
+    elif isinstance(exc, DeviceLost | BackendClosed):
+        status = 503
+    else:
+        status = 500
+    return _error(status, type(exc).__name__, message or exc.message, fix, int(exc.code))
+
+
+def _checked(values: np.ndarray, what: str) -> np.ndarray:
+    if values.ndim != 1:
+        raise BadRequest(400, f"{what} must be a flat array", "send a list of numbers")
+    if values.size > MAX_ELEMENTS:
+        raise BadRequest(
+            413,
+            f"{what} has {values.size} elements, over this service's limit of {MAX_ELEMENTS}",
+            "split the work into smaller requests",
+        )
+    return values
+
+
+async def _inputs(request: Request, spec: Spec) -> tuple[list[np.ndarray], bool]:
+    """The request's inputs, one array per program input, and whether it came raw."""
+    body = await request.body()
+    if request.headers.get("content-type", "").startswith(RAW):
+        counts_header = request.headers.get("x-vyre-counts", "")
+        try:
+            counts = [int(c) for c in counts_header.split(",")]
+        except ValueError:
+            raise BadRequest(
+                400,
+                f"X-Vyre-Counts must list the element count of each input, got {counts_header!r}",
+                "send X-Vyre-Counts: N,N with the raw inputs concatenated",
+            ) from None
+        dtypes = [d.strip() for d in request.headers.get("x-vyre-dtypes", "").split(",") if d]
+        expected = list(spec.dtypes) + ([_scalar_dtype(spec)] if spec.scalar else [])
+        if len(counts) != len(expected) or (dtypes and dtypes != expected):
+            raise BadRequest(
+                400,
+                f"this program takes {len(expected)} inputs of dtypes {','.join(expected)}; "
+                f"got counts {counts} and dtypes {dtypes or 'unstated'}",
+                f"send X-Vyre-Dtypes: {','.join(expected)} and one count per input",
+            )
+        arrays, offset = [], 0
+        for count, dtype in zip(counts, expected, strict=True):
+            size = count * _DTYPES[dtype].itemsize
+            if count < 0 or offset + size > len(body):
+                raise BadRequest(
+                    400,
+                    f"the body has {len(body)} bytes, fewer than the counts say",
+                    "send exactly the bytes of every input, little-endian, concatenated",
+                )
+            arrays.append(_checked(np.frombuffer(body, _DTYPES[dtype], count, offset), "input"))
+            offset += size
+        if offset != len(body):
+            raise BadRequest(
+                400,
+                f"the body has {len(body)} bytes, more than the counts say ({offset})",
+                "send exactly the bytes of every input, little-endian, concatenated",
+            )
+        return arrays, True
+    try:
+        document = json.loads(body)
+        raw_inputs = document["inputs"]
+        if not isinstance(raw_inputs, list) or len(raw_inputs) != len(spec.dtypes):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise BadRequest(
+            400,
+            f"the body must be JSON {{'inputs': [...]}} with {len(spec.dtypes)} arrays",
+            'send {"inputs": [[1, 2], [3, 4]]}, or raw bytes with X-Vyre-Counts',
+        ) from None
+    arrays = []
+    for values, dtype in zip(raw_inputs, spec.dtypes, strict=True):
+        arrays.append(_checked(_typed(values, dtype), "input"))
+    if spec.scalar is not None:
+        scalar = document.get(spec.scalar)
+        arrays.append(_typed([scalar], _scalar_dtype(spec)))
+    return arrays, False
+
+
+def _scalar_dtype(spec: Spec) -> str:
+    return spec.dtypes[0]
+
+
+def _typed(values: Any, dtype: str) -> np.ndarray:
+    """A JSON list as an array of ``dtype``, refusing values that do not fit it exactly."""
+    try:
+        array = np.asarray(values)
+        if dtype == "u32":
+            if array.dtype.kind not in "iu" or (
+                array.size and (array.min() < 0 or array.max() > 0xFFFF_FFFF)
+            ):
+                raise ValueError
+            return array.astype(np.uint32)
+        if array.dtype.kind not in "iuf":
+            raise ValueError
+        return array.astype(np.float32)
+    except (ValueError, TypeError, OverflowError):
+        raise BadRequest(
+            400,
+            f"an input is not an array of {dtype} values",
+            "send whole numbers in 0..4294967295 for u32, numbers for f32",
+        ) from None
+
+
+_built: OrderedDict[tuple[str, int], Program] = OrderedDict()
+
+
+def _program(name: str, spec: Spec, n: int) -> Program:
+    """The program for ``n`` elements, built once (the driver caches its pipeline)."""
+    key = (name, n)
+    program = _built.get(key)
+    if program is None:
+        program = _built[key] = spec.build(n)
+        if len(_built) > 256:
+            _built.popitem(last=False)
+    return program
+
+
+def _answer(output: np.ndarray, raw: bool) -> Response:
+    if raw:
+        kind = "u32" if output.dtype == np.uint32 else "f32"
+        return Response(
+            output.astype(_DTYPES[kind], copy=False).tobytes(),
+            media_type=RAW,
+            headers={"X-Vyre-Counts": str(output.size), "X-Vyre-Dtypes": kind},
+        )
+    return JSONResponse({"outputs": [output.tolist()]})
+
+
+async def run(request: Request) -> Response:
+    name = request.path_params["program"]
+    spec = PROGRAMS.get(name)
+    if spec is None:
+        return _error(404, "NotFound", f"no program {name!r}", f"use one of {sorted(PROGRAMS)}")
+    try:
+        inputs, raw = await _inputs(request, spec)
+        if len({a.size for a in inputs[: len(spec.dtypes)]}) != 1:
+            raise BadRequest(400, "the arrays differ in length", "send arrays of one length")
+    except BadRequest as exc:
+        return _error(exc.status, "BadRequest", exc.message, exc.fix)
+    program = _program(name, spec, inputs[0].size)
+    try:
+        (output,) = await request.app.state.backend.dispatch(program, inputs)
+    except BackendError as exc:
+        return _driver_error(exc)
+    return _answer(output, raw)
+
+
+async def run_numpy(request: Request) -> Response:
+    """The same answer with numpy in the handler: the benchmark's baseline."""
+    name = request.path_params["program"]
+    spec = PROGRAMS.get(name)
+    if spec is None:
+        return _error(404, "NotFound", f"no program {name!r}", f"use one of {sorted(PROGRAMS)}")
+    try:
+        inputs, raw = await _inputs(request, spec)
+    except BadRequest as exc:
+        return _error(exc.status, "BadRequest", exc.message, exc.fix)
+    return _answer(spec.numpy(inputs), raw)
+
+
+async def health(request: Request) -> Response:
+    backend = request.app.state.backend
+    return JSONResponse(
+        {"status": "ok", "backend": backend.id, "device": backend.device_fingerprint()}
+    )
+
+
+async def metrics(request: Request) -> Response:
+    reader = request.app.state.reader
+    if reader is None:
+        return PlainTextResponse("# no OpenTelemetry SDK installed: no metrics\n")
+    return PlainTextResponse(telemetry.prometheus_text(reader.get_metrics_data()))
+
+
+def _install_telemetry() -> tuple[Any, Any]:
+    """The tracing SDK as ``VYRE_SERVICE_TRACE`` says, and a metric reader for /metrics."""
+    provider = reader = None
+    spec = os.environ.get("VYRE_SERVICE_TRACE", "none")
+    if spec != "none":
+        from vyre_async.tracing import configure_tracing
+
+        provider = configure_tracing(spec, service_name="vyre-service")
+    try:
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    except ImportError:  # no SDK: /metrics says so
+        return provider, None
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    return provider, reader
+
+
+@asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    provider, app.state.reader = _install_telemetry()
+    chosen = os.environ.get("VYRE_BACKEND")
+    backend = acquire_backend(chosen) if chosen else acquire_preferred_backend(allow_reference=True)
+    app.state.backend = backend
+    try:
+        yield  # (uvicorn lets the requests in flight finish before this resumes)
+    finally:
+        await backend.aclose()
+        if provider is not None:
+            provider.shutdown()  # export the last spans
+
+
+_traced = OpenTelemetryMiddleware(
+    Starlette(
+        routes=[
+            Route("/v1/run/{program}", run, methods=["POST"]),
+            Route("/v1/numpy/{program}", run_numpy, methods=["POST"]),
+            Route("/health", health),
+            Route("/metrics", metrics),
+        ],
+        lifespan=lifespan,
+    )
+)
+
+
+async def app(scope: Any, receive: Any, send: Any) -> None:
+    """The service: each request starts from an empty trace context.
+
+    uvicorn may start the next request on a keep-alive connection from inside
+    the previous one's ``send`` or ``receive``, and the new task inherits that
+    context, span and all: the next request's span would become a child of the
+    previous request's. Starting empty makes every request span a root (or the
+    child of the ``traceparent`` the client sent).
+    """
+    token = otel_context.attach(otel_context.Context())
+    try:
+        await _traced(scope, receive, send)
+    finally:
+        otel_context.detach(token)
+
+
+def main() -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args()
+    uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=30)
+
+
+if __name__ == "__main__":
+    main()
