@@ -6,6 +6,7 @@ with SIGTERM by its own pid, and its spans go to an in-test OTLP/HTTP receiver.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -188,7 +189,6 @@ async def test_1000_requests_from_64_clients_hostile_ones_and_the_trace(receiver
                 (http.post("/v1/run/xor", json={"inputs": [[1, -2], [3, 4]]}), 400),
                 (http.post("/v1/run/xor", json={"inputs": [[1.5], [2]]}), 400),
                 (http.post("/v1/run/xor", json={"inputs": [[1, 2]]}), 400),
-                (http.post("/v1/run/xor", json={"inputs": [[1, 2], [3]]}), 400),
                 (http.post("/v1/run/xor", json={"inputs": [list(range(100_001))] * 2}), 413),
                 (
                     http.post(
@@ -211,6 +211,8 @@ async def test_1000_requests_from_64_clients_hostile_ones_and_the_trace(receiver
                 assert response.status_code == status, response.text
                 body = response.json()
                 assert body["message"] and body["fix"]
+            response = await http.post("/v1/run/xor", json={"inputs": [[1, 2], [3]]})
+            assert response.status_code == 400 and "differ in length" in response.text
             # Still serving, right after.
             response = await http.post("/v1/run/xor", json={"inputs": [[1, 2], [3, 3]]})
             assert response.status_code == 200 and response.json()["outputs"] == [[2, 1]]
@@ -282,3 +284,33 @@ async def test_a_graceful_stop_loses_no_request_in_flight() -> None:
         assert server.stop()
     finally:
         server.stop()
+
+
+def test_driver_faults_are_5xx_and_refusals_4xx_with_the_message_and_fix() -> None:
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import service
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    from vyre_async import (
+        BackendClosed,
+        DeviceLost,
+        DispatchFailed,
+        DispatchTimeout,
+        InvalidProgram,
+        UnsupportedFeature,
+    )
+
+    for error, status in (
+        (InvalidProgram("bad input", fix="send good input"), 400),
+        (UnsupportedFeature("no f16 here", fix="use f32"), 422),
+        (DeviceLost("the device is gone", fix="restart"), 503),
+        (BackendClosed("closing", fix="retry later"), 503),
+        (DispatchFailed("the kernel failed", fix="report it"), 500),
+        (DispatchTimeout("too slow", fix="raise the timeout"), 500),
+    ):
+        response = service._driver_error(error)
+        assert response.status_code == status, error
+        body = json.loads(bytes(response.body))
+        assert body["error"] == type(error).__name__ and body["code"] == int(error.code)
+        assert body["fix"] == error.message.rpartition("\nFix: ")[2] and body["message"]
