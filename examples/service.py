@@ -21,9 +21,12 @@ after the requests in flight finished. Endpoints:
 - ``GET /metrics``: the Prometheus text of vyre-async's metrics (with the
   OpenTelemetry SDK installed).
 
-Bad requests (malformed body, wrong dtype or count, an array over
-``VYRE_SERVICE_MAX_ELEMENTS``, default 4 194 304) get 4xx with the driver's
-message and Fix as JSON; driver faults get 5xx; nothing crashes the server.
+Bad requests (malformed body, NaN or Infinity, empty arrays, wrong dtype or
+count, an array over ``VYRE_SERVICE_MAX_ELEMENTS`` (default 4 194 304) or a
+body over ``VYRE_SERVICE_MAX_BODY_BYTES``) get 4xx with a message and a Fix as
+JSON, as do requests the driver refuses (its own message and Fix); driver
+faults get 5xx (504 for a timeout); nothing crashes the server. A JSON answer
+that would hold Infinity (an f32 overflow) is a 422: ask for raw bytes.
 ``VYRE_SERVICE_TRACE`` (``otlp``, ``console``, ``file:PATH``) installs the
 tracing SDK; every request is then an HTTP server span (OpenTelemetry's ASGI
 middleware) and the parent of its ``vyre.dispatch`` span. Needs the
@@ -53,6 +56,8 @@ from vyre_async import (
     BackendClosed,
     BackendError,
     DeviceLost,
+    DeviceOutOfMemory,
+    DispatchTimeout,
     InvalidProgram,
     Program,
     UnsupportedFeature,
@@ -63,6 +68,9 @@ from vyre_async import (
 from vyre_async.programs import elementwise_xor, saxpy
 
 MAX_ELEMENTS = int(os.environ.get("VYRE_SERVICE_MAX_ELEMENTS", str(1 << 22)))
+#: A body over this many bytes is refused before it is read whole (JSON numbers
+#: take up to about 12 bytes each).
+MAX_BODY_BYTES = int(os.environ.get("VYRE_SERVICE_MAX_BODY_BYTES", str(24 * MAX_ELEMENTS + 4096)))
 RAW = "application/octet-stream"
 _DTYPES = {"u32": np.dtype("<u4"), "f32": np.dtype("<f4")}
 
@@ -107,7 +115,9 @@ def _driver_error(exc: BackendError) -> Response:
     message, _, fix = exc.message.rpartition("\nFix: ")
     if isinstance(exc, InvalidProgram | UnsupportedFeature):
         status = 422 if isinstance(exc, UnsupportedFeature) else 400
-    elif isinstance(exc, DeviceLost | BackendClosed):
+    elif isinstance(exc, DispatchTimeout):
+        status = 504
+    elif isinstance(exc, DeviceLost | BackendClosed | DeviceOutOfMemory):
         status = 503
     else:
         status = 500
@@ -117,6 +127,12 @@ def _driver_error(exc: BackendError) -> Response:
 def _checked(values: np.ndarray, what: str) -> np.ndarray:
     if values.ndim != 1:
         raise BadRequest(400, f"{what} must be a flat array", "send a list of numbers")
+    if values.size == 0:
+        raise BadRequest(400, f"{what} is empty", "send at least one element")
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        raise BadRequest(
+            400, f"{what} holds NaN or Infinity", "send finite numbers (f32: |x| < 3.4e38)"
+        )
     if values.size > MAX_ELEMENTS:
         raise BadRequest(
             413,
@@ -126,9 +142,32 @@ def _checked(values: np.ndarray, what: str) -> np.ndarray:
     return values
 
 
+async def _body(request: Request) -> bytes:
+    """The request body, refused (413) past `MAX_BODY_BYTES` before it is read whole."""
+    declared = request.headers.get("content-length")
+    too_big = BadRequest(
+        413,
+        f"the body is over this service's limit of {MAX_BODY_BYTES} bytes",
+        "split the work into smaller requests (raw bytes are the compact form)",
+    )
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")
+
+
 async def _inputs(request: Request, spec: Spec) -> tuple[list[np.ndarray], bool]:
     """The request's inputs, one array per program input, and whether it came raw."""
-    body = await request.body()
+    body = await _body(request)
     if request.headers.get("content-type", "").startswith(RAW):
         counts_header = request.headers.get("x-vyre-counts", "")
         try:
@@ -147,6 +186,12 @@ async def _inputs(request: Request, spec: Spec) -> tuple[list[np.ndarray], bool]
                 f"this program takes {len(expected)} inputs of dtypes {','.join(expected)}; "
                 f"got counts {counts} and dtypes {dtypes or 'unstated'}",
                 f"send X-Vyre-Dtypes: {','.join(expected)} and one count per input",
+            )
+        if spec.scalar is not None and counts[-1] != 1:
+            raise BadRequest(
+                400,
+                f"{spec.scalar} is one value, got {counts[-1]}",
+                f"send {spec.scalar} as one element (count 1)",
             )
         arrays, offset = [], 0
         for count, dtype in zip(counts, expected, strict=True):
@@ -167,7 +212,7 @@ async def _inputs(request: Request, spec: Spec) -> tuple[list[np.ndarray], bool]
             )
         return arrays, True
     try:
-        document = json.loads(body)
+        document = json.loads(body, parse_constant=_no_constant)  # no NaN, no Infinity
         raw_inputs = document["inputs"]
         if not isinstance(raw_inputs, list) or len(raw_inputs) != len(spec.dtypes):
             raise TypeError
@@ -182,7 +227,9 @@ async def _inputs(request: Request, spec: Spec) -> tuple[list[np.ndarray], bool]
         arrays.append(_checked(_typed(values, dtype), "input"))
     if spec.scalar is not None:
         scalar = document.get(spec.scalar)
-        arrays.append(_typed([scalar], _scalar_dtype(spec)))
+        if isinstance(scalar, bool) or not isinstance(scalar, int | float):
+            raise BadRequest(400, f"{spec.scalar} must be a number", f'send "{spec.scalar}": 2.0')
+        arrays.append(_checked(_typed([scalar], _scalar_dtype(spec)), spec.scalar))
     return arrays, False
 
 
@@ -226,6 +273,13 @@ def _program(name: str, spec: Spec, n: int) -> Program:
 
 
 def _answer(output: np.ndarray, raw: bool) -> Response:
+    if not raw and output.dtype.kind == "f" and not np.isfinite(output).all():
+        return _error(
+            422,
+            "NotRepresentable",
+            "the result holds Infinity or NaN (f32 overflow), which JSON cannot carry",
+            "ask for raw bytes (Content-Type: application/octet-stream), or scale the inputs",
+        )
     if raw:
         kind = "u32" if output.dtype == np.uint32 else "f32"
         return Response(
@@ -248,11 +302,13 @@ async def run(request: Request) -> Response:
             raise BadRequest(400, "the arrays differ in length", "send arrays of one length")
     except BadRequest as exc:
         return _error(exc.status, "BadRequest", exc.message, exc.fix)
-    program = _program(name, spec, inputs[0].size)
     try:
+        program = _program(name, spec, inputs[0].size)
         (output,) = await request.app.state.backend.dispatch(program, inputs)
     except BackendError as exc:
         return _driver_error(exc)
+    except Exception as exc:  # a bug: still an answer, with what happened
+        return _error(500, type(exc).__name__, str(exc), "report it with this message")
     return _answer(output, raw)
 
 

@@ -105,3 +105,27 @@ def test_a_bad_backend_option_is_a_usage_error_with_a_fix(tmp_path: Path) -> Non
     run = _pytest(tmp_path, "--vyre-backend=nobackend", "-x", "-k", "result_is_taken_once")
     assert run.returncode == 1  # named but not installed: a failure, never a skip
     assert "named by --vyre-backend cannot start" in run.stdout
+
+
+def test_the_plugin_leaves_other_projects_vyre_backend_fixtures_alone(tmp_path: Path) -> None:
+    """Loaded in every pytest session: a project's own fixture of that name is its own."""
+    (tmp_path / "conftest.py").write_text(
+        "import pytest\n\n"
+        "@pytest.fixture(params=['a', 'b'])\n"
+        "def vyre_backend(request):\n"
+        "    return request.param\n"
+    )
+    (tmp_path / "test_theirs.py").write_text(
+        "import pytest\n\n"
+        "def test_fixture(vyre_backend):\n"
+        "    assert vyre_backend in ('a', 'b')\n\n"
+        "@pytest.mark.parametrize('vyre_backend', ['x'])\n"
+        "def test_parametrized(vyre_backend):\n"
+        "    assert vyre_backend == 'x'\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:]
+    assert _count(run.stdout, "passed") == 3  # a, b, and x: not once per vyre-async backend

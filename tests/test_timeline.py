@@ -42,15 +42,16 @@ def check_trace_events(document: dict[str, Any]) -> list[dict[str, Any]]:
         by_track.setdefault((event["pid"], event["tid"]), []).append(event)
     for track in by_track.values():
         assert track == sorted(track, key=lambda e: (e["ts"], -e["dur"]))  # ordered per track
-        open_ends: list[float] = []
-        for event in track:  # a slice is inside the enclosing one, or after it
-            start, end = event["ts"], event["ts"] + event["dur"]
-            while open_ends and start >= open_ends[-1] - 1e-6:
+        open_ends: list[int] = []
+        for event in track:  # a slice is inside the enclosing one, or after it: exactly, in ns
+            start = round(event["ts"] * 1000)
+            end = start + round(event["dur"] * 1000)
+            while open_ends and start >= open_ends[-1]:
                 open_ends.pop()
             if open_ends:
-                assert end <= open_ends[-1] + 1e-6, ("partial overlap", event)
+                assert end <= open_ends[-1], ("partial overlap", event)
             open_ends.append(end)
-    json.dumps(document)  # serialisable as is
+    json.dumps(document, allow_nan=False)  # serialisable as is, strict JSON
     return slices
 
 
@@ -206,3 +207,36 @@ def test_the_arm_graph_example_writes_a_timeline_with_its_layers(tmp_path: Path)
     assert {"std.xor [arm encrypt, layer 0]", "std.xor [arm mix, layer 1]"} <= layers
     tracks = {e["args"]["name"] for e in document["traceEvents"] if e["name"] == "thread_name"}
     assert "arm graphs" in tracks
+
+
+def test_concurrent_children_get_lanes_not_dropped_and_nothing_is_invalid_json() -> None:
+    request = Span("t1", "r", "", "request", 0, 10 * MS, "app")
+    first = Span("t1", "c1", "r", "fetch", 1 * MS, 6 * MS, "app", {"x": float("nan")})
+    second = Span("t1", "c2", "r", "fetch", 2 * MS, 5 * MS, "app")  # concurrent with first
+    instant = Span("t1", "c3", "r", "mark", 7 * MS, 7 * MS, "app")  # zero length: kept
+    document = to_trace_events([request, first, second, instant])
+    slices = check_trace_events(document)
+    by_id = {e["args"]["span_id"]: e for e in slices}
+    assert set(by_id) == {"r", "c1", "c2", "c3"}  # nothing dropped
+    assert by_id["c1"]["tid"] != by_id["c2"]["tid"]  # side by side
+    assert by_id["c1"]["args"]["x"] == "nan" and by_id["c1"]["args"]["parent_span_id"] == "r"
+
+
+def test_a_bad_span_loses_only_itself_and_the_trace_file_is_never_overwritten(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = {"spanId": "a", "name": "s", "startTimeUnixNano": "1000", "endTimeUnixNano": "2000"}
+    bad = {"spanId": "b", "name": "s", "startTimeUnixNano": "soon"}
+    line = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [good, bad]}]}]})
+    spans, skipped = read_otlp_json([line])
+    assert [s.span_id for s in spans] == ["a"] and skipped == [1]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(line + "\n")
+    assert main(["trace", "timeline", str(trace), "-o", str(trace)]) == 2
+    assert "erase the trace" in capsys.readouterr().err
+    assert trace.read_text() == line + "\n"
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    output = tmp_path / "out.json"
+    assert main(["trace", "timeline", str(binary), "-o", str(output)]) == 2
+    assert "cannot read" in capsys.readouterr().err and not output.exists()

@@ -122,6 +122,22 @@ def _timeline(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if Path(args.output).resolve() == source.resolve():
+        print(
+            "vyre-async: -o names the trace file itself; writing it would erase the trace\n"
+            "Fix: choose another path for -o, e.g. timeline.json",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        source.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        print(
+            f"vyre-async: cannot read {str(source)!r}: {exc}\n"
+            "Fix: pass the OTLP-JSON text file written by --trace file:PATH",
+            file=sys.stderr,
+        )
+        return 2
     try:
         report = convert(source, args.output)
     except OSError as exc:

@@ -23,6 +23,7 @@ Only the standard library is used: no SDK is needed to convert a file.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
@@ -95,32 +96,38 @@ def read_otlp_json(lines: Iterable[str]) -> tuple[list[Span], list[int]]:
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
+        bad = [False]
         try:
             document = json.loads(line)
-            found = list(_spans_of(document))
+            spans += _spans_of(document, bad)
         except (ValueError, KeyError, TypeError, AttributeError):
+            bad[0] = True
+        if bad[0]:  # the line, or some span of it, was not readable (the rest was kept)
             skipped.append(number)
-            continue
-        spans += found
     return spans, skipped
 
 
-def _spans_of(document: Mapping[str, Any]) -> Iterator[Span]:
+def _spans_of(document: Mapping[str, Any], bad: list[bool]) -> Iterator[Span]:
+    """The spans of one batch; ``bad[0]`` is set when one of them could not be read."""
     for resource_spans in document["resourceSpans"]:
         resource = _attributes(resource_spans.get("resource", {}).get("attributes", ()))
         service = str(resource.get("service.name", "unknown service"))
         for scope_spans in resource_spans.get("scopeSpans", ()):
             for raw in scope_spans.get("spans", ()):
-                yield Span(
-                    trace_id=str(raw.get("traceId", "")),
-                    span_id=str(raw["spanId"]),
-                    parent_id=str(raw.get("parentSpanId", "")),
-                    name=str(raw["name"]),
-                    start_ns=int(raw["startTimeUnixNano"]),
-                    end_ns=int(raw["endTimeUnixNano"]),
-                    service=service,
-                    attributes=_attributes(raw.get("attributes", ())),
-                )
+                try:
+                    start, end = int(raw["startTimeUnixNano"]), int(raw["endTimeUnixNano"])
+                    yield Span(
+                        trace_id=str(raw.get("traceId", "")),
+                        span_id=str(raw["spanId"]),
+                        parent_id=str(raw.get("parentSpanId", "")),
+                        name=str(raw["name"]),
+                        start_ns=start,
+                        end_ns=max(start, end),  # (a clock that stepped back: zero length)
+                        service=service,
+                        attributes=_attributes(raw.get("attributes", ())),
+                    )
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    bad[0] = True
 
 
 class _Lanes:
@@ -164,13 +171,23 @@ def _slice_name(span: Span) -> str:
 
 
 def _us(ns: int) -> float:
-    return ns / 1000.0
+    return round(ns / 1000.0, 3)  # whole nanoseconds, written exactly
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # (NaN is not JSON)
+    if isinstance(value, list):
+        return [_json_value(v) for v in value]
+    return value
 
 
 def _args(span: Span) -> dict[str, Any]:
-    args = dict(span.attributes)
+    args = {key: _json_value(value) for key, value in span.attributes.items()}
     args["span_id"] = span.span_id
     args["trace_id"] = span.trace_id
+    if span.parent_id:
+        args["parent_span_id"] = span.parent_id
     return args
 
 
@@ -246,7 +263,7 @@ def to_trace_events(spans: Iterable[Span]) -> dict[str, Any]:
             )  # fmt: skip
         return tracks[key]
 
-    def emit(span: Span, pid: int, tid: int, lo: int, hi: int) -> None:
+    def emit(span: Span, pid: int, group: str, tid: int, lo: int, hi: int) -> None:
         start, end = _within(span.start_ns, span.end_ns, lo, hi)
         events.append(
             {
@@ -277,10 +294,12 @@ def to_trace_events(spans: Iterable[Span]) -> dict[str, Any]:
             return
         cursor = start
         for child in sorted(span.children, key=lambda c: c.start_ns):
-            c_start, c_end = _within(max(child.start_ns, cursor), child.end_ns, start, end)
-            if c_end > c_start:
-                emit(child, pid, tid, c_start, c_end)
-                cursor = c_end
+            if child.start_ns >= cursor and child.end_ns <= end:  # nests: on this track
+                emit(child, pid, group, tid, child.start_ns, child.end_ns)
+                cursor = child.end_ns
+            else:  # overlaps a sibling (concurrent children) or its parent's end: a lane
+                lane = lanes.setdefault((pid, group), _Lanes()).place(child.start_ns, child.end_ns)
+                emit(child, pid, group, tid_for(pid, group, lane), child.start_ns, child.end_ns)
 
     for service in services:
         pid = pid_of[service]
@@ -289,7 +308,7 @@ def to_trace_events(spans: Iterable[Span]) -> dict[str, Any]:
         pid = pid_of[span.service]
         group = _track_group(span)
         lane = lanes.setdefault((pid, group), _Lanes()).place(span.start_ns, span.end_ns)
-        emit(span, pid, tid_for(pid, group, lane), span.start_ns, span.end_ns)
+        emit(span, pid, group, tid_for(pid, group, lane), span.start_ns, span.end_ns)
     slices = [e for e in events if e["ph"] == "X"]
     meta = [e for e in events if e["ph"] == "M"]
     slices.sort(key=lambda e: (e["pid"], e["tid"], e["ts"], -e["dur"]))
@@ -300,7 +319,7 @@ def write_timeline(source: TextIO, target: TextIO) -> TimelineReport:
     """Convert the OTLP-JSON lines of ``source`` into trace-event JSON written to ``target``."""
     spans, skipped = read_otlp_json(source)
     document = to_trace_events(spans)
-    json.dump(document, target)
+    json.dump(document, target, allow_nan=False)
     events = document["traceEvents"]
     tracks = sum(1 for e in events if e.get("name") == "thread_name")
     return TimelineReport(
@@ -312,6 +331,15 @@ def write_timeline(source: TextIO, target: TextIO) -> TimelineReport:
 
 
 def convert(trace: str | Path, output: str | Path) -> TimelineReport:
-    """Convert the file ``trace`` into ``output`` (see `write_timeline`)."""
-    with open(trace, encoding="utf-8") as source, open(output, "w", encoding="utf-8") as target:
-        return write_timeline(source, target)
+    """Convert the file ``trace`` into ``output`` (see `write_timeline`).
+
+    The trace is read whole before ``output`` is opened, so a failure to read
+    it leaves ``output`` untouched.
+
+    Raises:
+        OSError: ``trace`` cannot be read or ``output`` written.
+        UnicodeDecodeError: ``trace`` is not UTF-8 text.
+    """
+    text = Path(trace).read_text(encoding="utf-8")
+    with open(output, "w", encoding="utf-8") as target:
+        return write_timeline(io.StringIO(text), target)

@@ -205,6 +205,41 @@ async def test_1000_requests_from_64_clients_hostile_ones_and_the_trace(receiver
                     400,
                 ),
                 (http.post("/v1/run/nothing", json={}), 404),
+                (http.post("/v1/run/xor", content=b'{"inputs": [[NaN], [1]]}'), 400),
+                (http.post("/v1/run/saxpy", content=b'{"inputs": [[1e39], [1]], "alpha": 1}'), 400),
+                (http.post("/v1/run/saxpy", json={"inputs": [[1], [1]]}), 400),  # no alpha
+                (http.post("/v1/run/xor", json={"inputs": [[], []]}), 400),
+                (http.post("/v1/run/xor", content=b"[1, 2]"), 400),  # JSON, not an object
+                (
+                    http.post(
+                        "/v1/run/xor", content=b"\0" * 8, headers={**RAW, "X-Vyre-Counts": "-2,4"}
+                    ),
+                    400,
+                ),
+                (
+                    http.post(
+                        "/v1/run/xor",
+                        content=b"\0" * 8,
+                        headers={**RAW, "X-Vyre-Counts": "99999999999,1"},
+                    ),
+                    400,
+                ),
+                (
+                    http.post(
+                        "/v1/run/saxpy",
+                        content=b"\0" * 8,
+                        headers={**RAW, "X-Vyre-Counts": "1,1,0"},
+                    ),
+                    400,
+                ),  # alpha count
+                (
+                    http.post(
+                        "/v1/numpy/saxpy",
+                        content=b"\0" * 8,
+                        headers={**RAW, "X-Vyre-Counts": "1,1,0"},
+                    ),
+                    400,
+                ),
             ]
             for call, status in hostile:
                 response = await call
@@ -213,6 +248,9 @@ async def test_1000_requests_from_64_clients_hostile_ones_and_the_trace(receiver
                 assert body["message"] and body["fix"]
             response = await http.post("/v1/run/xor", json={"inputs": [[1, 2], [3]]})
             assert response.status_code == 400 and "differ in length" in response.text
+            big = {"inputs": [[3e38], [3e38]], "alpha": 2.0}  # f32 overflow: Infinity
+            response = await http.post("/v1/run/saxpy", json=big)
+            assert response.status_code == 422 and "raw bytes" in response.json()["fix"]
             # Still serving, right after.
             response = await http.post("/v1/run/xor", json={"inputs": [[1, 2], [3, 3]]})
             assert response.status_code == 200 and response.json()["outputs"] == [[2, 1]]
@@ -225,7 +263,7 @@ async def test_1000_requests_from_64_clients_hostile_ones_and_the_trace(receiver
         spans = _spans()
         servers = {s.span_id: s for s in spans if s.kind == 2}  # SPAN_KIND_SERVER
         dispatches = [s for s in spans if s.name == "vyre.dispatch"]
-        assert len(dispatches) == 1025
+        assert len(dispatches) == 1026  # 1 024, the overflowing saxpy, the last valid one
         for span in dispatches:  # each under its own request's HTTP server span
             parent = servers.get(span.parent_span_id)
             assert parent is not None, "a dispatch span not under an HTTP server span"
@@ -243,13 +281,18 @@ async def test_a_graceful_stop_loses_no_request_in_flight() -> None:
         n = 1 << 20
         a = np.arange(n, dtype=np.uint32)
         results: list[tuple[int, bool, float]] = []
-        sending = [0]
-        all_sending = anyio.Event()
 
         async def sent(request: Any) -> None:  # httpx: the request is going out
-            sending[0] += 1
-            if sending[0] == 24:  # every request is on its way: none will be refused
-                all_sending.set()
+            return None
+
+        async def held_by_server(http: Any) -> int:
+            """Requests the server is running now (OpenTelemetry's active-requests gauge)."""
+            text = (await http.get("/metrics")).text
+            return sum(
+                int(float(line.rsplit(" ", 1)[1]))
+                for line in text.splitlines()
+                if line.startswith("http_server_active_requests{") and 'method="POST"' in line
+            )
 
         async def request(k: int) -> None:
             b = np.full(n, k, np.uint32)
@@ -269,9 +312,12 @@ async def test_a_graceful_stop_loses_no_request_in_flight() -> None:
         stop_at = [0.0]
 
         async def stop_soon() -> None:
-            with anyio.fail_after(60):
-                await all_sending.wait()
-            await anyio.sleep(0.02)
+            # SIGTERM once every request reached the server (running there, or answered):
+            # a request still connecting would be refused, which a stop may do.
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+                with anyio.fail_after(60):
+                    while await held_by_server(http) + len(results) < 24:  # noqa: ASYNC110
+                        await anyio.sleep(0.005)
             stop_at[0] = time.monotonic()
             server.process.send_signal(signal.SIGTERM)
 
@@ -295,6 +341,7 @@ def test_driver_faults_are_5xx_and_refusals_4xx_with_the_message_and_fix() -> No
     from vyre_async import (
         BackendClosed,
         DeviceLost,
+        DeviceOutOfMemory,
         DispatchFailed,
         DispatchTimeout,
         InvalidProgram,
@@ -307,7 +354,8 @@ def test_driver_faults_are_5xx_and_refusals_4xx_with_the_message_and_fix() -> No
         (DeviceLost("the device is gone", fix="restart"), 503),
         (BackendClosed("closing", fix="retry later"), 503),
         (DispatchFailed("the kernel failed", fix="report it"), 500),
-        (DispatchTimeout("too slow", fix="raise the timeout"), 500),
+        (DispatchTimeout("too slow", fix="raise the timeout"), 504),
+        (DeviceOutOfMemory("no memory", fix="smaller"), 503),
     ):
         response = service._driver_error(error)
         assert response.status_code == status, error

@@ -1,31 +1,26 @@
 """The pytest plugin of `vyre_async.testing`: ``--vyre-backend`` and the ``vyre_backend`` fixture.
 
 Loaded in every pytest session of an environment where vyre-async is installed
-(entry point ``pytest11``); it only adds the option, the fixture, and the
-parametrisation of tests that ask for ``vyre_backend``. Without
-``--vyre-backend`` those tests run on every registered dispatching backend,
-skipping (with the reason) any that cannot start on this machine; a backend
-named with ``--vyre-backend`` that cannot start fails instead.
+(entry point ``pytest11``; ``-p no:vyre_async`` turns it off), so it stays out
+of other projects' way: it imports nothing of vyre-async until a test asks
+for it, and it parametrises only tests marked ``vyre_contract`` (the shipped
+suite) that ask for ``vyre_backend`` and are not parametrised on it already.
+Without ``--vyre-backend`` those tests run on every registered dispatching
+backend, skipping (with the reason) any that cannot start on this machine; a
+backend named with ``--vyre-backend`` that cannot start fails instead.
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import pytest
-
-from vyre_async.backend import VyreBackend
-from vyre_async.errors import BackendError
-from vyre_async.registry import (
-    BackendRegistration,
-    acquire_backend,
-    register_backend,
-    registered_backends,
-)
 
 __all__ = ["pytest_addoption", "pytest_configure", "pytest_generate_tests", "vyre_backend"]
 
 _CHOSEN = pytest.StashKey[tuple[list[str], bool]]()
+MARKER = "vyre_contract"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,6 +37,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _register(spec: str) -> str:
+    from vyre_async.registry import BackendRegistration, register_backend
+
     module_name, _, attribute = spec.partition(":")
     try:
         registration = getattr(importlib.import_module(module_name), attribute)
@@ -61,23 +58,39 @@ def _register(spec: str) -> str:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{MARKER}: a vyre-async contract test, run per backend (--vyre-backend)"
+    )
     chosen: list[str] = list(config.getoption("vyre_backend") or [])
     ids = [_register(spec) if ":" in spec else spec for spec in chosen]
     config.stash[_CHOSEN] = (ids, bool(ids))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "vyre_backend" not in metafunc.fixturenames or hasattr(metafunc.module, "vyre_backend"):
-        return  # (a module with its own vyre_backend fixture runs the suite on that)
+    if (
+        "vyre_backend" not in metafunc.fixturenames
+        or metafunc.definition.get_closest_marker(MARKER) is None
+        or hasattr(metafunc.module, "vyre_backend")  # a module of its own: that fixture
+        or any(
+            "vyre_backend" in str(marker.args[0] if marker.args else "")
+            for marker in metafunc.definition.iter_markers("parametrize")
+        )
+    ):
+        return
     ids, explicit = metafunc.config.stash.get(_CHOSEN, ([], False))
     if not explicit:
+        from vyre_async.registry import registered_backends
+
         ids = [r.id for r in registered_backends() if r.dispatches]
     metafunc.parametrize("vyre_backend", ids, indirect=True, ids=ids)
 
 
 @pytest.fixture
-def vyre_backend(request: pytest.FixtureRequest) -> VyreBackend:
+def vyre_backend(request: pytest.FixtureRequest) -> Any:
     """The backend under test (`acquire_backend` of the id the test is parametrised with)."""
+    from vyre_async.errors import BackendError
+    from vyre_async.registry import acquire_backend
+
     backend_id = str(request.param)
     try:
         return acquire_backend(backend_id)

@@ -40,7 +40,7 @@ from vyre_async.programs import elementwise_xor, standard_workloads
 from vyre_async.shadow import compare_outputs
 from vyre_async.testing.corpus import Case, cases
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.vyre_contract]
 
 
 @pytest.fixture(params=["asyncio", "trio"])
