@@ -290,7 +290,8 @@ def _answer(output: np.ndarray, raw: bool) -> Response:
     return JSONResponse({"outputs": [output.tolist()]})
 
 
-async def run(request: Request) -> Response:
+async def _request(request: Request) -> tuple[str, Spec, list[np.ndarray], bool] | Response:
+    """The program named in the path and the request's inputs; or the 4xx answer."""
     name = request.path_params["program"]
     spec = PROGRAMS.get(name)
     if spec is None:
@@ -302,6 +303,14 @@ async def run(request: Request) -> Response:
             raise BadRequest(400, "the arrays differ in length", "send arrays of one length")
     except BadRequest as exc:
         return _error(exc.status, "BadRequest", exc.message, exc.fix)
+    return name, spec, inputs, raw
+
+
+async def run(request: Request) -> Response:
+    parsed = await _request(request)
+    if isinstance(parsed, Response):
+        return parsed
+    name, spec, inputs, raw = parsed
     try:
         program = _program(name, spec, inputs[0].size)
         (output,) = await request.app.state.backend.dispatch(program, inputs)
@@ -314,16 +323,10 @@ async def run(request: Request) -> Response:
 
 async def run_numpy(request: Request) -> Response:
     """The same answer with numpy in the handler: the benchmark's baseline."""
-    name = request.path_params["program"]
-    spec = PROGRAMS.get(name)
-    if spec is None:
-        return _error(404, "NotFound", f"no program {name!r}", f"use one of {sorted(PROGRAMS)}")
-    try:
-        inputs, raw = await _inputs(request, spec)
-        if len({a.size for a in inputs[: len(spec.dtypes)]}) != 1:
-            raise BadRequest(400, "the arrays differ in length", "send arrays of one length")
-    except BadRequest as exc:
-        return _error(exc.status, "BadRequest", exc.message, exc.fix)
+    parsed = await _request(request)
+    if isinstance(parsed, Response):
+        return parsed
+    _, spec, inputs, raw = parsed
     return _answer(spec.numpy(inputs), raw)
 
 

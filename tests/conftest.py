@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests import ray_cluster
+from tests.otlp_receiver import receiver  # noqa: F401 - an in-test OTLP receiver fixture
 
 if importlib.util.find_spec("ray") is not None and not os.environ.get("RAY_ADDRESS"):
     # acquire_backend("ray") (the contract tests) starts one local cluster on first use.

@@ -11,11 +11,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar
+from typing import Any
 
 import anyio
 import numpy as np
@@ -24,11 +21,9 @@ import pytest
 pytest.importorskip("ray", reason="the ray extra is not installed")
 
 from opentelemetry import trace
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-)
 
 from tests import otel_sdk
+from tests.otlp_receiver import Receiver
 from vyre_async import (
     BackendClosed,
     DeviceLost,
@@ -333,36 +328,12 @@ def _alive(pid: int) -> bool:
 # Traces ---------------------------------------------------------------------------------------
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    bodies: ClassVar[list[bytes]] = []
-
-    def do_POST(self) -> None:
-        _Receiver.bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: object) -> None:
-        return
-
-
-@pytest.fixture
-def receiver() -> Iterator[str]:
-    _Receiver.bodies = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-async def test_a_workers_span_is_a_child_of_the_callers_span(receiver: str) -> None:
+async def test_a_workers_span_is_a_child_of_the_callers_span(receiver: Receiver) -> None:
     exporter, _ = otel_sdk.install()  # the caller records its spans in memory
     backend = RayBackend.local(
         workers=1,
         trace="otlp",
-        worker_env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver, "OTEL_BSP_SCHEDULE_DELAY": "50"},
+        worker_env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50"},
     )
     try:
         exporter.clear()
@@ -372,13 +343,7 @@ async def test_a_workers_span_is_a_child_of_the_callers_span(receiver: str) -> N
         import ray
 
         assert ray.get(backend._members[0].handle.flush_telemetry.remote(), timeout=30)
-        spans = []
-        for body in _Receiver.bodies:
-            request = ExportTraceServiceRequest.FromString(body)
-            for rs in request.resource_spans:
-                for ss in rs.scope_spans:
-                    spans += [s for s in ss.spans if s.name == "vyre.dispatch"]
-        (remote,) = spans
+        (remote,) = [span for span, _ in receiver.spans() if span.name == "vyre.dispatch"]
         assert remote.trace_id == caller.context.trace_id.to_bytes(16, "big")
         assert remote.parent_span_id == caller.context.span_id.to_bytes(8, "big")
     finally:

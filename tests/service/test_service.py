@@ -13,24 +13,19 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import anyio
 import numpy as np
 import pytest
 
+from tests.otlp_receiver import Receiver
+
 httpx = pytest.importorskip("httpx", reason="the service extra is not installed")
 pytest.importorskip("uvicorn", reason="the service extra is not installed")
 pytest.importorskip("starlette", reason="the service extra is not installed")
-
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: E402
-    ExportTraceServiceRequest,
-)
 
 pytestmark = pytest.mark.anyio
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -40,30 +35,6 @@ RAW = {"Content-Type": "application/octet-stream"}
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"  # (httpx's client; the server is uvicorn's own loop)
-
-
-class _Receiver(BaseHTTPRequestHandler):
-    bodies: ClassVar[list[bytes]] = []
-
-    def do_POST(self) -> None:
-        _Receiver.bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: object) -> None:
-        return
-
-
-@pytest.fixture
-def receiver() -> Iterator[str]:
-    _Receiver.bodies = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
 
 
 def _free_port() -> int:
@@ -128,19 +99,12 @@ class Server:
         return self.graceful
 
 
-def _spans() -> list[Any]:
-    found = []
-    for body in _Receiver.bodies:
-        for rs in ExportTraceServiceRequest.FromString(body).resource_spans:
-            for ss in rs.scope_spans:
-                found += list(ss.spans)
-    return found
-
-
-async def test_1000_requests_from_64_clients_hostile_ones_and_the_trace(receiver: str) -> None:
+async def test_1000_requests_from_64_clients_hostile_ones_and_the_trace(
+    receiver: Receiver,
+) -> None:
     server = Server(
         VYRE_SERVICE_TRACE="otlp",
-        OTEL_EXPORTER_OTLP_ENDPOINT=receiver,
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
         OTEL_BSP_SCHEDULE_DELAY="100",
         VYRE_SERVICE_MAX_ELEMENTS="100000",
     )
@@ -260,7 +224,7 @@ async def test_1000_requests_from_64_clients_hostile_ones_and_the_trace(receiver
 
         assert server.stop()  # graceful: its spans are flushed at shutdown
         stopped = True
-        spans = _spans()
+        spans = [span for span, _ in receiver.spans()]
         servers = {s.span_id: s for s in spans if s.kind == 2}  # SPAN_KIND_SERVER
         dispatches = [s for s in spans if s.name == "vyre.dispatch"]
         assert len(dispatches) == 1026  # 1 024, the overflowing saxpy, the last valid one

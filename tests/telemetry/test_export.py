@@ -11,15 +11,12 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from tests.otlp_receiver import Receiver
 from vyre_async.errors import ErrorCode, InvalidProgram
 
 SERVICE = textwrap.dedent(
@@ -61,32 +58,6 @@ def _run(spec: str, env: dict[str, str]) -> None:
     assert out.returncode == 0, out.stderr
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    requests: ClassVar[list[tuple[str, str, bytes]]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        _Receiver.requests.append((self.path, self.headers.get("Content-Type", ""), body))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.end_headers()
-        self.wfile.write(b"")
-
-    def log_message(self, format: str, *args: object) -> None:  # quiet
-        return
-
-
-@pytest.fixture
-def receiver() -> Iterator[str]:
-    _Receiver.requests = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
 def _spans_from_request(body: bytes) -> list[tuple[str, bytes, bytes, bytes, str]]:
     request = ExportTraceServiceRequest.FromString(body)
     found = []
@@ -100,19 +71,19 @@ def _spans_from_request(body: bytes) -> list[tuple[str, bytes, bytes, bytes, str
     return found
 
 
-def test_otlp_http_export_reaches_a_receiver_with_parent_links(receiver: str) -> None:
+def test_otlp_http_export_reaches_a_receiver_with_parent_links(receiver: Receiver) -> None:
     _run(
         "otlp",
         {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
             "OTEL_SERVICE_NAME": "vyre-e2e",
             "VYRE_TRACE_DETAIL": "phases",  # the phase child spans travel too
         },
     )
-    assert _Receiver.requests, "the exporter sent nothing"
-    path, content_type, _ = _Receiver.requests[0]
+    assert receiver.requests, "the exporter sent nothing"
+    path, content_type, _ = receiver.requests[0]
     assert path == "/v1/traces" and content_type == "application/x-protobuf"
-    spans = [s for _, _, body in _Receiver.requests for s in _spans_from_request(body)]
+    spans = [s for _, _, body in receiver.requests for s in _spans_from_request(body)]
     requests = {
         name: (trace_id, span_id)
         for name, trace_id, span_id, _, _ in spans
