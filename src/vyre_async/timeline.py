@@ -41,7 +41,8 @@ _PHASES = (
     ("vyre.phase.launch_s", "launch"),
     ("vyre.phase.readback_s", "readback"),
 )
-_LEADING = 2  # compile and wait lie from the start, the rest end at the end
+#: Phases laid out from the dispatch's start; the others end at its end.
+_LEADING = ("compile", "wait")
 
 
 @dataclass(slots=True)
@@ -216,8 +217,8 @@ def _phase_slices(span: Span) -> list[tuple[str, int, int, bool]]:
         for name, d in durations
         if isinstance(d, int | float) and math.isfinite(d)
     ]
-    leading = [p for p in known if p[0] in ("compile", "wait")][:_LEADING]
-    trailing = [p for p in known if p[0] not in ("compile", "wait")]
+    leading = [p for p in known if p[0] in _LEADING]
+    trailing = [p for p in known if p[0] not in _LEADING]
     out = []
     cursor = lo
     for name, ns in leading:
@@ -246,7 +247,7 @@ def to_trace_events(spans: Iterable[Span]) -> dict[str, Any]:
         else:
             roots.append(span)
     origin = min((s.start_ns for s in spans), default=0)
-    services = sorted({s.service for s in roots} | {s.service for s in spans})
+    services = sorted({s.service for s in spans})
     pid_of = {service: index + 1 for index, service in enumerate(services)}
     events: list[dict[str, Any]] = []
     tracks: dict[tuple[int, str, int], int] = {}

@@ -434,10 +434,14 @@ class RayBackend(VyreBackend):
         try:
             submitter.submit(self._submit, launch, shipped, inputs, carrier, member)
         except RuntimeError:  # the submitter was shut down: the backend is closing
-            if member is not None:
-                with self._lock:
-                    member.in_flight -= 1
+            self._unbusy(member)
             launch.completer.fail(_closed_error())
+
+    def _unbusy(self, member: _Member | None) -> None:
+        """Count a call chosen for ``member`` but never sent off as gone."""
+        if member is not None:
+            with self._lock:
+                member.in_flight -= 1
 
     @staticmethod
     def _carrier(launch: Launch) -> dict[str, str]:
@@ -480,9 +484,7 @@ class RayBackend(VyreBackend):
         """Send one call; ``member`` (already counted busy) resends it there with the bytes."""
         completer = launch.completer
         if completer.should_stop():  # past its deadline before it went out: not sent at all
-            if member is not None:
-                with self._lock:
-                    member.in_flight -= 1
+            self._unbusy(member)
             launch.pending.done()  # (settles it as timed out)
             return
         sent = False
@@ -511,9 +513,8 @@ class RayBackend(VyreBackend):
                 lambda future: self._settle(launch, shipped, inputs, carrier, member, ref, future)
             )
         except Exception as exc:
-            if member is not None and not sent:
-                with self._lock:
-                    member.in_flight -= 1
+            if not sent:
+                self._unbusy(member)
             completer.fail(translate(exc, doing="sending the dispatch to a worker"))
 
     def _cancel_if_late(self, pending: PendingDispatch, ref: Any) -> None:
