@@ -28,9 +28,12 @@ the SDK's own floors in the same process: a bare span
 (``tracer.start_span("x").end()``), a bare unsampled span (a tracer whose
 sampler drops everything), the span vyre records for this dispatch made
 directly (its launch attributes at start, its end-time attributes in one call:
-what the SDK charges for the attributes themselves), and one histogram point
-with two labels. Each floor is also timed beside a dispatch (telemetry off, then
-the floor, minus the dispatch alone): what the SDK call costs in place, after
+what the SDK charges for the attributes themselves), the same span with its
+launch attributes only (the contract's fixed keys known at launch, nothing at the
+end: less than any conforming span costs), one histogram point with two labels and two points
+without labels (the least the contract's two histograms can cost). Each floor
+is also timed beside a dispatch (telemetry off, then the floor, minus the
+dispatch alone): what the SDK call costs in place, after
 the engine has run, which is well above its cost in a tight loop on this
 machine. And vyre's own share: the dispatch with telemetry on and the SDK's
 tracer and histograms replaced by stubs that do nothing (``vyre_own_us``).
@@ -158,6 +161,11 @@ if tracing:
         span.set_attributes(end_attributes)
         span.end()
     cases["bare_span"] = lambda: floor_tracer.start_span("x").end()
+    # The launch attributes alone (the contract's fixed keys known at launch),
+    # nothing at the end: the least a span carrying them can cost the SDK.
+    cases["sdk_span_with_launch_attributes"] = lambda: floor_tracer.start_span(
+        "vyre.dispatch", attributes=start_attributes
+    ).end()
     cases["bare_unsampled_span"] = lambda: dropped.start_span("x").end()
     cases["sdk_span_with_vyres_attributes"] = same_span
 elif metering:
@@ -168,11 +176,16 @@ if metering:
     def two_points():
         floor_histogram.record(1e-5, labels)
         floor_histogram.record(1e-5, labels)
+    def two_unlabelled_points():  # the least two histogram points can cost the SDK
+        floor_histogram.record(1e-5)
+        floor_histogram.record(1e-5)
+    cases["two_unlabelled_histogram_points"] = two_unlabelled_points
 for name, fn in list(cases.items()):
-    if name != "histogram_point":
+    if name not in ("histogram_point", "two_unlabelled_histogram_points"):
         beside[name] = (lambda fn=fn: (dispatch(), fn()))
 if metering:
     beside["two_histogram_points"] = lambda: (dispatch(), two_points())
+    beside["two_unlabelled_histogram_points"] = lambda: (dispatch(), two_unlabelled_points())
 
 def sample(fn, n):
     samples = []
@@ -280,6 +293,13 @@ def _summary(mode: str, raw: dict[str, object]) -> dict[str, object]:
         out["added_over_bare_span_beside"] = round(added / beside["bare_span"], 2)
         same = floors["sdk_span_with_vyres_attributes"]
         out["sdk_span_with_vyres_attributes_over_bare_span"] = round(same / floors["bare_span"], 2)
+        launch = floors["sdk_span_with_launch_attributes"]
+        out["sdk_span_with_launch_attributes_over_bare_span"] = round(
+            launch / floors["bare_span"], 2
+        )
+        out["sdk_span_with_launch_attributes_over_bare_span_beside"] = round(
+            beside["sdk_span_with_launch_attributes"] / beside["bare_span"], 2
+        )
     if "metrics_seen" in raw:
         out["metrics_seen"] = raw["metrics_seen"]
     goal = GOALS.get(mode)

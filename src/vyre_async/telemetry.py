@@ -295,10 +295,13 @@ class DispatchTrace:
 
     __slots__ = ("metered", "parent", "record", "start_ns", "traced")
 
-    def __init__(self, traced: bool, metered: bool = True) -> None:
+    def __init__(self, traced: bool, metered: bool = True, parent: Context | None = None) -> None:
         self.traced = traced
         self.metered = metered
-        self.parent: Context | None = get_current() if traced else None
+        if traced and parent is None:
+            parent = get_current()
+        #: The caller's context (None when not traced).
+        self.parent: Context | None = parent if traced else None
         self.start_ns = time.time_ns()
         #: The dispatch's record once `attach` ran (holds its span and claim).
         self.record: DispatchRecord | None = None
@@ -368,11 +371,14 @@ def start_dispatch() -> DispatchTrace | None:
     if not _enabled:
         return None
     tracing, metering = _sdk_installed()
-    if tracing and _sampler_drops():
-        tracing = False
+    parent = None
+    if tracing:
+        parent = get_current()
+        if _sampler_drops(parent):
+            tracing = False
     if not (tracing or metering):
         return None
-    return DispatchTrace(tracing, metering)
+    return DispatchTrace(tracing, metering, parent)
 
 
 # What the installed sampler decides without being asked --------------------------
@@ -417,8 +423,10 @@ def _sampler_verdict() -> str:
     return verdict
 
 
-def _sampler_drops() -> bool:
-    """True when the installed sampler would drop a dispatch span started here and now.
+def _sampler_drops(parent: Context | None = None) -> bool:
+    """True when the installed sampler would drop a dispatch span started in ``parent``.
+
+    ``parent``: the caller's context (None: the current one).
 
     The span is then not made at all (the SDK's own unsampled span costs more
     than the rest of a dropped dispatch's telemetry): the sampler drops every
@@ -432,8 +440,8 @@ def _sampler_drops() -> bool:
         return False
     if verdict == "never":
         return True
-    parent = trace.get_current_span().get_span_context()
-    return parent.is_valid and not parent.trace_flags.sampled
+    span = trace.get_current_span(parent).get_span_context()
+    return span.is_valid and not span.trace_flags.sampled
 
 
 def _program_attributes(backend_id: str, program: Any) -> dict[str, AttributeValue]:
