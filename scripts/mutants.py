@@ -415,6 +415,28 @@ MUTANTS: tuple[Mutant, ...] = (
         (P + "test_result_can_be_taken_once[asyncio]",),
         "a result can be taken twice",
     ),
+    Mutant(
+        "poll-leaves-its-claim-open",
+        "src/backends/vyre_cupy/completion.py",
+        "waiting[0] = _CLAIMED  # it leaves the queue once finished",
+        "pass",
+        (
+            "tests/cupy/test_cupy_polling.py::"
+            "test_the_thread_does_not_finish_a_watch_while_a_poll_finishes_the_one_before",
+        ),
+        "a watch a poll is finishing stays claimable: the bridge thread finishes it again",
+    ),
+    Mutant(
+        "thread-leaves-its-claim-open",
+        "src/backends/vyre_cupy/completion.py",
+        "                queue[0] = _CLAIMED\n",
+        "                pass\n",
+        (
+            "tests/cupy/test_cupy_polling.py::"
+            "test_a_poll_does_not_finish_a_watch_while_the_thread_finishes_the_one_before",
+        ),
+        "a watch the bridge thread is finishing stays claimable: a poll finishes it again",
+    ),
 )
 
 

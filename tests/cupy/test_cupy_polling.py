@@ -143,6 +143,68 @@ def test_pollers_racing_the_bridge_thread_finish_every_watch_exactly_once(
     assert bridge.in_flight == 0
 
 
+class SlowWatch(Watch):
+    """A ready watch whose ``finish`` blocks until the test lets it go; logs its tag."""
+
+    def __init__(self, log: list[int], tag: int) -> None:
+        super().__init__(ready=True, tag=tag)
+        self.log = log
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def finish(self, error: BaseException | None) -> None:
+        self.entered.set()
+        assert self.release.wait(EVENTUALLY_S)
+        self.log.append(self.tag)
+        super().finish(error)
+
+
+def test_a_poll_does_not_finish_a_watch_while_the_thread_finishes_the_one_before(
+    bridge: CompletionBridge,
+) -> None:
+    log: list[int] = []
+    first = SlowWatch(log, 1)
+    second = Watch(ready=True, tag=2)
+    second.finish = lambda error: (log.append(2), Watch.finish(second, error))  # type: ignore[method-assign]
+    bridge.submit(first, queue="s")  # no quiet time: the thread takes `first` at once
+    bridge.submit(second, queue="s")
+    assert first.entered.wait(EVENTUALLY_S)  # the thread is inside first.finish
+    assert bridge.poll(second, queue="s") is False  # not before `first` has finished
+    assert bridge.poll(first, queue="s") is False  # claimed already
+    assert second.finishes == []
+    first.release.set()
+    assert bridge.wait_idle(EVENTUALLY_S)
+    assert log == [1, 2]
+    assert first.finishes == [BRIDGE_THREAD]
+    assert len(second.finishes) == 1
+
+
+def test_the_thread_does_not_finish_a_watch_while_a_poll_finishes_the_one_before(
+    bridge: CompletionBridge,
+) -> None:
+    log: list[int] = []
+    first = SlowWatch(log, 1)
+    second = Watch(ready=True, tag=2)
+    second.finish = lambda error: (log.append(2), Watch.finish(second, error))  # type: ignore[method-assign]
+    bridge.submit(first, queue="s", quiet_s=NEVER_S)  # left to the poller
+    bridge.submit(second, queue="s", quiet_s=NEVER_S)
+    poller = threading.Thread(target=bridge.poll, args=(first,), kwargs={"queue": "s"})
+    poller.start()
+    assert first.entered.wait(EVENTUALLY_S)  # the poller is inside first.finish
+    assert bridge.abandon(RuntimeError("lost")) == 1  # `first` is left to its finish
+    bridge.take_over()  # the thread now polls every head it may take
+    deadline = time.monotonic() + 0.2
+    while time.monotonic() < deadline:  # it keeps off `second` while `first` finishes
+        assert second.finishes == []
+        time.sleep(0.01)
+    first.release.set()
+    poller.join(EVENTUALLY_S)
+    assert bridge.wait_idle(EVENTUALLY_S)
+    assert log == [1, 2]
+    assert first.finishes == [poller.name]
+    assert second.finishes == [BRIDGE_THREAD]
+
+
 # Quiet time and take_over -----------------------------------------------------------------
 
 

@@ -26,8 +26,11 @@ Cost model:
   an idle bridge opens a quiet window of that length (the loop is expected to
   poll it); later submissions do not extend it, and after every window the
   thread polls every head once, so work nobody polls waits at most one window.
-  Whoever finds a watch ready first takes it off its queue under the bridge's
-  lock, so it is finished exactly once.
+  Whoever finds a watch ready first claims it under the bridge's lock, so it is
+  finished exactly once. A claimed watch stays at the head of its queue until
+  its ``finish`` returns, so the next watch on that queue is not finished
+  before it (done-callbacks of one stream run in submission order, whichever
+  thread finishes each).
 
 The bridge is CUDA-agnostic (it only calls ``ready``/``finish``), so it is
 tested without a GPU.
@@ -171,13 +174,14 @@ class CompletionBridge:
 
         For an awaiting event loop (the dispatch's registered poll): never blocks
         beyond the ``ready`` probe. Returns False when the watch is not ready, is
-        waiting behind earlier work on its queue, or was finished already.
+        waiting behind earlier work on its queue (including work another thread
+        is finishing right now), or was finished already.
         ``ready=True``: the caller just saw ``watch.ready()`` answer True (work
         that ended stays ended), so it is not asked again.
         """
         with self._lock:
             waiting = self._queues.get(queue)
-            if not waiting or waiting[0] is not watch:
+            if not waiting or waiting[0] is not watch:  # claimed, finished or behind others
                 return False
             error: BaseException | None = None
             try:
@@ -185,15 +189,17 @@ class CompletionBridge:
                     return False
             except Exception as exc:  # a device error settles the watch with it
                 error = exc
-            waiting.popleft()
-            if not waiting:
-                del self._queues[queue]
+            waiting[0] = _CLAIMED  # it leaves the queue once finished
             self.polled += 1
+        # `_finish`, inline: this is every polled dispatch's path.
         try:
             watch.finish(error)
         except Exception as exc:  # a bug in finish must not stop the dispatch path
             _report(exc)
         with self._lock:
+            waiting.popleft()
+            if not waiting:
+                del self._queues[queue]
             self._count -= 1
             if self._count == 0 and self._idle_waiters:
                 self._idle.notify_all()
@@ -214,11 +220,18 @@ class CompletionBridge:
     def abandon(self, error: BaseException) -> int:
         """Call ``abandon(error)`` on every watch not finished yet; return how many there are.
 
+        A watch being finished right now is left to its ``finish``.
+
         The watches stay queued: each is still finished (its resources released)
         when its work ends.
         """
         with self._lock:
-            watches = [watch for queue in self._queues.values() for watch in queue]
+            watches = [
+                watch
+                for key, queue in self._queues.items()
+                for watch in queue
+                if watch is not _CLAIMED
+            ]
         for watch in watches:
             try:
                 watch.abandon(error)
@@ -266,7 +279,9 @@ class CompletionBridge:
                     after_quiet = True  # then one round over every head, whatever came
                     continue
                 after_quiet = False
-                heads = [(key, q[0]) for key, q in self._queues.items() if q]
+                heads = [
+                    (key, q[0]) for key, q in self._queues.items() if q and q[0] is not _CLAIMED
+                ]
                 self._wake = False
                 newest = self._newest
             self.rounds += 1
@@ -296,23 +311,57 @@ class CompletionBridge:
                 error = exc
             with self._lock:
                 queue = self._queues.get(key)
-                if not queue or queue[0] is not watch:  # an awaiting loop finished it
+                if not queue:  # an awaiting loop finished it
                     return True
-                queue.popleft()
-                following = queue[0] if queue else None
-                if not queue:
-                    del self._queues[key]
-            try:
-                watch.finish(error)
-            except Exception as exc:  # a bug in finish must not stop the bridge
-                _report(exc)
-            with self._lock:
-                self._count -= 1
-                if self._count == 0 and self._idle_waiters:
-                    self._idle.notify_all()
+                if queue[0] is _CLAIMED:  # an awaiting loop is finishing it
+                    return progressed
+                if queue[0] is not watch:  # an awaiting loop finished it
+                    return True
+                queue[0] = _CLAIMED
+            watch = self._finish(key, queue, watch, error)
             progressed = True
-            watch = following
         return progressed
+
+    def _finish(
+        self, key: Hashable, queue: deque[Watch], watch: Watch, error: BaseException | None
+    ) -> Watch | None:
+        """Finish ``watch``, claimed at the head of ``queue``; return the next head, if any.
+
+        The claim (`_CLAIMED` in the watch's place) leaves the queue only after
+        ``finish`` returns: until then no one claims the watch behind it.
+        """
+        try:
+            watch.finish(error)
+        except Exception as exc:  # a bug in finish must not stop the bridge or the loop
+            _report(exc)
+        with self._lock:
+            queue.popleft()
+            following = queue[0] if queue else None
+            if not queue:
+                del self._queues[key]
+            self._count -= 1
+            if self._count == 0 and self._idle_waiters:
+                self._idle.notify_all()
+        return following
+
+
+class _Claimed:
+    """Stands at the head of a queue for a watch being finished (never ready)."""
+
+    __slots__ = ()
+
+    def ready(self) -> bool:
+        return False
+
+    def finish(self, error: BaseException | None) -> None:
+        raise AssertionError("a claimed watch is finished by whoever claimed it")
+
+    def abandon(self, error: BaseException) -> None:
+        pass
+
+
+#: Put in a claimed watch's place at the head of its queue until its ``finish`` returns.
+_CLAIMED: Watch = _Claimed()
 
 
 def _report(exc: BaseException) -> None:
