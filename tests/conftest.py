@@ -1,6 +1,7 @@
 """Shared pytest configuration: async tests run on asyncio and on trio; caches stay
 private; undefined behaviour in kernels the fake CUDA device ran fails the test; the
-``ray`` backend runs on one local cluster of two workers, ended with the session."""
+``ray`` backend runs on one local cluster of two workers, ended with the session (and
+by an orphan guard if pytest itself is killed)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import ray_cluster
+from tests import orphan_guard, ray_cluster
 from tests.otlp_receiver import receiver  # noqa: F401 - an in-test OTLP receiver fixture
 
 if importlib.util.find_spec("ray") is not None and not os.environ.get("RAY_ADDRESS"):
@@ -20,10 +21,18 @@ if importlib.util.find_spec("ray") is not None and not os.environ.get("RAY_ADDRE
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _ray_cluster_ends() -> Iterator[None]:
-    """End the session's Ray cluster and every process of it, also after failures."""
-    yield
-    ray_cluster.end_cluster()
+def _session_processes_end() -> Iterator[None]:
+    """End the session's Ray cluster and every process of it, also after failures.
+
+    An orphan guard (`tests.orphan_guard`) also ends them, and any other process
+    the session left, if pytest itself is killed.
+    """
+    guard = orphan_guard.start()
+    try:
+        yield
+        ray_cluster.end_cluster()
+    finally:
+        orphan_guard.stop(guard)
 
 
 @pytest.fixture(params=["asyncio", "trio"])

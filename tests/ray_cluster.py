@@ -19,25 +19,16 @@ import sys
 import time
 from pathlib import Path
 
+from tests import orphan_guard
+
 
 def descendants(root: int | None = None) -> set[int]:
-    """Pids of every live process descending from ``root`` (default: this process)."""
+    """Pids of every live process descending from ``root`` (default: this process).
+
+    The session's orphan guards (`tests.orphan_guard`) are not counted.
+    """
     root = os.getpid() if root is None else root
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        parents[int(entry.name)] = int(fields[1])
-    found: set[int] = set()
-    frontier = {root}
-    while frontier:
-        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
+    return set(orphan_guard.descendants(root)) - orphan_guard.GUARDS
 
 
 def _alive(pid: int) -> bool:
