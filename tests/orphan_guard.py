@@ -97,9 +97,9 @@ def leftovers(noted: dict[int, int], table: dict[int, tuple[int, int]], me: int)
 def start(root: int | None = None, interval_s: float = INTERVAL_S) -> subprocess.Popen[bytes]:
     """Start a guard for ``root`` (default: this process); it ends when ``root`` does.
 
-    The guard's stdin is a pipe only ``root`` holds: its end closes the pipe. The
-guard also checks that ``root`` is alive at every look, for a forked child
-that kept the pipe open.
+        The guard's stdin is a pipe only ``root`` holds: its end closes the pipe. The
+    guard also checks that ``root`` is alive at every look, for a forked child
+    that kept the pipe open.
     """
     root = os.getpid() if root is None else root
     process = subprocess.Popen(
