@@ -159,13 +159,28 @@ class SlowWatch(Watch):
         super().finish(error)
 
 
+class LoggedWatch(Watch):
+    """A ready watch that logs its tag when finished."""
+
+    def __init__(self, log: list[int], tag: int) -> None:
+        super().__init__(ready=True, tag=tag)
+        self.log = log
+
+    def finish(self, error: BaseException | None) -> None:
+        self.log.append(self.tag)
+        super().finish(error)
+
+
+def _stream_of_two() -> tuple[list[int], SlowWatch, LoggedWatch]:
+    """Two ready watches for one stream, the first slow to finish, and their finishing log."""
+    log: list[int] = []
+    return log, SlowWatch(log, 1), LoggedWatch(log, 2)
+
+
 def test_a_poll_does_not_finish_a_watch_while_the_thread_finishes_the_one_before(
     bridge: CompletionBridge,
 ) -> None:
-    log: list[int] = []
-    first = SlowWatch(log, 1)
-    second = Watch(ready=True, tag=2)
-    second.finish = lambda error: (log.append(2), Watch.finish(second, error))  # type: ignore[method-assign]
+    log, first, second = _stream_of_two()
     bridge.submit(first, queue="s")  # no quiet time: the thread takes `first` at once
     bridge.submit(second, queue="s")
     assert first.entered.wait(EVENTUALLY_S)  # the thread is inside first.finish
@@ -182,10 +197,7 @@ def test_a_poll_does_not_finish_a_watch_while_the_thread_finishes_the_one_before
 def test_the_thread_does_not_finish_a_watch_while_a_poll_finishes_the_one_before(
     bridge: CompletionBridge,
 ) -> None:
-    log: list[int] = []
-    first = SlowWatch(log, 1)
-    second = Watch(ready=True, tag=2)
-    second.finish = lambda error: (log.append(2), Watch.finish(second, error))  # type: ignore[method-assign]
+    log, first, second = _stream_of_two()
     bridge.submit(first, queue="s", quiet_s=NEVER_S)  # left to the poller
     bridge.submit(second, queue="s", quiet_s=NEVER_S)
     poller = threading.Thread(target=bridge.poll, args=(first,), kwargs={"queue": "s"})
