@@ -75,7 +75,7 @@ def guard(root: int, interval_s: float = INTERVAL_S) -> list[int]:
         noted.update(descendants(root, table))
         noted.pop(me, None)
         ready, _, _ = select.select([sys.stdin], [], [], interval_s)
-        if ready and not sys.stdin.buffer.read1(4096):  # EOF: the session is gone
+        if ready and not os.read(sys.stdin.fileno(), 4096):  # EOF: the session is gone
             break
     killed = []
     for pid in leftovers(noted, _table(), me):

@@ -194,27 +194,76 @@ def test_a_poll_does_not_finish_a_watch_while_the_thread_finishes_the_one_before
     assert len(second.finishes) == 1
 
 
-def test_the_thread_does_not_finish_a_watch_while_a_poll_finishes_the_one_before(
+def test_the_thread_does_not_finish_a_watch_while_a_poll_finishes_the_one_before() -> None:
+    # A bridge that, once it found nothing to do, sleeps for a minute unless woken.
+    bridge = CompletionBridge(spin_s=0.0, min_sleep_s=NEVER_S, max_sleep_s=NEVER_S)
+    try:
+        log, first, second = _stream_of_two()
+        bridge.submit(first, queue="s", quiet_s=NEVER_S)  # left to the poller
+        bridge.submit(second, queue="s", quiet_s=NEVER_S)
+        polled: list[bool] = []
+        poller = threading.Thread(target=lambda: polled.append(bridge.poll(first, queue="s")))
+        poller.start()
+        assert first.entered.wait(EVENTUALLY_S)  # the poller is inside first.finish
+        assert bridge.abandon(RuntimeError("lost")) == 1  # `first` is left to its finish
+        rounds = bridge.rounds
+        bridge.take_over()  # the loop gave up on `second`: the thread polls what it may take
+        deadline = time.monotonic() + EVENTUALLY_S
+        while bridge.rounds == rounds and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert bridge.rounds > rounds  # it looked, and kept off `second` behind the claim
+        assert second.finishes == []
+        first.release.set()
+        poller.join(EVENTUALLY_S)
+        assert polled == [True]
+        # Letting go of the claim wakes the thread (else it would sleep its minute).
+        assert second.finished.wait(EVENTUALLY_S)
+        assert log == [1, 2]
+        assert first.finishes == [poller.name]
+        assert second.finishes == [BRIDGE_THREAD]
+        assert bridge.wait_idle(EVENTUALLY_S)
+    finally:
+        bridge.close(timeout=EVENTUALLY_S)
+    assert not bridge.running
+
+
+class ExitingWatch(Watch):
+    """A ready watch whose ``finish`` (a done-callback, say) raises SystemExit."""
+
+    def __init__(self) -> None:
+        super().__init__(ready=True)
+
+    def finish(self, error: BaseException | None) -> None:
+        super().finish(error)
+        raise SystemExit(3)
+
+
+def test_a_poll_whose_finish_raises_systemexit_lets_its_stream_move_on(
     bridge: CompletionBridge,
 ) -> None:
-    log, first, second = _stream_of_two()
-    bridge.submit(first, queue="s", quiet_s=NEVER_S)  # left to the poller
+    first, second = ExitingWatch(), Watch(ready=True)
+    bridge.submit(first, queue="s", quiet_s=NEVER_S)
     bridge.submit(second, queue="s", quiet_s=NEVER_S)
-    poller = threading.Thread(target=bridge.poll, args=(first,), kwargs={"queue": "s"})
-    poller.start()
-    assert first.entered.wait(EVENTUALLY_S)  # the poller is inside first.finish
-    assert bridge.abandon(RuntimeError("lost")) == 1  # `first` is left to its finish
-    bridge.take_over()  # the thread now polls every head it may take
-    deadline = time.monotonic() + 0.2
-    while time.monotonic() < deadline:  # it keeps off `second` while `first` finishes
-        assert second.finishes == []
-        time.sleep(0.01)
-    first.release.set()
-    poller.join(EVENTUALLY_S)
+    with pytest.raises(SystemExit):  # the loop's own: it reaches the caller
+        bridge.poll(first, queue="s")
+    assert bridge.in_flight == 1
+    assert bridge.poll(second, queue="s") is True  # not stuck behind a claim
+    assert bridge.in_flight == 0
+
+
+def test_a_finish_raising_systemexit_on_the_thread_is_reported_and_the_bridge_goes_on(
+    bridge: CompletionBridge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reports: list[type[BaseException] | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: reports.append(args.exc_type))
+    first, second = ExitingWatch(), Watch(ready=True)
+    bridge.submit(first, queue="s")
+    bridge.submit(second, queue="s")
+    assert second.finished.wait(EVENTUALLY_S)
+    assert first.finishes == second.finishes == [BRIDGE_THREAD]
+    assert reports == [SystemExit]
+    assert bridge.running
     assert bridge.wait_idle(EVENTUALLY_S)
-    assert log == [1, 2]
-    assert first.finishes == [poller.name]
-    assert second.finishes == [BRIDGE_THREAD]
 
 
 # Quiet time and take_over -----------------------------------------------------------------

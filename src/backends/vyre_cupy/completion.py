@@ -99,7 +99,8 @@ class CompletionBridge:
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._idle = threading.Condition(self._lock)
-        self._queues: dict[Hashable, deque[Watch]] = {}
+        self._queues: dict[Hashable, deque[Watch]] = {}  # never empty deques
+        self._skipped = False  # the thread passed by a claimed queue since it last woke
         self._count = 0
         self._newest = 0.0
         self._wake = False
@@ -162,7 +163,11 @@ class CompletionBridge:
             self._work.notify()
 
     def take_over(self) -> None:
-        """End the quiet time and wake the thread: it polls every watch now (the loop gave up)."""
+        """End the quiet time and wake the thread: it polls every stream's head (the loop gave up).
+
+        A stream whose head an awaiting loop is finishing right now is polled as
+        soon as that loop lets go of it.
+        """
         with self._lock:
             self._quiet_until = 0.0
             if self._count:
@@ -196,13 +201,18 @@ class CompletionBridge:
             watch.finish(error)
         except Exception as exc:  # a bug in finish must not stop the dispatch path
             _report(exc)
-        with self._lock:
-            waiting.popleft()
-            if not waiting:
-                del self._queues[queue]
-            self._count -= 1
-            if self._count == 0 and self._idle_waiters:
-                self._idle.notify_all()
+        finally:  # also when a done-callback raised SystemExit: the stream moves on
+            with self._lock:
+                waiting.popleft()
+                if not waiting:
+                    del self._queues[queue]
+                elif self._skipped:  # the thread passed this queue by while it was claimed
+                    self._skipped = False
+                    self._wake = True
+                    self._work.notify()
+                self._count -= 1
+                if self._count == 0 and self._idle_waiters:
+                    self._idle.notify_all()
         return True
 
     def wait_idle(self, timeout: float | None = None) -> bool:
@@ -226,12 +236,7 @@ class CompletionBridge:
         when its work ends.
         """
         with self._lock:
-            watches = [
-                watch
-                for key, queue in self._queues.items()
-                for watch in queue
-                if watch is not _CLAIMED
-            ]
+            watches = [w for queue in self._queues.values() for w in queue if w is not _CLAIMED]
         for watch in watches:
             try:
                 watch.abandon(error)
@@ -279,9 +284,9 @@ class CompletionBridge:
                     after_quiet = True  # then one round over every head, whatever came
                     continue
                 after_quiet = False
-                heads = [
-                    (key, q[0]) for key, q in self._queues.items() if q and q[0] is not _CLAIMED
-                ]
+                heads = [(key, q[0]) for key, q in self._queues.items() if q[0] is not _CLAIMED]
+                # A claimed queue passed by: its poller wakes the thread when it lets go.
+                self._skipped = len(heads) < len(self._queues)
                 self._wake = False
                 newest = self._newest
             self.rounds += 1
@@ -314,6 +319,7 @@ class CompletionBridge:
                 if not queue:  # an awaiting loop finished it
                     return True
                 if queue[0] is _CLAIMED:  # an awaiting loop is finishing it
+                    self._skipped = True  # (its poller wakes the thread when it lets go)
                     return progressed
                 if queue[0] is not watch:  # an awaiting loop finished it
                     return True
@@ -332,7 +338,7 @@ class CompletionBridge:
         """
         try:
             watch.finish(error)
-        except Exception as exc:  # a bug in finish must not stop the bridge or the loop
+        except BaseException as exc:  # a bug in finish (even SystemExit) must not stop the bridge
             _report(exc)
         with self._lock:
             queue.popleft()
