@@ -194,8 +194,8 @@ def main() -> None:
         "program": f"elementwise_xor, {args.n} u32 lanes; large: 2 x {args.large_mib} MiB in, "
         f"{args.large_mib} MiB out",
         "pool": f"{args.workers} local reference workers, one machine",
-        "peers": "bare_ray: an async Ray actor echoing a ^ b, same arrays and options; "
-        "local_reference: the reference backend in this process",
+        "peers": f"bare_ray: {args.workers} async Ray actors returning a ^ b, called in turn, "
+        "same arrays and actor options; local_reference: the reference backend in this process",
         **results,
         "rounds": args.rounds,
         "round_trips_per_round": args.round_trips,
