@@ -150,11 +150,13 @@ class CompiledPipeline:
         if mode is not None:
             decision = requested_mode(self.backend, decision, mode, config or self.config)
         planned: list[tuple[Launch, Any]] = []
+        traces: list[telemetry.DispatchTrace | None] = []
         front = self.front
         with dispatch_attributes(decision.span_attributes()):
             try:
                 for inputs in items:
                     trace = telemetry.start_dispatch()
+                    traces.append(trace)
                     try:
                         planned.append(
                             front.prepare(
@@ -170,15 +172,13 @@ class CompiledPipeline:
                         telemetry.fail_before_launch(trace, exc, self.backend.id, self.program)
                         raise
             except BaseException as exc:
-                for launch, _ in planned:  # planned, never started: end their spans
-                    launch.completer.fail(exc)
+                self._reject(planned, traces, exc)  # planned, never launched
                 raise
         launches = [launch for launch, _ in planned]
         try:
             self.backend.enqueue_batch(launches, decision)
         except BaseException as exc:  # e.g. a shut-down backend: nobody gets these results
-            for launch in launches:
-                launch.completer.fail(exc)  # no-op for those already settled
+            self._reject(planned, traces, exc)
             raise
         prefetcher = front.prefetcher
         if prefetcher is not None:
@@ -186,6 +186,21 @@ class CompiledPipeline:
                 if job is not None:
                     prefetcher.schedule(job)  # deduplicated by the prefetcher
         return [launch.pending for launch in launches]
+
+    def _reject(
+        self,
+        planned: Sequence[tuple[Launch, Any]],
+        traces: Sequence[telemetry.DispatchTrace | None],
+        error: BaseException,
+    ) -> None:
+        """Fail a batch's planned dispatches that ``dispatch_batch`` raised for.
+
+        Each is recorded as rejected before launch (its span ends with ``error``);
+        a dispatch the backend settled already keeps its outcome.
+        """
+        for (launch, _), trace in zip(planned, traces, strict=False):
+            telemetry.fail_before_launch(trace, error, self.backend.id, self.program)
+            launch.completer.fail(error)  # no-op for one already settled
 
     def __repr__(self) -> str:
         return (

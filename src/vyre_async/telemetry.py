@@ -26,6 +26,7 @@ attribute sets built once per launch shape.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import warnings
@@ -382,44 +383,47 @@ def start_dispatch() -> DispatchTrace | None:
 
 
 # What the installed sampler decides without being asked --------------------------
-#: The tracer provider and sampler `_sampler_drops` last read, and its verdict on them.
-_verdict: tuple[object, object, str] = (_UNKNOWN, _UNKNOWN, "ask")
-_PARENT_DECIDES = (
-    "remoteParentNotSampled:AlwaysOffSampler",
-    "localParentNotSampled:AlwaysOffSampler",
-)
+#: The sampler `_sampler_verdict` last classified, and its verdict.
+_verdict: tuple[object, str] = (_UNKNOWN, "ask")
+
+
+def _drops_every_span(sampler: object, sampling: Any) -> bool:
+    """True for exactly the SDK's ``ALWAYS_OFF`` (a `StaticSampler` that drops)."""
+    return type(sampler) is sampling.StaticSampler and (
+        sampler.get_description() == "AlwaysOffSampler"  # type: ignore[attr-defined]
+    )
 
 
 def _sampler_verdict() -> str:
-    """Return ``"never"``, ``"parent"`` or ``"ask"`` for the installed SDK sampler.
+    """Return ``"never"``, ``"parent"`` or ``"ask"`` for the sampler of vyre's tracer.
 
-    ``"never"``: the sampler drops every span (``AlwaysOffSampler``).
-    ``"parent"``: a ``ParentBased`` sampler whose not-sampled parents (remote
-    and local) give ``AlwaysOffSampler``: a span under a parent that is not
-    sampled is dropped. ``"ask"``: anything else (the SDK decides each span).
-    Read through the sampler's public description, once per provider and sampler.
+    ``"never"``: it is the SDK's ``ALWAYS_OFF``. ``"parent"``: it is the SDK's
+    own ``ParentBased`` (not a subclass) whose delegates for not-sampled
+    parents, remote and local, are ``ALWAYS_OFF``: a span under a parent that
+    is not sampled is dropped. ``"ask"``: anything else, custom samplers and
+    subclasses included (the SDK decides each span). Classified once per
+    sampler; a sampler whose parts cannot be read is asked.
     """
     global _verdict
-    provider = getattr(_trace_api, "_TRACER_PROVIDER", None)
-    sampler = getattr(provider, "sampler", None)
-    if provider is _verdict[0] and sampler is _verdict[1]:
-        return _verdict[2]
-    describe = getattr(sampler, "get_description", None)
-    try:
-        text = describe() if callable(describe) else ""
-    except Exception:  # a custom sampler's bug: let the SDK ask it
-        text = ""
-    if text == "AlwaysOffSampler":
-        verdict = "never"
-    elif (
-        isinstance(text, str)
-        and text.startswith("ParentBased{")
-        and all(part in text for part in _PARENT_DECIDES)
-    ):
-        verdict = "parent"
-    else:
-        verdict = "ask"
-    _verdict = (provider, sampler, verdict)
+    # The sampler of the SDK tracer vyre's spans come from (None: not known yet). An
+    # SDK tracer keeps the sampler its provider had when the tracer was made, so it
+    # is the tracer's own, not ``provider.sampler``. ``_tracer`` is the API's proxy
+    # until an SDK is installed; the proxy finds the SDK tracer at its first span.
+    real = getattr(_tracer, "_real_tracer", None) or _tracer
+    sampler = getattr(real, "sampler", None)
+    if sampler is _verdict[0]:
+        return _verdict[1]
+    verdict = "ask"
+    sampling = sys.modules.get("opentelemetry.sdk.trace.sampling")
+    if sampler is not None and sampling is not None:
+        if _drops_every_span(sampler, sampling):
+            verdict = "never"
+        elif type(sampler) is getattr(sampling, "ParentBased", None) and all(
+            _drops_every_span(getattr(sampler, part, None), sampling)
+            for part in ("_remote_parent_not_sampled", "_local_parent_not_sampled")
+        ):
+            verdict = "parent"
+    _verdict = (sampler, verdict)
     return verdict
 
 
@@ -431,9 +435,9 @@ def _sampler_drops(parent: Context | None = None) -> bool:
     The span is then not made at all (the SDK's own unsampled span costs more
     than the rest of a dropped dispatch's telemetry): the sampler drops every
     span, or it follows the parent and the caller's current span is a valid one
-    that is not sampled — the decisions OpenTelemetry's ``ALWAYS_OFF`` and
-    ``ParentBased`` samplers make, taken from their description. Any other
-    sampler is asked by the SDK, span by span.
+    that is not sampled — the decisions the SDK's own ``ALWAYS_OFF`` and
+    ``ParentBased`` samplers make (`_sampler_verdict`). Any other sampler is
+    asked by the SDK, span by span.
     """
     verdict = _sampler_verdict()
     if verdict == "ask":
@@ -450,7 +454,11 @@ def _program_attributes(backend_id: str, program: Any) -> dict[str, AttributeVal
         attributes["vyre.program.op_id"] = program.op_id
         fingerprint = program.memo.get("telemetry.fingerprint")
         if fingerprint is None:
-            fingerprint = program.memo["telemetry.fingerprint"] = program.fingerprint().hex()
+            try:
+                fingerprint = program.fingerprint().hex()
+            except InvalidProgram:  # beyond a wire limit: the caller gets validation's report
+                return attributes
+            program.memo["telemetry.fingerprint"] = fingerprint
         attributes["vyre.program.fingerprint"] = fingerprint
     return attributes
 
@@ -469,9 +477,28 @@ def _open(started: DispatchTrace, attributes: Mapping[str, AttributeValue]) -> S
 def fail_before_launch(
     started: DispatchTrace | None, error: BaseException, backend_id: str, program: Any
 ) -> None:
-    """Record a dispatch that ``dispatch()`` itself rejected, before any launch."""
+    """Record a dispatch that ``dispatch()`` itself rejected, before any launch.
+
+    Never raises: a telemetry failure is reported (`threading.excepthook`) and
+    the caller's own error stays the one raised.
+    """
     if started is None:
         return
+    try:
+        _record_rejection(started, error, backend_id, program)
+    except Exception as exc:
+        _report(exc)
+
+
+def _report(exc: BaseException) -> None:
+    """Report a bug of telemetry's own through `threading.excepthook`."""
+    args = threading.ExceptHookArgs((type(exc), exc, exc.__traceback__, threading.current_thread()))
+    threading.excepthook(args)
+
+
+def _record_rejection(
+    started: DispatchTrace, error: BaseException, backend_id: str, program: Any
+) -> None:
     record = started.record
     span = None
     if record is not None:
@@ -480,6 +507,10 @@ def fail_before_launch(
                 return  # settled and counted already, or nothing of it is recorded
             record.claimed = False
             span, record.span = record.span, None
+            # Counted here as rejected: its settling (never launched) counts nothing more.
+            record.on_settled = None
+            record.on_await_cancelled = None
+            record.trace = None
     if started.traced:
         if span is None and record is None:  # raised before attach: open the span now
             span = _open(started, _program_attributes(backend_id, program))
@@ -579,8 +610,21 @@ def finish_dispatch(
             wall_s, queue_s, device_s = timing.wall_s, timing.queue_s, timing.device_s
     error = pending.exception()
     claimed, span = _claim(record)
-    if span is not None:
-        _end_span(span, record, queue_s, device_s, error)
+    try:
+        if span is not None:
+            _end_span(span, record, queue_s, device_s, error)
+    finally:  # a span processor that raises must not cost the dispatch its metrics
+        _count(record, claimed, error, wall_s, device_s)
+
+
+def _count(
+    record: DispatchRecord,
+    claimed: bool,
+    error: BaseException | None,
+    wall_s: float | None,
+    device_s: float | None,
+) -> None:
+    """Tally a settled dispatch's outcome and record its two histogram points."""
     facts: _ShapeFacts | None = record.trace
     if facts is None:  # no meter provider
         return
@@ -675,7 +719,9 @@ def record_prefetch(backend_id: str, program: Program, hit: bool) -> None:
 
 
 def _prom_name(name: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in name)
+    """A Prometheus metric or label name: ASCII letters, digits and ``_``, no leading digit."""
+    cleaned = "".join(c if c.isascii() and c.isalnum() else "_" for c in name)
+    return f"_{cleaned}" if cleaned[:1].isdigit() else cleaned
 
 
 def _prom_labels(attributes: Mapping[str, Any], extra: Iterable[tuple[str, str]] = ()) -> str:
@@ -689,12 +735,20 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def _help(series: str, metric: Any) -> str:
+    text = str(metric.description or metric.name)
+    return f"# HELP {series} " + text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
 def prometheus_text(metrics_data: Any) -> str:
     """Render OpenTelemetry SDK ``MetricsData`` in the Prometheus text exposition format.
 
     Pass what an SDK ``InMemoryMetricReader.get_metrics_data()`` (or any
     ``MetricReader``) returns. Sums become counters (``_total``) or gauges,
-    histograms become ``_bucket``/``_sum``/``_count`` series.
+    gauges gauges, explicit-bucket histograms ``_bucket``/``_sum``/``_count``
+    series. A kind the format has no plain form for (an exponential histogram)
+    is named in a comment line and left out. Names become valid Prometheus
+    names (other characters as ``_``, a leading digit prefixed with ``_``).
     """
     lines: list[str] = []
     for resource_metrics in getattr(metrics_data, "resource_metrics", ()) or ():
@@ -707,19 +761,18 @@ def prometheus_text(metrics_data: Any) -> str:
 def _prom_metric(metric: Any) -> list[str]:
     name = _prom_name(metric.name)
     data = metric.data
+    kind = type(data).__name__  # the SDK's Sum, Gauge, Histogram, ExponentialHistogram
     points: Sequence[Any] = data.data_points
     out: list[str] = []
-    if hasattr(data, "is_monotonic"):  # Sum
+    if kind == "Sum" or hasattr(data, "is_monotonic"):
         counter = bool(data.is_monotonic)
         series = f"{name}_total" if counter else name
-        out.append(f"# HELP {series} {metric.description or metric.name}")
+        out.append(_help(series, metric))
         out.append(f"# TYPE {series} {'counter' if counter else 'gauge'}")
         for p in points:
             out.append(f"{series}{_prom_labels(p.attributes)} {p.value}")
-    elif (
-        hasattr(data, "aggregation_temporality") and points and hasattr(points[0], "bucket_counts")
-    ):
-        out.append(f"# HELP {name} {metric.description or metric.name}")
+    elif kind == "Histogram" or (points and hasattr(points[0], "explicit_bounds")):
+        out.append(_help(name, metric))
         out.append(f"# TYPE {name} histogram")
         for p in points:
             running = 0
@@ -731,8 +784,11 @@ def _prom_metric(metric: Any) -> list[str]:
                 out.append(f"{name}_bucket{_prom_labels(p.attributes, [('le', le)])} {running}")
             out.append(f"{name}_sum{_prom_labels(p.attributes)} {p.sum}")
             out.append(f"{name}_count{_prom_labels(p.attributes)} {p.count}")
-    else:  # gauge
+    elif kind == "Gauge" or (points and hasattr(points[0], "value")):
+        out.append(_help(name, metric))
         out.append(f"# TYPE {name} gauge")
         for p in points:
             out.append(f"{name}{_prom_labels(p.attributes)} {p.value}")
+    else:
+        out.append(f"# {name}: a {kind} metric, which this exposition does not render")
     return out

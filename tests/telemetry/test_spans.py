@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +18,15 @@ from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
 from opentelemetry.trace import StatusCode
 
 from tests.driver.fakes import DelayBackend
@@ -27,6 +37,7 @@ from vyre_async import (
     InvalidProgram,
     Launch,
     PendingDispatch,
+    Program,
     UnsupportedFeature,
     telemetry,
 )
@@ -458,22 +469,14 @@ async def test_a_failure_in_telemetry_is_reported_and_the_dispatch_still_settles
     await backend.aclose()
 
 
-class _Sampler:
-    def __init__(self, description: str) -> None:
-        self.description = description
-
-    def get_description(self) -> str:
-        return self.description
-
-
-class _Provider:
-    def __init__(self, description: str) -> None:
-        self.sampler = _Sampler(description)
-
-
 _UNSAMPLED_PARENT = trace.NonRecordingSpan(
     trace.SpanContext(
         trace_id=0x1234, span_id=0x5678, is_remote=False, trace_flags=trace.TraceFlags(0)
+    )
+)
+_UNSAMPLED_REMOTE_PARENT = trace.NonRecordingSpan(
+    trace.SpanContext(
+        trace_id=0x1234, span_id=0x5678, is_remote=True, trace_flags=trace.TraceFlags(0)
     )
 )
 _SAMPLED_PARENT = trace.NonRecordingSpan(
@@ -481,44 +484,81 @@ _SAMPLED_PARENT = trace.NonRecordingSpan(
         trace_id=0x1234, span_id=0x5678, is_remote=False, trace_flags=trace.TraceFlags(1)
     )
 )
-_PARENT_BASED = (
-    "ParentBased{root:TraceIdRatioBased{0.01},remoteParentSampled:AlwaysOnSampler,"
-    "remoteParentNotSampled:AlwaysOffSampler,localParentSampled:AlwaysOnSampler,"
-    "localParentNotSampled:AlwaysOffSampler}"
-)
+
+
+class _NamedLikeAlwaysOff(Sampler):
+    """A custom sampler whose description merely starts like ``ALWAYS_OFF``'s."""
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        return SamplingResult(Decision.RECORD_AND_SAMPLE)
+
+    def get_description(self) -> str:
+        return "AlwaysOffSamplerUnlessDebug"
+
+
+class _SamplesEverything(ParentBased):
+    """A ParentBased subclass that overrides the decision but not the description."""
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        return SamplingResult(Decision.RECORD_AND_SAMPLE)
+
+
+_RATIO = ParentBased(TraceIdRatioBased(0.01))
 
 
 @pytest.mark.parametrize(
-    ("description", "parent", "made"),
+    ("sampler", "parent", "made"),
     [
-        ("AlwaysOffSampler", None, False),
-        ("AlwaysOffSampler", _SAMPLED_PARENT, False),
-        (_PARENT_BASED, _UNSAMPLED_PARENT, False),
-        (_PARENT_BASED, _SAMPLED_PARENT, True),
-        (_PARENT_BASED, None, True),  # a root: the ratio decides, span by span
+        (ALWAYS_OFF, None, False),
+        (ALWAYS_OFF, _SAMPLED_PARENT, False),
+        (_RATIO, _UNSAMPLED_PARENT, False),
+        (_RATIO, _UNSAMPLED_REMOTE_PARENT, False),
+        (_RATIO, _SAMPLED_PARENT, True),
+        (_RATIO, None, True),  # a root: the ratio decides, span by span
         (
-            _PARENT_BASED.replace("localParentNotSampled:AlwaysOffSampler", "x"),
+            ParentBased(ALWAYS_ON, local_parent_not_sampled=ALWAYS_ON),
             _UNSAMPLED_PARENT,
             True,
         ),
-        ("TraceIdRatioBased{0.5}", _UNSAMPLED_PARENT, True),
-        ("AlwaysOnSampler", None, True),
+        (
+            ParentBased(
+                ParentBased(ALWAYS_ON),
+                remote_parent_not_sampled=ALWAYS_ON,
+                local_parent_not_sampled=ALWAYS_ON,
+            ),
+            _UNSAMPLED_PARENT,
+            True,
+        ),
+        (_NamedLikeAlwaysOff(), None, True),
+        (_SamplesEverything(ALWAYS_ON), _UNSAMPLED_PARENT, True),
+        (TraceIdRatioBased(0.5), _UNSAMPLED_PARENT, True),
+        (ALWAYS_ON, None, True),
+        (None, _UNSAMPLED_PARENT, True),  # the SDK tracer is not known yet
     ],
     ids=[
         "always-off",
         "always-off-under-sampled",
         "parent-based-under-unsampled",
+        "parent-based-under-unsampled-remote",
         "parent-based-under-sampled",
         "parent-based-root",
         "parent-based-that-samples-unsampled-parents",
+        "parent-based-nested-in-the-root",
+        "custom-named-like-always-off",
+        "parent-based-subclass",
         "ratio-not-parent-based",
         "always-on",
+        "not-known-yet",
     ],
 )
 def test_a_span_the_sampler_is_known_to_drop_is_not_made(
-    monkeypatch: pytest.MonkeyPatch, description: str, parent: Any, made: bool
+    monkeypatch: pytest.MonkeyPatch, sampler: Any, parent: Any, made: bool
 ) -> None:
-    monkeypatch.setattr(telemetry._trace_api, "_TRACER_PROVIDER", _Provider(description))
+    # vyre's tracer, as an SDK tracer carrying ``sampler`` (or the API's proxy before one)
+    tracer = types.SimpleNamespace(
+        _real_tracer=None, **({} if sampler is None else {"sampler": sampler})
+    )
+    monkeypatch.setattr(telemetry, "_tracer", tracer)
     monkeypatch.setattr(telemetry, "_sdk_installed", lambda: (True, False))  # tracer only
     if parent is None:
         started = telemetry.start_dispatch()
@@ -528,30 +568,34 @@ def test_a_span_the_sampler_is_known_to_drop_is_not_made(
     assert (started is not None) is made
     if started is not None:
         assert started.traced
+        if sampler is not None and parent is not None:  # what the SDK itself decides
+            decision = sampler.should_sample(
+                trace.set_span_in_context(parent), 0x1234, "vyre.dispatch"
+            ).decision
+            assert decision.is_sampled()
 
 
 def test_with_metrics_a_dropped_span_still_leaves_the_dispatch_counted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(telemetry._trace_api, "_TRACER_PROVIDER", _Provider("AlwaysOffSampler"))
+    monkeypatch.setattr(telemetry, "_tracer", types.SimpleNamespace(sampler=ALWAYS_OFF))
     monkeypatch.setattr(telemetry, "_sdk_installed", lambda: (True, True))
     started = telemetry.start_dispatch()
     assert started is not None and not started.traced and started.metered
 
 
-def test_a_sampler_whose_description_fails_is_asked_by_the_sdk(
-    monkeypatch: pytest.MonkeyPatch,
+async def test_the_sampler_that_counts_is_the_tracers_own_not_the_providers(
+    spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Broken:
-        def get_description(self) -> str:
-            raise RuntimeError("custom sampler bug")
-
-    provider = _Provider("")
-    provider.sampler = Broken()  # type: ignore[assignment]
-    monkeypatch.setattr(telemetry._trace_api, "_TRACER_PROVIDER", provider)
-    monkeypatch.setattr(telemetry, "_sdk_installed", lambda: (True, False))
-    started = telemetry.start_dispatch()
-    assert started is not None and started.traced
+    """An SDK tracer keeps the sampler its provider had when it was made."""
+    backend = ReferenceBackend()
+    await backend.dispatch(XOR, INPUTS)  # vyre's tracer is the SDK's from here on
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    monkeypatch.setattr(provider, "sampler", ALWAYS_OFF)  # the tracer still samples
+    await backend.dispatch(XOR, INPUTS)
+    assert len(_dispatch_spans(spans)) == 2
+    await backend.aclose()
 
 
 async def test_under_an_unsampled_request_no_sdk_span_is_made_and_metrics_count(
@@ -579,3 +623,123 @@ async def test_under_an_unsampled_request_no_sdk_span_is_made_and_metrics_count(
     after = _count(reader, "vyre.dispatch.count", **labels, **{"vyre.status": "ok"})
     assert after - before == 6
     await backend.aclose()
+
+
+def _points(reader: InMemoryMetricReader, name: str, **labels: str) -> int:
+    """How many histogram points ``name`` holds for ``labels`` (0 if none)."""
+    total = 0
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.name == name:
+                    for point in m.data.data_points:
+                        if all(point.attributes.get(k) == v for k, v in labels.items()):
+                            total += int(point.count)
+    return total
+
+
+def _statuses(reader: InMemoryMetricReader, op_id: str) -> dict[str, int]:
+    labels = {"vyre.backend.id": "reference", "vyre.program.op_id": op_id}
+    return {
+        status: _count(reader, "vyre.dispatch.count", **labels, **{"vyre.status": status})
+        for status in ("ok", "error", "rejected", "cancelled", "timeout")
+    }
+
+
+async def test_a_program_past_a_wire_limit_keeps_its_validation_error_and_is_counted(
+    spans: InMemorySpanExporter, reader: InMemoryMetricReader
+) -> None:
+    program = elementwise_xor(64)
+    long_name = Program(
+        list(program.buffers), program.workgroup_size, list(program.body), op_id="x" * 300
+    )
+    before = _statuses(reader, "x" * 300)
+    backend = ReferenceBackend()
+    with pytest.raises(InvalidProgram) as raised:
+        backend.dispatch(long_name, INPUTS)
+    assert "op_id" in str(raised.value) and "cannot encode" not in str(raised.value)
+    after = _statuses(reader, "x" * 300)
+    assert after["rejected"] - before["rejected"] == 1
+    (span,) = _dispatch_spans(spans)
+    assert span.status.status_code is StatusCode.ERROR
+    assert "vyre.program.fingerprint" not in (span.attributes or {})
+    await backend.aclose()
+
+
+async def test_a_batch_refused_at_planning_counts_every_item_rejected_and_nothing_else(
+    spans: InMemorySpanExporter, reader: InMemoryMetricReader
+) -> None:
+    program = elementwise_xor(64)
+    backend = ReferenceBackend()
+    pipeline = backend.compile(program)
+    await backend.dispatch(program, INPUTS)  # warm: counted once, as ok
+    before = _statuses(reader, "std.xor")
+    hits = _count(reader, "vyre.pipeline.cache.hits", **{"vyre.backend.id": "reference"})
+    points = _points(reader, "vyre.dispatch.duration", **{"vyre.backend.id": "reference"})
+    spans.clear()
+    bad = [INPUTS[0]]  # the third item lacks its second input
+    with pytest.raises(InvalidProgram):
+        pipeline.dispatch_batch([INPUTS, INPUTS, bad])
+    after = _statuses(reader, "std.xor")
+    assert {k: after[k] - before[k] for k in after} == {
+        "ok": 0,
+        "error": 0,
+        "rejected": 3,
+        "cancelled": 0,
+        "timeout": 0,
+    }
+    assert _count(reader, "vyre.pipeline.cache.hits", **{"vyre.backend.id": "reference"}) == hits
+    assert _points(reader, "vyre.dispatch.duration", **{"vyre.backend.id": "reference"}) == points
+    ended = _dispatch_spans(spans)
+    assert len(ended) == 3
+    assert all(s.status.status_code is StatusCode.ERROR for s in ended)
+    await backend.aclose()
+
+
+async def test_a_span_end_that_fails_still_leaves_the_dispatch_counted(
+    spans: InMemorySpanExporter, reader: InMemoryMetricReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reported: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: reported.append(args.exc_value))
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a span processor's bug")
+
+    monkeypatch.setattr(telemetry, "_end_span", broken)
+    before = _statuses(reader, "std.xor")
+    points = _points(reader, "vyre.dispatch.duration", **{"vyre.backend.id": "reference"})
+    backend = ReferenceBackend()
+    await backend.dispatch(XOR, INPUTS)
+    assert _statuses(reader, "std.xor")["ok"] - before["ok"] == 1
+    assert _points(reader, "vyre.dispatch.duration", **{"vyre.backend.id": "reference"}) == (
+        points + 1
+    )
+    assert [str(e) for e in reported] == ["a span processor's bug"]
+    await backend.aclose()
+
+
+def test_prometheus_text_stays_valid_for_other_instruments() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(
+        metric_readers=[reader],
+        views=[View(instrument_name="spread", aggregation=ExponentialBucketHistogramAggregation())],
+    )
+    meter = provider.get_meter("other")
+    meter.create_counter("requests", description='line one\nline "two" \\ three').add(
+        1, {"2xx.code": "ok", "naïve": "é"}
+    )
+    meter.create_histogram("spread").record(1.5)
+    meter.create_histogram("unused")  # no point: still a histogram, no series
+    text = prometheus_text(reader.get_metrics_data())
+    assert '# HELP requests_total line one\\nline "two" \\\\ three' in text
+    assert 'requests_total{_2xx_code="ok",na_ve="é"} 1' in text
+    assert "# spread: a ExponentialHistogram metric, which this exposition does not render" in text
+    assert "spread{" not in text and "spread " not in text.replace("# spread", "")
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            name = line.split("{")[0].split(" ")[0]
+            assert name.isascii() and not name[0].isdigit(), line
+    provider.shutdown()
