@@ -124,6 +124,10 @@ class StubSpan:
 class StubTracer:
     def __init__(self, recording):
         self.span = StubSpan(recording)
+    @property
+    def sampler(self):  # the SDK tracer's: the same sampled-out short cut as unstubbed
+        tracer = real[0]
+        return getattr(getattr(tracer, "_real_tracer", None) or tracer, "sampler", None)
     def start_span(self, name, context=None, attributes=None, start_time=None, **_):
         return self.span
 
