@@ -11,10 +11,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 import pytest
@@ -327,6 +329,83 @@ async def test_closing_the_pool_ends_its_workers() -> None:
     assert "Fix:" in str(info.value)
     with anyio.fail_after(15):
         await poll_until(lambda: not any(_alive(pid) for pid in pids))
+
+
+async def test_closing_still_sends_again_a_call_a_worker_did_not_know() -> None:
+    """A worker's answer during aclose()'s wait is handled as on an open pool."""
+    backend = RayBackend.local(workers=1)
+    program = elementwise_xor(40)
+    # The pool believes its worker holds the program; it does not: the call goes out
+    # without the bytes, is answered "program unknown", and must be sent again.
+    backend._members[0].seen[program.fingerprint()] = None
+    a = np.arange(40, dtype=np.uint32)
+    pending = backend.dispatch(program, [a, a + 3])
+    backend.close_timeout = 60
+    with anyio.fail_after(60):
+        await backend.aclose()  # closing began before the worker answered
+    (out,) = await pending
+    assert out.tolist() == (a ^ (a + 3)).tolist()
+
+
+async def test_stopping_the_workers_runs_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = RayBackend.local(workers=1)
+    stop = backend._stop_workers
+    threads: list[threading.Thread] = []
+
+    def watched() -> None:
+        threads.append(threading.current_thread())
+        stop()
+
+    monkeypatch.setattr(backend, "_stop_workers", watched)
+    with anyio.fail_after(60):
+        await backend.aclose()
+    assert len(threads) == 1 and threads[0] is not threading.main_thread()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the same on trio; one is enough
+async def test_flush_waits_for_earlier_dispatches_only(pool: RayBackend) -> None:
+    a = np.arange(64, dtype=np.uint32)
+    earlier = pool.dispatch(XOR, [a, a])
+    flushed = anyio.Event()
+
+    async def flush() -> None:
+        await pool.flush()
+        flushed.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(flush)
+        await anyio.lowlevel.checkpoint()
+        # Enqueued after flush() was called, and endless: it ends only at its deadline.
+        later = pool.dispatch(
+            spin(), [np.array([0xFFFF_FFFF], np.uint32)], DispatchConfig(timeout=3.0)
+        )
+        with anyio.fail_after(60):
+            await flushed.wait()
+        assert earlier.done()
+        assert not later.done()  # flush() did not wait for it
+    with pytest.raises(DispatchTimeout):
+        await later
+    with anyio.fail_after(30):  # its remote task was cancelled
+        await poll_until(lambda: not any(w.in_flight for w in pool.workers()))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"num_gpus_per_worker": -1}, "num_gpus_per_worker must be"),
+        ({"num_gpus_per_worker": "1"}, "num_gpus_per_worker must be"),
+        ({"worker_env": {"A": 1}}, "worker_env must map str to str"),
+        ({"worker_env": ["A=1"]}, "worker_env must map str to str"),
+    ],
+)
+def test_worker_options_ray_would_refuse_are_refused_with_a_fix(
+    options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidProgram, match=message) as info:
+        RayBackend(workers=1, **options)
+    assert str(info.value).rpartition("\n")[2].startswith("Fix: ")
 
 
 def _alive(pid: int) -> bool:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import numpy as np
 from opentelemetry import propagate, trace
 
@@ -56,8 +57,8 @@ _log = logging.getLogger("vyre_async.ray")
 TASK_RETRIES = 3
 #: Inputs above this many bytes in all are copied and submitted off the calling thread.
 OFF_THREAD_BYTES = 1 << 20
-#: A worker holding the program is chosen unless it has this many more calls in flight
-#: than the least busy worker.
+#: A worker holding the program is chosen unless it has more than this many calls in
+#: flight beyond the least busy worker.
 AFFINITY_SLACK = 8
 #: Seconds to wait for a new pool's workers to start and describe themselves.
 START_TIMEOUT_S = 120.0
@@ -264,7 +265,9 @@ class RayBackend(VyreBackend):
     Raises:
         UnsupportedFeature: Ray is not installed, no cluster is named, or it
             cannot be reached; the workers cannot start.
-        InvalidProgram: ``workers`` or ``VYRE_RAY_LOCAL_WORKERS`` is not >= 1.
+        InvalidProgram: ``workers`` or ``VYRE_RAY_LOCAL_WORKERS`` is not >= 1;
+            ``num_gpus_per_worker`` is not a number >= 0; ``worker_env`` does
+            not map str to str.
     """
 
     id = "ray"
@@ -292,6 +295,7 @@ class RayBackend(VyreBackend):
                 f"workers must be a whole number >= 1, got {workers!r}",
                 fix="pass workers=2",
             )
+        _check_worker_options(num_gpus_per_worker, worker_env)
         super().__init__(**kwargs)
         self._ray = ray
         size, per_gpu = _connect(ray, address, workers)
@@ -299,23 +303,28 @@ class RayBackend(VyreBackend):
             num_gpus_per_worker = 1  # one worker per GPU: each gets its own (CUDA_VISIBLE_DEVICES)
         from vyre_ray.worker import Worker
 
-        actor = ray.remote(Worker).options(
-            max_restarts=-1,
-            max_task_retries=TASK_RETRIES,
-            max_concurrency=1000,
-            num_cpus=0,
-            num_gpus=num_gpus_per_worker or 0,
-            scheduling_strategy="SPREAD",
-            **({"runtime_env": {"env_vars": dict(worker_env)}} if worker_env else {}),
-        )
-        self._members = [_Member(i, actor.remote(inner, i, trace)) for i in range(size)]
+        self._members = []
         try:
+            actor = ray.remote(Worker).options(
+                max_restarts=-1,
+                max_task_retries=TASK_RETRIES,
+                max_concurrency=1000,
+                num_cpus=0,
+                num_gpus=num_gpus_per_worker or 0,
+                scheduling_strategy="SPREAD",
+                **({"runtime_env": {"env_vars": dict(worker_env)}} if worker_env else {}),
+            )
+            for i in range(size):
+                self._members.append(_Member(i, actor.remote(inner, i, trace)))
             described = ray.get(
                 [m.handle.describe.remote() for m in self._members], timeout=START_TIMEOUT_S
             )
         except Exception as exc:
             for member in self._members:
-                ray.kill(member.handle)
+                try:
+                    ray.kill(member.handle)
+                except Exception:  # gone already: the error that matters is the start's
+                    _log.debug("killing a worker that did not start failed", exc_info=True)
             error = translate(exc, doing="starting the pool's workers")
             raise UnsupportedFeature(
                 f"the 'ray' backend's workers could not start: {error.message}",
@@ -331,6 +340,9 @@ class RayBackend(VyreBackend):
         self._running: dict[Any, Launch] = {}  # ref -> its launch (the call in flight)
         self._open: dict[int, Launch] = {}  # every launch enqueued and not settled yet
         self._submitter: concurrent.futures.ThreadPoolExecutor | None = None
+        #: Set by `shutdown` once its wait for in-flight work is over: from then on
+        #: what is still unsettled fails with `BackendClosed` and nothing is resent.
+        self._giving_up = False
 
     @classmethod
     def local(cls, workers: int = 2, inner: str | None = "reference", **kwargs: Any) -> RayBackend:
@@ -402,10 +414,10 @@ class RayBackend(VyreBackend):
         # Our own copies: a call is serialised again when it is resent, or later when it
         # is submitted off this thread, and the caller may reuse its arrays at once.
         inputs = [np.array(item, copy=True) for item in launch.inputs]
+        carrier = self._carrier(launch)
         with self._lock:
             self._open[id(launch)] = launch
         launch.pending.add_done_callback(lambda _: self._forget(launch))
-        carrier = self._carrier(launch)
         if sum(item.nbytes for item in inputs) > OFF_THREAD_BYTES:
             self._off_thread(launch, shipped, inputs, carrier)
         else:
@@ -426,12 +438,14 @@ class RayBackend(VyreBackend):
     ) -> None:
         """Submit from the submission thread (large inputs; resends from Ray's callbacks)."""
         with self._lock:
-            if self._submitter is None:
+            if self._submitter is None and not self._giving_up:
                 self._submitter = concurrent.futures.ThreadPoolExecutor(
                     max_workers=2, thread_name_prefix="vyre-ray-submit"
                 )
             submitter = self._submitter
         try:
+            if submitter is None:
+                raise RuntimeError("the backend is closing")
             submitter.submit(self._submit, launch, shipped, inputs, carrier, member)
         except RuntimeError:  # the submitter was shut down: the backend is closing
             self._unbusy(member)
@@ -546,7 +560,7 @@ class RayBackend(VyreBackend):
             try:
                 outputs = future.result()
             except Exception as exc:
-                if isinstance(cause_of(exc), UnknownProgram) and not self.closed:
+                if isinstance(cause_of(exc), UnknownProgram) and not self._giving_up:
                     # A restarted worker got a retried call without the program: send it
                     # again with the bytes, from the submission thread (not Ray's).
                     with self._lock:
@@ -554,7 +568,7 @@ class RayBackend(VyreBackend):
                         member.in_flight += 1
                     self._off_thread(launch, shipped, inputs, carrier, member)
                     return
-                if self.closed:
+                if self._giving_up:  # the worker was killed by shutdown, most likely
                     completer.fail(_closed_error())
                 else:
                     completer.fail(translate(exc, doing="running the dispatch on a worker"))
@@ -573,8 +587,13 @@ class RayBackend(VyreBackend):
 
     # Lifecycle ------------------------------------------------------------------
     async def flush(self) -> None:
-        """Wait, without blocking the event loop, until every dispatch enqueued so far settled."""
-        await poll_until(lambda: not self._open)
+        """Wait, without blocking the event loop, until every dispatch enqueued so far settled.
+
+        Dispatches enqueued meanwhile (by other tasks) are not waited for.
+        """
+        with self._lock:
+            waiting = set(self._open)
+        await poll_until(lambda: waiting.isdisjoint(self._open))
 
     async def shutdown(self) -> None:
         """Let in-flight work finish (at most ``close_timeout``), then stop the workers.
@@ -588,6 +607,7 @@ class RayBackend(VyreBackend):
         with anyio.move_on_after(self.close_timeout):
             await poll_until(lambda: not self._open)
         with self._lock:
+            self._giving_up = True
             submitter, self._submitter = self._submitter, None
         if submitter is not None:
             submitter.shutdown(wait=False, cancel_futures=True)
@@ -603,6 +623,11 @@ class RayBackend(VyreBackend):
                 _log.debug("cancelling a Ray task at close failed", exc_info=True)
         for launch in left:
             launch.completer.fail(error)
+        # Ray's calls block: off the event loop (up to the 2 s the workers get to export).
+        await anyio.to_thread.run_sync(self._stop_workers)
+
+    def _stop_workers(self) -> None:
+        """Let the workers export the spans they hold (2 s at most), then kill them."""
         handles = [m.handle for m in self._members]
         try:  # spans still buffered on the workers
             self._ray.get([h.flush_telemetry.remote() for h in handles], timeout=2.0)
@@ -613,6 +638,29 @@ class RayBackend(VyreBackend):
                 self._ray.kill(handle, no_restart=True)
             except Exception:  # already gone
                 _log.debug("killing a Ray worker failed", exc_info=True)
+
+
+def _check_worker_options(
+    num_gpus_per_worker: float | None, worker_env: Mapping[str, str] | None
+) -> None:
+    """Refuse worker options Ray would reject with its own exceptions, before any set-up."""
+    if num_gpus_per_worker is not None and (
+        isinstance(num_gpus_per_worker, bool)
+        or not isinstance(num_gpus_per_worker, int | float)
+        or not num_gpus_per_worker >= 0
+    ):
+        raise InvalidProgram(
+            f"num_gpus_per_worker must be a number >= 0, got {num_gpus_per_worker!r}",
+            fix="pass num_gpus_per_worker=1 for one GPU per worker, or leave it out",
+        )
+    if worker_env is not None and (
+        not isinstance(worker_env, Mapping)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in worker_env.items())
+    ):
+        raise InvalidProgram(
+            f"worker_env must map str to str, got {worker_env!r}",
+            fix='pass strings, e.g. worker_env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://..."}',
+        )
 
 
 def _closed_error() -> BackendClosed:
