@@ -34,7 +34,7 @@ from vyre_async.frontend import DispatchFrontEnd, InputLike, Launch, as_config
 from vyre_async.ir.ops import AtomicOp, BinOp, UnOp
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import DType
-from vyre_async.pending import PendingDispatch
+from vyre_async.pending import PendingDispatch, refuse_blocking_in_loop
 from vyre_async.pipeline import CompiledPipeline
 from vyre_async.prefetch import Prefetcher
 from vyre_async.resident import ResidentBuffer
@@ -451,7 +451,13 @@ class VyreBackend(abc.ABC):
         inputs: Sequence[InputLike],
         config: DispatchConfig | None = None,
     ) -> list[np.ndarray]:
-        """Dispatch and block for the outputs: ``dispatch(...).result()`` (outside event loops)."""
+        """Dispatch and block for the outputs: ``dispatch(...).result()`` (outside event loops).
+
+        Raises:
+            RuntimeError: called inside a running event loop (checked before
+                anything is dispatched: blocking would freeze the loop).
+        """
+        refuse_blocking_in_loop("dispatch_sync()", "await backend.dispatch(...)")
         return self.dispatch(program, inputs, config).result()
 
     def __repr__(self) -> str:

@@ -158,11 +158,11 @@ class _AsyncioWaiter:
         self.thread = threading.get_ident()
 
     def wake(self) -> None:
-        if threading.get_ident() == self.thread:
-            _set_future(self.future)
-            return
         with contextlib.suppress(RuntimeError):  # the loop closed while the dispatch ran
-            self.loop.call_soon_threadsafe(_set_future, self.future)
+            if threading.get_ident() == self.thread:
+                _set_future(self.future)
+            else:
+                self.loop.call_soon_threadsafe(_set_future, self.future)
 
 
 class _TrioWaiter:
@@ -294,17 +294,21 @@ class _Core:
         with self.lock:
             if self.state is not _PENDING:
                 return False
-            self.state, self.outputs, self.error = state, outputs, error
-            self.device_s, self.compile_s = device_s, compile_s
+            # Everything before ``state``: done() and timing read without the lock.
             self.settled_at = time.monotonic()
+            self.outputs, self.error = outputs, error
+            self.device_s, self.compile_s = device_s, compile_s
+            self.state = state
             callbacks, self.callbacks = self.callbacks, None
             waiters, self.waiters = self.waiters, None
             stop = self.stop
         if state is _TIMED_OUT and stop is not None:
             stop.set()  # (a flag made later reads the passed deadline)
         # The record's hook and callbacks (span end, bookkeeping) run before waiters
-        # wake, so a caller that resumes sees them done; waiters wake even if a
-        # callback raises SystemExit.
+        # wake, so a caller that resumes sees them done. One that raises SystemExit or
+        # KeyboardInterrupt does not stop the others, nor the waiters' wake-up: the
+        # first such exception is raised once all ran.
+        interrupt: BaseException | None = None
         try:
             hook = self.record.on_settled
             if hook is not None:
@@ -318,13 +322,23 @@ class _Core:
                     )
                 except Exception as exc:  # reported, never the dispatch's problem
                     _report_callback_error(exc)
+                except BaseException as exc:
+                    interrupt = exc
             if callbacks:
                 for fn in callbacks:
-                    _run_callback(fn, pending)
+                    try:
+                        _run_callback(fn, pending)
+                    except BaseException as exc:  # (Exceptions are reported inside)
+                        interrupt = interrupt or exc
         finally:
             if waiters:
                 for waiter in waiters:
-                    waiter.wake()
+                    try:
+                        waiter.wake()
+                    except Exception as exc:  # one waiter's failure must not strand the rest
+                        _report_callback_error(exc)
+        if interrupt is not None:
+            raise interrupt
         return True
 
     def take(self) -> Outputs:
@@ -481,7 +495,7 @@ class PendingDispatch:
         limit = _wait_limit(timeout)
         core = self._core
         if not self.done():
-            _refuse_blocking_in_loop()
+            refuse_blocking_in_loop("PendingDispatch.result()", "await pending")
             self._stop_polling()
             waiter = _ThreadWaiter()
             if core.add_waiter(waiter):
@@ -824,11 +838,15 @@ def _running_library() -> str | None:
     return None
 
 
-def _refuse_blocking_in_loop() -> None:
+def refuse_blocking_in_loop(what: str, instead: str) -> None:
+    """Raise RuntimeError if called inside a running asyncio or trio event loop.
+
+    ``what`` blocks until a dispatch finishes; ``instead`` is its async form.
+    """
     library = _running_library()
     if library is None:
         return
     raise RuntimeError(
-        f"PendingDispatch.result() would block the running {library} event loop\n"
-        "Fix: use `await pending` inside async code (or result() from a worker thread)"
+        f"{what} would block the running {library} event loop\n"
+        f"Fix: use `{instead}` inside async code (or {what} from a worker thread)"
     )

@@ -75,7 +75,9 @@ class PipelineStore:
         self.front = front
         self.memory: MemoryPipelineCache[CompiledPipeline] = MemoryPipelineCache(capacity)
         self.disk_cache = disk_cache
-        self._identities: OrderedDict[tuple[Program, bytes], PipelineIdentity] = OrderedDict()
+        self._identities: OrderedDict[
+            tuple[Program, bytes, tuple[tuple[str, str], ...]], PipelineIdentity
+        ] = OrderedDict()
         self._identity_lock = threading.Lock()
         self._device_key: str | None = None
         # (id(program), id(config)) -> the objects and their identity, validated and
@@ -87,13 +89,20 @@ class PipelineStore:
 
     def identity(self, program: Program, config: DispatchConfig) -> PipelineIdentity:
         """Return the cache identity of ``program`` under ``config`` (memoised)."""
-        memo_key = (program, policy_digest(config))
+        backend = self.backend
+        options = backend.compile_options(config)
+        # Keyed by everything the identity hashes that a config can change: the policy
+        # fields and the backend's compile options for it.
+        memo_key = (
+            program,
+            policy_digest(config),
+            tuple(sorted((str(k), repr(v)) for k, v in options.items())),
+        )
         with self._identity_lock:
             identity = self._identities.get(memo_key)
             if identity is not None:
                 self._identities.move_to_end(memo_key)
                 return identity
-        backend = self.backend
         if self._device_key is None:
             self._device_key = backend.device_fingerprint()
         identity = pipeline_identity(
@@ -103,7 +112,7 @@ class PipelineStore:
             backend_version=backend.version,
             device_fingerprint=self._device_key,
             compiler=backend.compiler_fingerprint(),
-            compile_options=backend.compile_options(config),
+            compile_options=options,
         )
         with self._identity_lock:
             self._identities[memo_key] = identity

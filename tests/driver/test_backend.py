@@ -314,3 +314,31 @@ def test_an_unloadable_disk_entry_is_a_miss_then_rebuilt(tmp_path: Path) -> None
     with pytest.warns(PipelineCacheWarning, match="incompatible toolkit"):
         assert picky.compile(histogram()).source == "compiled"
     assert picky.builds == 1
+
+
+def test_dispatch_sync_inside_a_running_loop_is_refused_before_anything_runs() -> None:
+    import anyio
+
+    backend = BytesBackend()
+
+    async def inside() -> None:
+        with pytest.raises(RuntimeError, match="dispatch_sync\\(\\) would block"):
+            backend.dispatch_sync(elementwise_xor(4), _xor_inputs(4))
+
+    anyio.run(inside)
+    assert backend.launches == []  # nothing was dispatched and left running
+
+
+def test_compile_options_that_read_other_config_fields_get_their_own_pipeline() -> None:
+    class ProfiledBackend(BytesBackend):
+        def compile_options(self, config: DispatchConfig) -> dict[str, object]:
+            return {"debug": config.profile == "debug"}
+
+    backend = ProfiledBackend()
+    program = elementwise_xor(4)
+    plain = backend.compile(program)
+    debug = backend.compile(program, DispatchConfig(profile="debug"))
+    assert backend.builds == 2  # not the plain build served for the debug options
+    assert plain.identity != debug.identity
+    assert backend.compile(program, DispatchConfig(profile="debug")).identity == debug.identity
+    assert backend.builds == 2

@@ -296,3 +296,68 @@ async def test_a_cancelled_await_then_the_deadline_leave_nothing() -> None:
     with pytest.raises(DispatchTimeout):  # past its deadline: no waker is even added
         await expired
     assert not expired._core.waiters
+
+
+def test_a_callback_raising_systemexit_lets_the_others_run_and_the_waiters_wake() -> None:
+    pending, completer = PendingDispatch.create()
+    ran: list[str] = []
+
+    def exits(_: PendingDispatch) -> None:
+        ran.append("exits")
+        raise SystemExit(3)
+
+    pending.add_done_callback(exits)
+    pending.add_done_callback(lambda _: ran.append("after"))
+    waiter = threading.Thread(target=lambda: ran.append(f"woke {pending.result()[0].size}"))
+    waiter.start()
+    while pending._core.waiters is None or not pending._core.waiters:  # parked
+        time.sleep(0.001)
+    with pytest.raises(SystemExit):  # raised once every callback ran
+        completer.resolve(OUT)
+    waiter.join(5)
+    assert ran == ["exits", "after", "woke 4"]
+
+
+def test_a_waiter_whose_loop_was_closed_does_not_strand_the_others() -> None:
+    import asyncio
+
+    pending, completer = PendingDispatch.create()
+    loop = asyncio.new_event_loop()
+
+    async def parked() -> None:
+        await pending
+
+    task = loop.create_task(parked())
+    loop.run_until_complete(asyncio.sleep(0.01))  # the task is parked on the dispatch
+    loop.close()  # ... and its loop is gone
+    results: list[int] = []
+    waiter = threading.Thread(target=lambda: results.append(pending.result(timeout=10)[0].size))
+    waiter.start()
+    while len(pending._core.waiters or ()) < 2:
+        time.sleep(0.001)
+    completer.resolve(OUT)  # wakes the closed loop's waiter on this, its own thread
+    waiter.join(10)
+    assert results == [4]
+    assert not task.done()  # (it never ran again: its loop is closed)
+
+
+def test_a_settled_dispatch_always_has_its_timing() -> None:
+    """``done()`` and ``timing`` are read without the lock, while another thread settles."""
+    import sys
+
+    missing = 0
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as CPython can
+    try:
+        for _ in range(400):
+            batch = [PendingDispatch.create() for _ in range(100)]
+            thread = threading.Thread(target=lambda b=batch: [c.resolve(OUT) for _, c in b])
+            thread.start()
+            for pending, _ in batch:
+                while not pending.done():
+                    pass
+                missing += pending.timing is None
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert missing == 0
