@@ -177,3 +177,64 @@ def test_on_start_runs_on_the_bridge_thread() -> None:
     bridge.close(timeout=5)
     with pytest.raises(ValueError):
         CompletionBridge(min_sleep_s=1.0, max_sleep_s=0.1)
+
+
+def test_a_close_that_leaves_work_running_does_not_spin() -> None:
+    """After close() gave up waiting, the thread still sleeps between polls of what runs."""
+    bridge = CompletionBridge()
+    event = FakeEvent()
+    bridge.submit(event, queue=0)
+    time.sleep(0.05)
+    bridge.close(timeout=0.05)  # like a shutdown past close_timeout: the kernel still runs
+    assert bridge.running
+    rounds = bridge.rounds
+    time.sleep(0.3)
+    # Sleeping up to max_sleep_s (2 ms) between rounds: about 150 in 0.3 s, not 100 000s.
+    assert bridge.rounds - rounds < 2_000
+    event.done.set()
+    assert event.finished.wait(5)
+    deadline = time.monotonic() + 5
+    while bridge.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not bridge.running  # it exits once the work ended
+
+
+def test_events_can_be_taken_from_several_threads_at_once() -> None:
+    """upload/download on worker threads take events while dispatches on the loop do."""
+    import sys
+    import types
+
+    from vyre_cupy.context import DeviceContext
+
+    class Event:
+        pass
+
+    cuda = types.SimpleNamespace(
+        runtime=types.SimpleNamespace(), Event=Event, get_elapsed_time=None
+    )
+    info = types.SimpleNamespace(attribute=lambda key, default: default, name="x", ordinal=0)
+    ctx = DeviceContext(types.SimpleNamespace(cuda=cuda), info, streams=2)
+    ctx.recycle([Event() for _ in range(4)])
+    errors: list[BaseException] = []
+
+    def take(n: int) -> None:
+        try:
+            for _ in range(20_000):
+                events = ctx.events(n)
+                assert len(events) == n
+                if n == 4:
+                    ctx.recycle(events)  # a launch's events come back; a download's stay
+        except BaseException as exc:
+            errors.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=take, args=(n,)) for n in (4, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []

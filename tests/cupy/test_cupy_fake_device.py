@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -501,3 +502,46 @@ async def test_the_span_is_the_callers_child_when_the_completion_thread_ends_it(
     attributes = span.attributes or {}
     for phase in ("upload", "launch", "readback"):  # from the device events
         assert isinstance(attributes[f"vyre.phase.{phase}_s"], float)
+
+
+async def test_a_download_is_ordered_before_a_writer_submitted_after_it(
+    backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """download() (blocking: from a worker thread) counts as a reader of the buffer."""
+    from tests.cupy.fake_cupy import MEMCPY_D2H
+
+    ctx = backend.device_context
+    x = backend.upload(np.ones(64, np.uint32))
+    acc = backend.upload(np.zeros(64, np.uint32))
+    assert (await anyio.to_thread.run_sync(backend.download, acc)).tolist() == [0] * 64
+    real = ctx.runtime.memcpyAsync
+    main = threading.main_thread()
+    copying = threading.Event()
+
+    def slow_download(dst: int, src: int, size: int, kind: int, stream: int) -> None:
+        if kind == MEMCPY_D2H and threading.current_thread() is not main:
+
+            def copy() -> None:  # a large transfer: the copy takes a while on its stream
+                copying.set()
+                time.sleep(0.3)
+                ctypes.memmove(dst, src, size)
+
+            fake._stream(stream).enqueue(copy)
+        else:
+            real(dst, src, size, kind, stream)
+
+    monkeypatch.setattr(ctx.runtime, "memcpyAsync", slow_download)
+    downloaded: list[np.ndarray] = []
+
+    async def download() -> None:
+        downloaded.append(await anyio.to_thread.run_sync(backend.download, acc))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(download)
+        # The download's copy is on its stream (and download() blocks on it).
+        assert await anyio.to_thread.run_sync(copying.wait, 10)
+        out = await backend.dispatch(accumulate(), [x, acc])  # a writer, submitted after
+        assert out[0].tolist() == [3] * 64
+    assert downloaded[0].tolist() == [0] * 64  # what was there when download() was called
+    backend.free(x)
+    backend.free(acc)

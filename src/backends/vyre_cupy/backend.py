@@ -82,6 +82,7 @@ from vyre_cupy.launch import (
     DeviceBuffer,
     ResidentCopy,
     enqueue_launch,
+    note_reader,
     template_for,
     timeout_error,
 )
@@ -242,7 +243,7 @@ class CupyBackend(VyreBackend):
             self.prefetcher.close()
         bridge = self.device_context.bridge
         bridge.wait_idle(timeout=60)
-        bridge.close()
+        bridge.close(timeout=10)  # (work still running after that is left to the daemon thread)
         self.device_context.close_streams()
 
     def device_lost(self) -> bool:
@@ -482,19 +483,18 @@ class CupyBackend(VyreBackend):
             with ctx.errors("downloading a resident buffer"):
                 pinned = ctx.pinned(max(buf.nbytes, 4))
                 (done,) = ctx.events(1)
-                with ctx.streams.ordering(index):
-                    with ctx.lock:
-                        if buf.last_write is not None:
-                            stream.wait_event(buf.last_write)
+                with ctx.streams.ordering(index), ctx.lock:
+                    # A reader: later writers wait for this copy (`_order_residents`).
+                    if buf.last_write is not None:
+                        stream.wait_event(buf.last_write)
                     if buf.nbytes:
                         rt.memcpyAsync(
                             pinned.ptr, buf.ptr, buf.nbytes, rt.memcpyDeviceToHost, stream.ptr
                         )
                     done.record(stream)
+                    note_reader(buf, done)  # (an ordering event now: never recycled)
                 done.synchronize()
-                out = np.frombuffer(pinned, buffer.dtype.numpy, buffer.count).copy()
-                ctx.recycle([done])
-                return out
+                return np.frombuffer(pinned, buffer.dtype.numpy, buffer.count).copy()
         finally:
             ctx.streams.release(index)
 

@@ -300,7 +300,7 @@ class CompletionBridge:
             delay = min(self._max_sleep_s, max(self._min_sleep_s, age * self._ratio))
             self.sleeps += 1
             with self._lock:
-                if not self._wake and not self._closing:
+                if not self._wake:  # (also when closing: work still running is polled, not spun on)
                     self._work.wait(delay)
 
     def _drain(self, key: Hashable, head: Watch) -> bool:

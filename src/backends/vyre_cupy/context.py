@@ -171,12 +171,10 @@ class DeviceContext:
         return self.cupy.cuda.alloc_pinned_memory(nbytes)
 
     def events(self, n: int) -> list[Any]:
-        """Return ``n`` CUDA events, recycled ones first."""
+        """Return ``n`` CUDA events, recycled ones first (safe from any thread)."""
         pool = self._events
-        if len(pool) >= n:  # the usual case, once warm
-            return [pool.popleft() for _ in range(n)]
         out = []
-        for _ in range(n):
+        for _ in range(n):  # each pop on its own: another thread may take some meanwhile
             try:
                 out.append(pool.popleft())
             except IndexError:

@@ -789,9 +789,14 @@ def _after_residents(ctx: DeviceContext, uses: list[tuple[DeviceBuffer, bool]], 
             if written:
                 buf.last_write, buf.readers = done, []
             else:
-                if len(buf.readers) >= _READERS_KEPT:
-                    buf.readers = [e for e in buf.readers if not e.done]
-                buf.readers.append(done)
+                note_reader(buf, done)
+
+
+def note_reader(buf: DeviceBuffer, done: Any) -> None:
+    """Add ``done`` to ``buf``'s readers (under ``ctx.lock``): later writers wait for it."""
+    if len(buf.readers) >= _READERS_KEPT:
+        buf.readers = [e for e in buf.readers if not e.done]
+    buf.readers.append(done)
 
 
 class ResidentCopy:
