@@ -48,6 +48,7 @@ arm it waited for), plus the ``vyre.policy.execution_mode`` verdict.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 import weakref
@@ -591,7 +592,9 @@ class ArmGraph:
     ) -> None:
         previous = self._costs_on(backend, schedule)
         costs = tuple(
-            old if run.device_s is None else round(run.device_s * 1e9)
+            round(run.device_s * 1e9)
+            if run.device_s is not None and math.isfinite(run.device_s) and run.device_s >= 0
+            else old  # (a backend's NaN or negative time keeps what was known)
             for run, old in zip(runs, previous, strict=True)
         )
         with self._lock:

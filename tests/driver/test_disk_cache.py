@@ -541,3 +541,18 @@ def test_put_never_writes_through_a_symlinked_subdirectory(tmp_path: Path) -> No
     with pytest.warns(PipelineCacheWarning, match="symbolic link"):
         assert not cache.put(KEY, b"payload")
     assert list(outside.iterdir()) == []
+
+
+def test_an_entry_larger_than_the_whole_cache_is_refused_and_the_others_stay(
+    tmp_path: Path,
+) -> None:
+    cache = DiskPipelineCache(tmp_path, max_bytes=100_000)
+    keys = [blake3.blake3(b"small %d" % i).hexdigest() for i in range(20)]
+    for key in keys:
+        assert cache.put(key, b"x" * 1_000)
+    big = blake3.blake3(b"big").hexdigest()
+    with pytest.warns(PipelineCacheWarning, match="does not fit"):
+        assert cache.put(big, b"y" * 200_000) is False
+    assert cache.get(big) is None
+    assert cache.info().entries == 20  # nothing was evicted for it
+    assert all(cache.get(key) == b"x" * 1_000 for key in keys)

@@ -844,3 +844,27 @@ async def test_uncalibrated_and_unsupported_residency_reasons(backend: Recording
     fallback = (await graph.run(no_resident)).report
     assert (fallback.residency, fallback.residency_reason) == ("host", "no_resident_buffers")
     await no_resident.shutdown()
+
+
+@pytest.mark.anyio
+async def test_a_backends_nan_or_negative_device_time_does_not_break_the_graph(
+    backend: RecordingBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vyre_async.pending import DispatchCompleter
+
+    graph, init = xor_graph()
+    resolve = DispatchCompleter.resolve
+    for reported in (float("nan"), -1e-3, None):  # a third-party backend's bad clock
+        if reported is not None:
+
+            def bad_clock(
+                self: Any, outputs: Any, *args: Any, value: float = reported, **kwargs: Any
+            ) -> Any:
+                kwargs["device_s"] = value
+                return resolve(self, outputs, **kwargs)
+
+            monkeypatch.setattr(DispatchCompleter, "resolve", bad_clock)
+        else:
+            monkeypatch.setattr(DispatchCompleter, "resolve", resolve)
+        result = await graph.run(backend, outputs=["p"])  # and the runs after it still work
+        assert np.array_equal(result.outputs["p"], init["x"] ^ init["y"])

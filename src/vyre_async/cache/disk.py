@@ -348,8 +348,9 @@ class DiskPipelineCache:
         file there (an older, corrupt or foreign entry) is replaced; anything
         else there (a symlink, FIFO, directory...), or a ``<2 hex>`` directory
         that is a symlink, is left alone and the put fails. Then least recently
-        used entries are evicted until the cache's
-        files fit ``max_bytes``.
+        used entries are evicted until the cache's files fit ``max_bytes``. An
+        entry larger than ``max_bytes`` by itself is not written (the others
+        stay); ``max_bytes=0`` keeps nothing.
 
         Raises:
             InvalidProgram: ``key`` is not 64 lowercase hex characters.
@@ -359,6 +360,13 @@ class DiskPipelineCache:
             _warn(
                 f"pipeline of {len(payload)} bytes exceeds the {MAX_ENTRY_BYTES}-byte entry "
                 "limit; not cached"
+            )
+            return False
+        if self.max_bytes and _HEADER.size + len(payload) > self.max_bytes:
+            # Storing it would evict every other entry, then it: keep the others.
+            _warn(
+                f"pipeline of {len(payload)} bytes does not fit the cache's "
+                f"max_bytes={self.max_bytes}; not cached (Fix: raise max_bytes)"
             )
             return False
         header = _HEADER.pack(
