@@ -369,8 +369,11 @@ async def test_a_dispatch_on_a_closed_backend_is_an_error_span(
     assert span.attributes["vyre.error.code"] == int(BackendClosed.code)
 
 
-def _count(reader: InMemoryMetricReader, name: str, **labels: str) -> int:
-    """The sum of ``name``'s points whose attributes include ``labels`` (0 if none)."""
+def _count(reader: InMemoryMetricReader, name: str, _field: str = "value", **labels: str) -> int:
+    """The sum of ``name``'s points whose attributes include ``labels`` (0 if none).
+
+    ``_field``: what to add of each point (``"count"`` for a histogram's points).
+    """
     total = 0
     for rm in reader.get_metrics_data().resource_metrics:
         for sm in rm.scope_metrics:
@@ -378,7 +381,7 @@ def _count(reader: InMemoryMetricReader, name: str, **labels: str) -> int:
                 if m.name == name:
                     for point in m.data.data_points:
                         if all(point.attributes.get(k) == v for k, v in labels.items()):
-                            total += int(point.value)
+                            total += int(getattr(point, _field))
     return total
 
 
@@ -627,15 +630,7 @@ async def test_under_an_unsampled_request_no_sdk_span_is_made_and_metrics_count(
 
 def _points(reader: InMemoryMetricReader, name: str, **labels: str) -> int:
     """How many histogram points ``name`` holds for ``labels`` (0 if none)."""
-    total = 0
-    for rm in reader.get_metrics_data().resource_metrics:
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                if m.name == name:
-                    for point in m.data.data_points:
-                        if all(point.attributes.get(k) == v for k, v in labels.items()):
-                            total += int(point.count)
-    return total
+    return _count(reader, name, "count", **labels)
 
 
 def _statuses(reader: InMemoryMetricReader, op_id: str) -> dict[str, int]:
