@@ -201,8 +201,8 @@ def _own(value: Any) -> Any:
 
 
 def _uniform_int(value: Any) -> int | None:
-    if type(value) is Affine:
-        return value.c if value.is_uniform else None
+    if type(value) is Affine:  # (its constant may lie outside 0..2**32-1: wrap it)
+        return value.c % _MOD if value.is_uniform else None
     if isinstance(value, np.generic):
         return int(value)
     return None

@@ -178,6 +178,9 @@ class LaneSet:
             if value.c:
                 total = total + work(value.c % _MOD if exact else value.c)
             result = total if exact else (total & (_MOD - 1)).astype(np.uint32)
+        # Cached, so shared by every later use of ``value`` on these lanes: read-only, so
+        # that no in-place write or store take-over can change it (they check writeable).
+        result.flags.writeable = False
         self._cache[value] = result
         return result
 

@@ -208,6 +208,7 @@ def store_global(
                 fresh
                 and isinstance(value, np.ndarray)
                 and value.base is None
+                and value.flags.writeable  # (a lane set's cached value is read-only)
                 and value.dtype == arr.dtype
                 and value.size == arr.size
                 and value.flags.c_contiguous
@@ -277,6 +278,9 @@ def _lid_window(
     if not (isinstance(lanes.rows, slice) and isinstance(lanes.cols, slice)):
         return None
     if not index.lid_only:
+        return None
+    lo_index, hi_index = lanes.bounds(index)
+    if lo_index < 0 or hi_index >= _MOD:  # some lane's index wraps: the general path
         return None
     lin = index.linear(lanes.grid, lanes.workgroup)
     if lin is None or lin[2] <= 0:
