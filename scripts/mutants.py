@@ -437,6 +437,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         "a watch the bridge thread is finishing stays claimable: a poll finishes it again",
     ),
+    Mutant(
+        "cached-lane-value-writable",
+        "src/backends/vyre_reference/lanes.py",
+        "        result.flags.writeable = False\n",
+        "",
+        ("tests/reference/test_fast_paths.py",),
+        "a lane set's cached value is adopted as a buffer and changed by a later store",
+    ),
+    Mutant(
+        "uniform-bound-unwrapped",
+        "src/backends/vyre_reference/compile.py",
+        "return value.c % _MOD if value.is_uniform else None",
+        "return value.c if value.is_uniform else None",
+        ("tests/reference/test_fast_paths.py",),
+        "a constant reached by wrapping bounds a comparison unwrapped",
+    ),
 )
 
 
