@@ -5,6 +5,7 @@ by an orphan guard if pytest itself is killed)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -21,13 +22,16 @@ if importlib.util.find_spec("ray") is not None and not os.environ.get("RAY_ADDRE
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _session_processes_end() -> Iterator[None]:
+def _session_processes_end(request: pytest.FixtureRequest) -> Iterator[None]:
     """End the session's Ray cluster and every process of it, also after failures.
 
     An orphan guard (`tests.orphan_guard`) also ends them, and any other process
-    the session left, if pytest itself is killed.
+    the session left, at the end or if pytest itself is killed. It is started
+    with output capture off, so what it reports reaches the real stderr.
     """
-    guard = orphan_guard.start()
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        guard = orphan_guard.start()
     try:
         yield
         ray_cluster.end_cluster()

@@ -1,18 +1,18 @@
-"""Ends a test session's leftover processes if the session itself is killed.
+"""Ends a test session's leftover processes, also when the session itself is killed.
 
 `tests/ray_cluster.py` ends the Ray cluster (and `tests/service`, `tests/otlp_receiver`
 their servers) at the end of a session that ends normally. A pytest that is
 SIGKILLed (a CI timeout, an out-of-memory kill) runs none of that: its
 children are re-parented and live on. The guard is a small process started at
 session start (`start`) that, every ``interval_s``, notes every live
-descendant of the session's process as (pid, start time). When the session's
-process is gone — the write end of the guard's stdin closes with it, however
-it ended — the guard SIGKILLs every noted process still alive with the same
-start time (so a recycled pid is never hit), then exits. After a normal end
-nothing is left to kill. Processes are only ever killed by pid, never by name
-or group.
+descendant of the session's process as (pid, start time). When its stdin
+closes — `stop` at the session's end, or the session's process ending however
+it ended — or the session's process is gone, the guard SIGKILLs every noted
+process still alive with the same start time (so a recycled pid is never hit),
+says which on stderr, and exits. After a clean session that is nothing.
+Processes are only ever killed by pid, never by name or group.
 
-    python -m tests.orphan_guard PID [INTERVAL_S]
+    python -m tests.orphan_guard PID START_TIME [INTERVAL_S]
 """
 
 from __future__ import annotations
@@ -60,23 +60,33 @@ def descendants(root: int, table: dict[int, tuple[int, int]] | None = None) -> d
     return found
 
 
-def guard(root: int, interval_s: float = INTERVAL_S) -> list[int]:
+def guard(root: int, born: int, interval_s: float = INTERVAL_S) -> list[int]:
     """Note ``root``'s descendants until stdin closes; then kill those still alive.
 
+    ``born``: ``root``'s start time (it is gone once no process ``root`` started
+    then is alive). After the first look a line ``ready`` goes to stdout.
     Returns the pids killed.
     """
     me = os.getpid()
     noted: dict[int, int] = {}
-    born = _table().get(root, (0, None))[1]
+    first = True
     while True:
         table = _table()
         if table.get(root, (0, None))[1] != born:  # gone (a forked child may hold the pipe)
             break
         noted.update(descendants(root, table))
         noted.pop(me, None)
+        if first:
+            first = False
+            with contextlib.suppress(OSError):  # (whoever started it may not listen)
+                os.write(sys.stdout.fileno(), b"ready\n")
         ready, _, _ = select.select([sys.stdin], [], [], interval_s)
         if ready and not os.read(sys.stdin.fileno(), 4096):  # EOF: the session is gone
             break
+    table = _table()
+    if table.get(root, (0, None))[1] == born:  # still there (a normal end): a last look
+        noted.update(descendants(root, table))
+        noted.pop(me, None)
     killed = []
     for pid in leftovers(noted, _table(), me):
         with contextlib.suppress(ProcessLookupError):
@@ -94,20 +104,31 @@ def leftovers(noted: dict[int, int], table: dict[int, tuple[int, int]], me: int)
     )
 
 
-def start(root: int | None = None, interval_s: float = INTERVAL_S) -> subprocess.Popen[bytes]:
-    """Start a guard for ``root`` (default: this process); it ends when ``root`` does.
+def start(
+    root: int | None = None, interval_s: float = INTERVAL_S, ready_s: float = 30.0
+) -> subprocess.Popen[bytes]:
+    """Start a guard for ``root`` (default: this process); return once it has looked once.
 
-        The guard's stdin is a pipe only ``root`` holds: its end closes the pipe. The
+    The guard's stdin is a pipe only ``root`` holds: its end closes the pipe. The
     guard also checks that ``root`` is alive at every look, for a forked child
-    that kept the pipe open.
+    that kept the pipe open. Its stderr is this process's.
     """
     root = os.getpid() if root is None else root
+    born = _table()[root][1]
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.orphan_guard", str(root), str(interval_s)],
+        [sys.executable, "-m", "tests.orphan_guard", str(root), str(born), str(interval_s)],
         stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         cwd=Path(__file__).resolve().parents[1],
         start_new_session=True,  # a signal to the session's group does not reach it
     )
+    assert process.stdout is not None
+    readable, _, _ = select.select([process.stdout], [], [], ready_s)
+    if not readable or process.stdout.readline() != b"ready\n":
+        process.kill()
+        process.wait()
+        raise RuntimeError(f"the orphan guard did not start within {ready_s} s")
+    process.stdout.close()
     GUARDS.add(process.pid)
     return process
 
@@ -125,6 +146,7 @@ def stop(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
 
 
 if __name__ == "__main__":
-    killed = guard(int(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else INTERVAL_S)
+    interval = float(sys.argv[3]) if len(sys.argv) > 3 else INTERVAL_S
+    killed = guard(int(sys.argv[1]), int(sys.argv[2]), interval)
     if killed:
         print(f"orphan_guard: killed the session's leftover processes {killed}", file=sys.stderr)

@@ -20,12 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SESSION = r"""
 import subprocess, sys, time
 from tests import orphan_guard
-guard = orphan_guard.start(interval_s=0.05)
+guard = orphan_guard.start(interval_s=float(sys.argv[2]))
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-time.sleep(0.5)  # the guard has noted the child by now
+time.sleep(0.5)  # at 0.05 s a look, the guard has noted the child by now
 print(guard.pid, child.pid, flush=True)
 if sys.argv[1] == "wait":
     time.sleep(120)
+else:  # a normal end, as tests/conftest.py ends a session
+    orphan_guard.stop(guard)
 """
 
 
@@ -46,9 +48,12 @@ def _gone_within(pids: list[int], seconds: float) -> bool:
     return False
 
 
-def _session(how: str) -> tuple[subprocess.Popen[str], int, int]:
+def _session(how: str, interval_s: float = 0.05) -> tuple[subprocess.Popen[str], int, int]:
     session = subprocess.Popen(
-        [sys.executable, "-c", SESSION, how], stdout=subprocess.PIPE, text=True, cwd=ROOT
+        [sys.executable, "-c", SESSION, how, str(interval_s)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
     assert session.stdout is not None
     guard, child = map(int, session.stdout.readline().split())
@@ -71,7 +76,8 @@ def test_a_killed_session_leaves_no_process_behind() -> None:
 
 
 def test_a_session_that_ends_normally_has_its_leftovers_ended_too() -> None:
-    session, guard, child = _session("exit")
+    # One look a minute: only the guard's last look, at the session's end, sees the child.
+    session, guard, child = _session("exit", interval_s=60.0)
     try:
         assert session.wait(30) == 0
         assert _gone_within([child, guard], 10)

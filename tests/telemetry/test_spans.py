@@ -727,7 +727,6 @@ def test_prometheus_text_stays_valid_for_other_instruments() -> None:
         1, {"2xx.code": "ok", "naïve": "é"}
     )
     meter.create_histogram("spread").record(1.5)
-    meter.create_histogram("unused")  # no point: still a histogram, no series
     text = prometheus_text(reader.get_metrics_data())
     assert '# HELP requests_total line one\\nline "two" \\\\ three' in text
     assert 'requests_total{_2xx_code="ok",na_ve="é"} 1' in text
@@ -738,3 +737,57 @@ def test_prometheus_text_stays_valid_for_other_instruments() -> None:
             name = line.split("{")[0].split(" ")[0]
             assert name.isascii() and not name[0].isdigit(), line
     provider.shutdown()
+
+
+def test_an_empty_histogram_is_typed_a_histogram() -> None:
+    from opentelemetry.sdk.metrics.export import (
+        AggregationTemporality,
+        Histogram,
+        Metric,
+        MetricsData,
+        ResourceMetrics,
+        ScopeMetrics,
+    )
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    empty = Metric(
+        name="waits",
+        description="",
+        unit="s",
+        data=Histogram(data_points=[], aggregation_temporality=AggregationTemporality.CUMULATIVE),
+    )
+    data = MetricsData(
+        resource_metrics=[
+            ResourceMetrics(
+                resource=Resource.create({}),
+                scope_metrics=[
+                    ScopeMetrics(scope=InstrumentationScope("x"), metrics=[empty], schema_url="")
+                ],
+                schema_url="",
+            )
+        ]
+    )
+    assert prometheus_text(data) == "# HELP waits waits\n# TYPE waits histogram\n"
+
+
+async def test_a_batch_the_backend_refuses_counts_every_item_rejected(
+    spans: InMemorySpanExporter, reader: InMemoryMetricReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    program = elementwise_xor(64)
+    backend = ReferenceBackend()
+    pipeline = backend.compile(program)
+    await backend.dispatch(program, INPUTS)  # warm
+    before = _statuses(reader, "std.xor")
+    spans.clear()
+
+    def refuse(*args: Any) -> None:
+        raise BackendClosed("closed meanwhile", fix="open a new backend")
+
+    monkeypatch.setattr(backend, "enqueue_batch", refuse)
+    with pytest.raises(BackendClosed):
+        pipeline.dispatch_batch([INPUTS, INPUTS])
+    after = _statuses(reader, "std.xor")
+    assert (after["rejected"] - before["rejected"], after["error"] - before["error"]) == (2, 0)
+    assert len(_dispatch_spans(spans)) == 2
+    await backend.aclose()

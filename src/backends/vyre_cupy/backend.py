@@ -237,14 +237,20 @@ class CupyBackend(VyreBackend):
             probe._close_now()
 
     def _close_now(self) -> None:
-        """Finish submitted work and release streams and threads, from plain code."""
+        """Finish submitted work and release streams and threads, from plain code.
+
+        Waits 60 s at most for submitted work. Work still running then is left to
+        the completion thread (a daemon, which ends with it) and so are the
+        streams it runs on: they are released only once nothing is in flight.
+        """
         self._closed = True
         if self.prefetcher is not None:
             self.prefetcher.close()
         bridge = self.device_context.bridge
         bridge.wait_idle(timeout=60)
-        bridge.close(timeout=10)  # (work still running after that is left to the daemon thread)
-        self.device_context.close_streams()
+        bridge.close(timeout=10)
+        if not bridge.running:
+            self.device_context.close_streams()
 
     def device_lost(self) -> bool:
         """True once a sticky CUDA error poisoned the context (every dispatch then fails)."""
