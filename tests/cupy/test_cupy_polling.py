@@ -689,5 +689,6 @@ async def test_awaited_launches_teach_their_shape_when_they_end(
         assert outputs[0].tolist() == (a ^ b).tolist()
         lo, hi = template.ends
         # A 2 ms kernel (its time counts from its launch, just before the flight's
-        # enqueue time is taken): seen running for most of it, and ended after that.
-        assert 0.5 * timed.kernel_s <= lo <= hi
+        # enqueue time is taken): seen ended after most of it. (When it was last seen
+        # running depends on how often a loaded machine let the loop poll.)
+        assert 0.0 <= lo <= hi and hi >= 0.5 * timed.kernel_s
