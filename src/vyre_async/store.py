@@ -236,5 +236,8 @@ class PipelineStore:
         if self.disk_cache is not None:
             payload = backend.serialize_pipeline(native)
             if payload is not None:
+                # The put may evict by recency: the pipelines this process serves from
+                # memory are in use, though their disk entries were last read long ago.
+                self.disk_cache.touch(i.hex for i in self.memory.identities())
                 self.disk_cache.put(identity.hex, payload)
         return make(native, compile_s, "compiled")

@@ -342,3 +342,25 @@ def test_compile_options_that_read_other_config_fields_get_their_own_pipeline() 
     assert plain.identity != debug.identity
     assert backend.compile(program, DispatchConfig(profile="debug")).identity == debug.identity
     assert backend.builds == 2
+
+
+def test_pipelines_served_from_memory_keep_their_disk_entries_when_others_are_written(
+    tmp_path: Path,
+) -> None:
+    """Disk recency is the entry's mtime; a pipeline in use is touched before each put."""
+    import os
+    import time
+
+    disk = DiskPipelineCache(tmp_path)
+    backend = BytesBackend(disk_cache=disk)
+    hot = backend.compile(histogram(bins=8))
+    hot_path = disk.path_for(hot.identity.hex)
+    an_hour_ago = time.time() - 3600
+    os.utime(hot_path, (an_hour_ago, an_hour_ago))  # loaded long ago, served from memory since
+    disk.max_bytes = int(2.5 * hot_path.stat().st_size)  # room for two entries
+    for bins in (16, 32, 64):  # other pipelines compiled meanwhile: each put may evict
+        backend.compile(histogram(bins=bins))
+        backend.compile(histogram(bins=8))  # the hot one, from memory
+    assert hot_path.exists()
+    fresh = BytesBackend(disk_cache=DiskPipelineCache(tmp_path))
+    assert fresh.compile(histogram(bins=8)).source == "disk"

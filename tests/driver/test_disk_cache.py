@@ -556,3 +556,23 @@ def test_an_entry_larger_than_the_whole_cache_is_refused_and_the_others_stay(
     assert cache.get(big) is None
     assert cache.info().entries == 20  # nothing was evicted for it
     assert all(cache.get(key) == b"x" * 1_000 for key in keys)
+
+
+def test_touch_marks_only_the_caches_own_entries_in_the_given_order(tmp_path: Path) -> None:
+    cache = DiskPipelineCache(tmp_path)
+    keys = [blake3.blake3(b"entry %d" % i).hexdigest() for i in range(3)]
+    for key in keys:
+        assert cache.put(key, b"payload")
+    foreign = blake3.blake3(b"foreign").hexdigest()
+    path = cache.path_for(foreign)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"not an entry of this cache")
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    missing = blake3.blake3(b"missing").hexdigest()
+    assert cache.touch([keys[2], foreign, missing, keys[0]]) == 2
+    assert path.stat().st_mtime_ns == 1_000_000_000  # not ours: left alone
+    times = [cache.path_for(k).stat().st_mtime_ns for k in keys]
+    assert times[2] < times[0]  # in the order given: the last is the most recent
+    cache.put(blake3.blake3(b"new").hexdigest(), b"payload")
+    newest = cache.path_for(blake3.blake3(b"new").hexdigest()).stat().st_mtime_ns
+    assert newest > max(times[0], times[2])  # the entry written next is newer still

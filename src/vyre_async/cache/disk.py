@@ -63,7 +63,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -105,6 +105,9 @@ _HEADER = struct.Struct("<4sHH32sQ32s")  # magic, version, flags, key, payload l
 _OWNER = struct.Struct("<4sHH32s")  # the leading part of the header that says whose file it is
 
 _SUBDIR_NAME = re.compile(r"[0-9a-f]{2}")
+#: How far in the past `DiskPipelineCache.touch` dates entries in use: more than a file
+#: system's write-clock tick, so that the entry written next is the newest.
+_TOUCH_LEAD_NS = 20_000_000
 _KEY = re.compile(r"[0-9a-f]{64}")
 _ENTRY_NAME = re.compile(r"([0-9a-f]{64})\.bin")
 _TEMP_NAME = temp_name_pattern(r"\.(?P<key>[0-9a-f]{16})")
@@ -302,6 +305,43 @@ class DiskPipelineCache:
         self.misses += 1
         self.errors += 1
         _warn(message, 4)
+
+    def touch(self, keys: Iterable[str]) -> int:
+        """Mark the entries ``keys`` as just used (for pipelines served from memory).
+
+        Recency for eviction is an entry's mtime, which a read refreshes; a
+        pipeline a process keeps serving from its memory cache is not read
+        again, so the driver touches those before each `put` (which may evict).
+        Only regular files this cache owns are touched (checked by header);
+        missing or foreign ones are skipped. Returns how many were touched.
+
+        The times are set explicitly, in the order of ``keys`` (least recently
+        used first), a few ms in the past: a file system's clock for writes
+        ticks every few ms, so entries touched "now" would tie with each other
+        and with the entry written next, and eviction would pick among them
+        blindly.
+        """
+        touched = 0
+        base = time.time_ns() - _TOUCH_LEAD_NS
+        for key in keys:
+            path = self.path_for(key)
+            try:
+                fd, _ = open_regular(path)
+            except OSError:
+                continue  # not there (evicted, cleared), or not a regular file
+            try:
+                if _is_entry_header(key)(read_prefix(fd, _OWNER.size)):
+                    when = base + touched * 1000
+                    if os.utime in os.supports_fd:
+                        os.utime(fd, ns=(when, when))
+                    else:
+                        os.utime(path, ns=(when, when))
+                    touched += 1
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        return touched
 
     @staticmethod
     def _touch(fd: int, path: Path) -> None:

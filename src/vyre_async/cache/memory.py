@@ -79,6 +79,11 @@ class MemoryPipelineCache(Generic[T]):
                 self._entries.popitem(last=False)
                 self._evictions += 1
 
+    def identities(self) -> list[PipelineIdentity]:
+        """The identities of the entries held now, least recently used first."""
+        with self._lock:
+            return [identity for identity, _ in self._entries.values()]
+
     def clear(self) -> None:
         """Drop every entry (counters are kept)."""
         with self._lock:
