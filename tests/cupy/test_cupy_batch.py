@@ -25,7 +25,6 @@ from vyre_async.calibration import Calibration, CalibrationStore, calibration_fo
 from vyre_async.pending import PendingDispatch
 from vyre_async.programs import elementwise_xor
 from vyre_async.shadow import compare_outputs
-from vyre_async.testing.test_contract import _config
 from vyre_cupy import CupyBackend, create_backend
 from vyre_cupy.codegen import generate
 from vyre_reference import execute
@@ -77,9 +76,9 @@ def check_corpus_batched(backend: CupyBackend, mode: str) -> None:
     """
     ran = {"persistent": 0, "command_reuse": 0, "plain": 0}
     for case in CORPUS:
-        pipeline = backend.compile(case.program, _config(case))
+        pipeline = backend.compile(case.program, case.config())
         batch = _variants(case, 3)
-        pendings = pipeline.dispatch_batch(batch, _config(case), mode=mode)  # type: ignore[arg-type]
+        pendings = pipeline.dispatch_batch(batch, case.config(), mode=mode)  # type: ignore[arg-type]
         _check_items(case, batch, [p.result() for p in pendings])
         applied = {_attributes(p)["vyre.batch.mode"] for p in pendings}
         assert len(applied) == 1
@@ -296,8 +295,8 @@ def test_persistent_blocks_loop_over_more_tasks_than_they_are(
         if generate(case.program).batch_entry is None or case.fixpoint_iterations > 1:
             continue
         variants = _variants(case, 5)
-        pipeline = backend.compile(case.program, _config(case))
-        pendings = pipeline.dispatch_batch(variants, _config(case), mode="persistent")
+        pipeline = backend.compile(case.program, case.config())
+        pendings = pipeline.dispatch_batch(variants, case.config(), mode="persistent")
         _check_items(case, variants, [p.result() for p in pendings])
         looped += _attributes(pendings[0])["vyre.batch.mode"] == "persistent"
     assert looped >= 30

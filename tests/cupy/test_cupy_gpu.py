@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conformance.corpus import Case, cases
+from tests.conformance.corpus import cases
 from tests.cupy.op_table import op_cases
 from tests.cupy.unit_programs import unit_cases
 from tests.strategies import programs, small_inputs_for
@@ -57,22 +57,13 @@ def gpu() -> CupyBackend:
     return create_backend(disk_cache=None)
 
 
-def _config(case: Case) -> DispatchConfig:
-    return DispatchConfig(
-        grid_override=case.grid,
-        ulp_budget=case.ulp_budget or None,
-        fixpoint_iterations=case.fixpoint_iterations,
-        label=case.name,
-    )
-
-
 def test_corpus_byte_for_byte(gpu: CupyBackend) -> None:
     for case in cases():
         if case.error is not None:
             with pytest.raises(case.error):
-                gpu.dispatch_sync(case.program, case.inputs, _config(case))
+                gpu.dispatch_sync(case.program, case.inputs, case.config())
             continue
-        outputs = gpu.dispatch_sync(case.program, case.inputs, _config(case))
+        outputs = gpu.dispatch_sync(case.program, case.inputs, case.config())
         divergence = compare_outputs(
             case.name, case.program, case.inputs, outputs, case.expected, ulp_budget=case.ulp_budget
         )

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from vyre_async.config import DispatchConfig
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir import (
     Access,
@@ -162,6 +163,15 @@ class Case:
     ulp_budget: int = 0
     fixpoint_iterations: int = 1
     error: type[Exception] | None = field(default=None)
+
+    def config(self) -> DispatchConfig:
+        """The dispatch config the case runs with (grid, ULP budget, iterations; its name)."""
+        return DispatchConfig(
+            grid_override=self.grid,
+            ulp_budget=self.ulp_budget or None,
+            fixpoint_iterations=self.fixpoint_iterations,
+            label=self.name,
+        )
 
 
 # ---------------------------------------------------------------------------------
