@@ -122,6 +122,20 @@ class _Shipped:
     wire: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One launch as it is sent (and resent): the program, the inputs, the trace context.
+
+    ``inputs`` are the backend's own copies (a call is serialised again when it
+    is resent or submitted off the calling thread; the caller may reuse its arrays).
+    """
+
+    launch: Launch
+    shipped: _Shipped
+    inputs: list[np.ndarray]
+    carrier: dict[str, str]
+
+
 def _import_ray() -> Any:
     try:
         import ray
@@ -411,31 +425,22 @@ class RayBackend(VyreBackend):
             shipped = _Shipped(program.fingerprint(), program.to_wire())
             if shape is not None:
                 shape.backend_state = shipped
-        # Our own copies: a call is serialised again when it is resent, or later when it
-        # is submitted off this thread, and the caller may reuse its arrays at once.
-        inputs = [np.array(item, copy=True) for item in launch.inputs]
-        carrier = self._carrier(launch)
+        inputs = [np.array(item, copy=True) for item in launch.inputs]  # (see `_Call`)
+        call = _Call(launch, shipped, inputs, self._carrier(launch))
         with self._lock:
             self._open[id(launch)] = launch
         launch.pending.add_done_callback(lambda _: self._forget(launch))
         if sum(item.nbytes for item in inputs) > OFF_THREAD_BYTES:
-            self._off_thread(launch, shipped, inputs, carrier)
+            self._off_thread(call)
         else:
-            self._submit(launch, shipped, inputs, carrier)
+            self._submit(call)
         return launch.pending
 
     def _forget(self, launch: Launch) -> None:
         with self._lock:
             self._open.pop(id(launch), None)
 
-    def _off_thread(
-        self,
-        launch: Launch,
-        shipped: _Shipped,
-        inputs: Sequence[np.ndarray],
-        carrier: Mapping[str, str],
-        member: _Member | None = None,
-    ) -> None:
+    def _off_thread(self, call: _Call, member: _Member | None = None) -> None:
         """Submit from the submission thread (large inputs; resends from Ray's callbacks)."""
         with self._lock:
             if self._submitter is None and not self._giving_up:
@@ -446,10 +451,10 @@ class RayBackend(VyreBackend):
         try:
             if submitter is None:
                 raise RuntimeError("the backend is closing")
-            submitter.submit(self._submit, launch, shipped, inputs, carrier, member)
+            submitter.submit(self._submit, call, member)
         except RuntimeError:  # the submitter was shut down: the backend is closing
             self._unbusy(member)
-            launch.completer.fail(_closed_error())
+            call.launch.completer.fail(_closed_error())
 
     def _unbusy(self, member: _Member | None) -> None:
         """Count a call chosen for ``member`` but never sent off as gone."""
@@ -487,15 +492,9 @@ class RayBackend(VyreBackend):
         left = launch.pending.created + float(config.timeout) - time.monotonic()
         return dataclasses.replace(config, timeout=max(left, 1e-3))
 
-    def _submit(
-        self,
-        launch: Launch,
-        shipped: _Shipped,
-        inputs: Sequence[np.ndarray],
-        carrier: Mapping[str, str],
-        member: _Member | None = None,
-    ) -> None:
+    def _submit(self, call: _Call, member: _Member | None = None) -> None:
         """Send one call; ``member`` (already counted busy) resends it there with the bytes."""
+        launch, shipped = call.launch, call.shipped
         completer = launch.completer
         if completer.should_stop():  # past its deadline before it went out: not sent at all
             self._unbusy(member)
@@ -514,18 +513,16 @@ class RayBackend(VyreBackend):
             ref = member.handle.run.remote(
                 shipped.digest,
                 shipped.wire if send else None,
-                list(inputs),
+                call.inputs,
                 self._config_for(launch),
-                dict(carrier),
+                call.carrier,
             )
             sent = True
             with self._lock:
                 self._running[ref] = launch
             if launch.config.timeout is not None:
                 launch.pending.add_done_callback(lambda p: self._cancel_if_late(p, ref))
-            ref.future().add_done_callback(
-                lambda future: self._settle(launch, shipped, inputs, carrier, member, ref, future)
-            )
+            ref.future().add_done_callback(lambda future: self._settle(call, member, ref, future))
         except Exception as exc:
             if not sent:
                 self._unbusy(member)
@@ -542,16 +539,10 @@ class RayBackend(VyreBackend):
                 _log.debug("cancelling a late Ray task failed", exc_info=True)
 
     def _settle(
-        self,
-        launch: Launch,
-        shipped: _Shipped,
-        inputs: Sequence[np.ndarray],
-        carrier: Mapping[str, str],
-        member: _Member,
-        ref: Any,
-        future: concurrent.futures.Future[Any],
+        self, call: _Call, member: _Member, ref: Any, future: concurrent.futures.Future[Any]
     ) -> None:
         """Ray's callback (its thread): settle the dispatch with the worker's outputs or error."""
+        launch, digest = call.launch, call.shipped.digest
         completer = launch.completer
         try:
             with self._lock:
@@ -564,9 +555,9 @@ class RayBackend(VyreBackend):
                     # A restarted worker got a retried call without the program: send it
                     # again with the bytes, from the submission thread (not Ray's).
                     with self._lock:
-                        member.seen.pop(shipped.digest, None)
+                        member.seen.pop(digest, None)
                         member.in_flight += 1
-                    self._off_thread(launch, shipped, inputs, carrier, member)
+                    self._off_thread(call, member)
                     return
                 if self._giving_up:  # the worker was killed by shutdown, most likely
                     completer.fail(_closed_error())
@@ -574,8 +565,8 @@ class RayBackend(VyreBackend):
                     completer.fail(translate(exc, doing="running the dispatch on a worker"))
                 return
             with self._lock:  # the worker holds the program now
-                member.seen[shipped.digest] = None
-                member.seen.move_to_end(shipped.digest)
+                member.seen[digest] = None
+                member.seen.move_to_end(digest)
                 if len(member.seen) > PROGRAMS_KEPT:  # as the worker forgets them
                     member.seen.popitem(last=False)
             # Ray's arrays may be read-only views of its object store: every backend's
