@@ -47,6 +47,15 @@ def _table() -> dict[int, tuple[int, int]]:
     return table
 
 
+def alive(pid: int) -> bool:
+    """True while process ``pid`` exists and is not a zombie (dead, waiting for its parent)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def descendants(root: int, table: dict[int, tuple[int, int]] | None = None) -> dict[int, int]:
     """Live descendants of ``root``: pid -> start time."""
     table = _table() if table is None else table

@@ -17,7 +17,6 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
 from tests import orphan_guard
 
@@ -31,14 +30,6 @@ def descendants(root: int | None = None) -> set[int]:
     return set(orphan_guard.descendants(root)) - orphan_guard.GUARDS
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"  # a zombie is dead, waiting for its parent
-
-
 def end_cluster(timeout_s: float = 10.0) -> list[int]:
     """Shut the session's Ray cluster down; return the pids that had to be killed."""
     ray = sys.modules.get("ray")
@@ -47,16 +38,16 @@ def end_cluster(timeout_s: float = 10.0) -> list[int]:
     ours = descendants()
     ray.shutdown()
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(_alive(pid) for pid in ours):
+    while time.monotonic() < deadline and any(orphan_guard.alive(pid) for pid in ours):
         time.sleep(0.1)
-    killed = [pid for pid in ours if _alive(pid)]
+    killed = [pid for pid in ours if orphan_guard.alive(pid)]
     for pid in killed:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(_alive(pid) for pid in killed):
+    while time.monotonic() < deadline and any(orphan_guard.alive(pid) for pid in killed):
         time.sleep(0.05)
-    left = [pid for pid in ours if _alive(pid)]
+    left = [pid for pid in ours if orphan_guard.alive(pid)]
     if left:
         raise RuntimeError(f"Ray processes still alive after the session: {left}")
     return killed

@@ -31,18 +31,10 @@ else:  # a normal end, as tests/conftest.py ends a session
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def _gone_within(pids: list[int], seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if not any(_alive(pid) for pid in pids):
+        if not any(orphan_guard.alive(pid) for pid in pids):
             return True
         time.sleep(0.05)
     return False
@@ -64,14 +56,14 @@ def _session(how: str, interval_s: float = 0.05) -> tuple[subprocess.Popen[str],
 def test_a_killed_session_leaves_no_process_behind() -> None:
     session, guard, child = _session("wait")
     try:
-        assert _alive(child) and _alive(guard)
+        assert orphan_guard.alive(child) and orphan_guard.alive(guard)
         session.send_signal(signal.SIGKILL)  # as a CI timeout would
         session.wait()
         assert _gone_within([child], 10), "the session's grandchild outlived it"
         assert _gone_within([guard], 10), "the guard did not exit after its work"
     finally:
         for pid in (child, guard):
-            if _alive(pid):
+            if orphan_guard.alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -83,7 +75,7 @@ def test_a_session_that_ends_normally_has_its_leftovers_ended_too() -> None:
         assert _gone_within([child, guard], 10)
     finally:
         for pid in (child, guard):
-            if _alive(pid):
+            if orphan_guard.alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -105,5 +97,5 @@ def test_this_sessions_guard_is_running_and_not_counted_as_a_leftover() -> None:
     from tests import ray_cluster
 
     assert orphan_guard.GUARDS, "conftest starts a guard for the session"
-    assert all(_alive(pid) for pid in orphan_guard.GUARDS)
+    assert all(orphan_guard.alive(pid) for pid in orphan_guard.GUARDS)
     assert not (ray_cluster.descendants() & orphan_guard.GUARDS)

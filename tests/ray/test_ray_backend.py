@@ -25,7 +25,7 @@ pytest.importorskip("ray", reason="the ray extra is not installed")
 
 from opentelemetry import trace
 
-from tests import otel_sdk
+from tests import orphan_guard, otel_sdk
 from tests.otlp_receiver import Receiver
 from vyre_async import (
     BackendClosed,
@@ -328,7 +328,7 @@ async def test_closing_the_pool_ends_its_workers() -> None:
         await pending
     assert "Fix:" in str(info.value)
     with anyio.fail_after(15):
-        await poll_until(lambda: not any(_alive(pid) for pid in pids))
+        await poll_until(lambda: not any(orphan_guard.alive(pid) for pid in pids))
 
 
 async def test_closing_still_sends_again_a_call_a_worker_did_not_know() -> None:
@@ -408,14 +408,6 @@ def test_worker_options_ray_would_refuse_are_refused_with_a_fix(
     with pytest.raises(InvalidProgram, match=message) as info:
         RayBackend(workers=1, **options)
     assert str(info.value).rpartition("\n")[2].startswith("Fix: ")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 # Traces ---------------------------------------------------------------------------------------
