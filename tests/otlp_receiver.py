@@ -12,7 +12,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 
 class Receiver:
@@ -40,6 +39,12 @@ class Receiver:
 
     def spans(self) -> list[tuple[Any, str]]:
         """Every span received, with its resource's ``service.name``."""
+        # Imported here, not at module level: every session's conftest imports this
+        # module, and the GPU machine's environment has no opentelemetry-proto.
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
         found = []
         for _, _, body in self.requests:
             for rs in ExportTraceServiceRequest.FromString(body).resource_spans:
