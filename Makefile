@@ -40,7 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/telemetry.py
 
 bench-cuda: $(STAMP)
-	$(BIN)/python benchmarks/cuda.py
+	$(BIN)/python benchmarks/cuda_backend.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist

@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", help="also write the JSON report to this file")
     args = parser.parse_args(argv)
     spec = importlib.util.spec_from_file_location(
-        "vyre_benchmark_cuda", Path(__file__).resolve().parent / "cuda.py"
+        "vyre_benchmark_cuda", Path(__file__).resolve().parent / "cuda_backend.py"
     )
     assert spec is not None and spec.loader is not None
     shared = importlib.util.module_from_spec(spec)

@@ -263,6 +263,10 @@ async def test_cancelling_waiters_leaves_everything_else_intact(vyre_backend: Vy
     for pending in warm:
         await pending
     await vyre_backend.dispatch(xor, [np.zeros(256, np.uint32)] * 2)
+    # Victims must still be running when their waiters are cancelled. 200 000 turns
+    # take the reference engine about a second but an H100 well under a millisecond
+    # (there, 99 of 100 victims had finished): scale the count to ~50 ms per victim.
+    turns = await _turns_lasting(vyre_backend, 0.05, 200_000)
     await vyre_backend.flush()
     await anyio.to_thread.run_sync(gc.collect)  # anyio keeps one idle worker thread cached
     threads_before = threading.active_count()
@@ -277,7 +281,7 @@ async def test_cancelling_waiters_leaves_everything_else_intact(vyre_backend: Vy
         with anyio.CancelScope() as scope:
             scopes.append(scope)
             pending = vyre_backend.dispatch(
-                spin(), [np.array([200_000], np.uint32)], DispatchConfig(timeout=2.0)
+                spin(), [np.array([turns], np.uint32)], DispatchConfig(timeout=5.0)
             )
             victims.append(pending)
             await pending
@@ -316,6 +320,16 @@ async def test_cancelling_waiters_leaves_everything_else_intact(vyre_backend: Vy
         xor, [np.full(256, 3, np.uint32), np.ones(256, np.uint32)]
     )
     assert outputs[0].tolist() == [2] * 256
+
+
+async def _turns_lasting(backend: VyreBackend, seconds: float, least: int) -> int:
+    """A ``spin`` count of at least ``least`` turns that runs about ``seconds`` here."""
+    took: list[float] = []
+    while len(took) < 3 and sum(took) < seconds:  # one look is enough for a slow backend
+        start = time.perf_counter()
+        await backend.dispatch(spin(), [np.array([least], np.uint32)])
+        took.append(time.perf_counter() - start)
+    return int(min(2**31, least * max(1.0, seconds / max(min(took), 1e-6))))
 
 
 def _live_pendings() -> int:

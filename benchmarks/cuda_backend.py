@@ -17,7 +17,7 @@ Measures, in one run, each figure next to its peer measured the same way:
   round trip, vs CuPy's ``a * x + y`` on device arrays (events) and its
   round trip with transfers.
 
-Usage: ``python benchmarks/cuda.py [--quick] [--output FILE]``. Exits with
+Usage: ``python benchmarks/cuda_backend.py [--quick] [--output FILE]``. Exits with
 status 2 and a message when no CUDA device is usable (every GPU figure then
 stays "not yet verified on a GPU").
 """
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     reason = _probe()
     if reason is not None:
         print(
-            f"benchmarks/cuda.py: no GPU here ({reason}); every GPU figure stays "
+            f"benchmarks/cuda_backend.py: no GPU here ({reason}); every GPU figure stays "
             "'not yet verified on a GPU'",
             file=sys.stderr,
         )
