@@ -51,10 +51,15 @@ def module_name(path: Path) -> str:
 
 def shadowed(name: str, folder: Path) -> bool:
     """Whether ``name`` is also importable from somewhere other than ``folder``."""
+    loaded = sys.modules.get(name)
+    if loaded is not None:  # (a test may have imported one of the scripts by its name)
+        origin = getattr(loaded, "__file__", None)
+        ours = {(ROOT / f).resolve() for f in SCRIPT_FOLDERS} | {folder.resolve()}
+        return origin is None or Path(origin).resolve().parent not in ours
     saved = sys.path[:]
     sys.path[:] = [p for p in saved if Path(p or ".").resolve() != folder.resolve()]
     try:
-        spec = importlib.util.find_spec(name) if name not in sys.modules else True
+        spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         spec = None
     finally:
@@ -75,4 +80,18 @@ def test_the_check_sees_a_shadowing_name(tmp_path: Path) -> None:
     # The generic check finds an installed module by the script's name.
     assert shadowed("numpy", tmp_path)
     assert shadowed("json", tmp_path)
+    assert shadowed("sys", tmp_path)  # built in, already loaded
     assert not shadowed("vyre_no_such_module_here", tmp_path)
+
+
+def test_a_script_imported_by_its_own_name_is_not_a_clash(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    folder = ROOT / "examples"
+    module = types.ModuleType("service")
+    module.__file__ = str(folder / "service.py")
+    monkeypatch.setitem(sys.modules, "service", module)
+    assert not shadowed("service", folder)
+    assert not shadowed("service", ROOT / "benchmarks")  # benchmarks/service.py: ours too
+    module.__file__ = "/usr/lib/python3/dist-packages/service.py"
+    assert shadowed("service", folder)
