@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo lint types pytest mutants bench bench-cuda clean
+.PHONY: test demo lint types pytest mutants package-check bench bench-cuda clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,10 +20,15 @@ lint: $(STAMP)
 
 types: $(STAMP)
 	$(BIN)/mypy
-	$(BIN)/mypy --strict scripts/mutants.py
+	$(BIN)/mypy --strict scripts/mutants.py scripts/package_check.py
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# Builds the sdist and wheel, checks their contents, installs the wheel in a fresh venv
+# outside the repository and runs the CLI, the demo, README.md and the contract suite there.
+package-check: $(STAMP)
+	$(BIN)/python scripts/package_check.py
 
 # Plants each known bug of scripts/mutants.py in a copy of the tree; every one must be caught.
 mutants: $(STAMP)
@@ -38,6 +43,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/driver.py
 	$(BIN)/python benchmarks/host_overhead.py
 	$(BIN)/python benchmarks/telemetry.py
+	$(BIN)/python benchmarks/import_time.py
 
 bench-cuda: $(STAMP)
 	$(BIN)/python benchmarks/cuda_backend.py

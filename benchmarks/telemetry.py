@@ -101,6 +101,9 @@ if metering:
 from vyre_async import acquire_backend, telemetry
 from vyre_async.programs import elementwise_xor
 
+if tracing or metering:
+    telemetry._load_api()  # (a dispatch would load it on first look; the stubs need it now)
+
 backend = acquire_backend("reference")
 program = elementwise_xor(64)
 inputs = [np.arange(64, dtype=np.uint32), np.ones(64, np.uint32)]

@@ -14,7 +14,8 @@ The same tests are first run on an unchanged copy, where they must all pass.
     python scripts/mutants.py -k shift   # the mutants whose name contains "shift"
     python scripts/mutants.py --list     # names, files and tests, nothing run
 
-Progress goes to stderr, one line per mutant; the summary is one JSON object on
+Progress goes to stderr, one line per mutant, then the count caught and the time
+taken; the summary is one JSON object on
 stdout (per mutant: caught or not, the tests that failed, seconds). A mutant whose
 ``old`` text no longer appears exactly once is reported as ``stale`` (fix the
 mutant after a refactor; it fails the run too).
@@ -608,7 +609,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             for t in m.tests:
                 print(f"    {t}")
         return 0
+    started = time.perf_counter()
     summary = check(chosen, args.timeout)
+    minutes, seconds = divmod(round(time.perf_counter() - started), 60)
+    print(
+        f"mutants: {summary['caught']} of {summary['mutants']} caught in {minutes} min {seconds} s",
+        file=sys.stderr,
+    )
     print(json.dumps(summary, indent=2))
     return 0 if summary["caught"] == summary["mutants"] else 1
 

@@ -12,8 +12,16 @@ import blake3
 import pytest
 
 import vyre_async
+from vyre_async import (
+    BackendRegistration,
+    InvalidProgram,
+    UnsupportedFeature,
+    register_backend,
+    registry,
+)
 from vyre_async.cache import DiskPipelineCache
 from vyre_async.cli import main
+from vyre_async.registry import probe_backend
 
 KEY = blake3.blake3(b"cli").hexdigest()
 
@@ -30,6 +38,49 @@ def test_info_json(capsys: pytest.CaptureFixture[str]) -> None:
     report = json.loads(capsys.readouterr().out)
     assert report["vyre_async"] == vyre_async.__version__
     assert isinstance(report["backends"], list)
+    by_id = {b["id"]: b for b in report["backends"]}
+    assert by_id["reference"]["usable"] is True and by_id["reference"]["fix"] is None
+
+
+def test_info_says_whether_each_backend_can_start_and_how_to_fix_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_device() -> None:
+        raise UnsupportedFeature("no CUDA device is visible", fix="check nvidia-smi")
+
+    monkeypatch.setattr(registry, "_local", {})
+    register_backend(BackendRegistration(id="gpuish", factory=_never_built, probe=no_device))
+    register_backend(
+        BackendRegistration(id="broken", factory="no_such_module_vyre:factory", precedence=5)
+    )
+    register_backend(BackendRegistration(id="fine", factory=_never_built, probe=lambda: None))
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    gpu = next(i for i, line in enumerate(lines) if line.strip().startswith("gpuish"))
+    assert "cannot start here" in lines[gpu]
+    assert lines[gpu + 1].strip() == "no CUDA device is visible"
+    assert lines[gpu + 2].strip() == "Fix: check nvidia-smi"
+    broken = next(line for line in lines if line.strip().startswith("broken"))
+    assert "cannot start here" in broken and "ModuleNotFoundError" in out
+    fine = next(line for line in lines if line.strip().startswith("fine"))
+    assert "usable" in fine.split()
+
+
+def _never_built() -> None:
+    raise AssertionError("info must not build a backend to probe it")
+
+
+def test_probe_backend_verdicts() -> None:
+    def refuses() -> None:
+        raise UnsupportedFeature("no GPU here", fix="get one")
+
+    verdict = probe_backend(BackendRegistration(id="x", factory=_never_built, probe=refuses))
+    assert (verdict.usable, verdict.reason, verdict.fix) == (False, "no GPU here", "get one")
+    ok = probe_backend(BackendRegistration(id="y", factory=_never_built))
+    assert ok.usable and ok.reason is None
+    with pytest.raises(InvalidProgram, match="probe"):
+        BackendRegistration(id="z", factory=_never_built, probe="no colon")
 
 
 def test_console_script_runs() -> None:

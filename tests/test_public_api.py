@@ -40,6 +40,58 @@ def test_public_names_are_exactly_all(name: str) -> None:
     assert public == exported - {"__version__"}
 
 
+#: What `import vyre_async` leaves for first use (docs/benchmarks/import.md): the
+#: OpenTelemetry API, asyncio and anyio, the metadata lookup, logging, the disk cache.
+DEFERRED = (
+    "opentelemetry",
+    "asyncio",
+    "anyio",
+    "importlib.metadata",
+    "logging",
+    "pathlib",
+    "json",
+    "statistics",
+    "concurrent.futures",
+    "vyre_async.policies.launch",
+    "vyre_async.calibration",
+    "vyre_async.shadow",
+    "vyre_async.cache.disk",
+)
+
+
+def test_import_leaves_what_a_dispatch_does_not_need_for_first_use() -> None:
+    code = f"import sys, vyre_async;print(sorted(m for m in {DEFERRED!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_sdk_installed_after_import_and_dispatch_still_records() -> None:
+    # The API is imported on first need: a dispatch before any OpenTelemetry import
+    # loads nothing of it; one after the application installed an SDK is a span.
+    code = """
+import sys
+import numpy as np
+from vyre_async import acquire_backend
+from vyre_async.programs import elementwise_xor
+backend = acquire_backend("reference")
+a = np.arange(8, dtype=np.uint32)
+backend.dispatch_sync(elementwise_xor(8), [a, a])
+assert not any(m.startswith("opentelemetry") for m in sys.modules), "API loaded early"
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+backend.dispatch_sync(elementwise_xor(8), [a, a])
+print([s.name for s in exporter.get_finished_spans()])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['vyre.dispatch']"
+
+
 def test_import_is_light() -> None:
     code = (
         "import sys, vyre_async, vyre_async.ir, vyre_async.registry, vyre_async.cli;"
@@ -48,3 +100,38 @@ def test_import_is_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _public_modules() -> list[str]:
+    """Every module of the four packages whose dotted name has no private part."""
+    found = []
+    for package in ("vyre_async", "vyre_reference", "vyre_cupy", "vyre_ray"):
+        root = importlib.import_module(package)
+        found.append(package)
+        for info in pkgutil.walk_packages(root.__path__, f"{package}."):
+            parts = info.name.split(".")
+            if not any(p.startswith("_") for p in parts) and not parts[-1].startswith("test_"):
+                found.append(info.name)
+    return sorted(found)
+
+
+PUBLIC_MODULES = _public_modules()
+
+
+def test_every_package_module_is_checked() -> None:
+    # (walk_packages found the modules: a broken walk must not pass vacuously)
+    assert {"vyre_async.programs", "vyre_async.graph", "vyre_cupy.launch"} <= set(PUBLIC_MODULES)
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_dir_of_a_public_module_lists_only_its_api(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = set(module.__all__)
+    for item in exported:
+        assert hasattr(module, item), f"{name}.__all__ names {item!r}, which it lacks"
+    listed = {n for n in dir(module) if not n.startswith(("_", "@"))}
+    submodules = {n for n in listed if isinstance(getattr(module, n, None), types.ModuleType)} & {
+        n for n, v in vars(module).items() if getattr(v, "__name__", "").startswith(name + ".")
+    }
+    # Imported helpers (np, math, dataclass, annotations...) are not the module's API.
+    assert listed - submodules <= exported, sorted(listed - submodules - exported)

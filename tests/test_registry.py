@@ -195,14 +195,26 @@ def test_preferred_without_a_usable_backend_lists_every_failure(
     text = str(info.value)
     assert "broken: " in text and "libcuda" in text
     assert "refuses: " in text and "no CUDA device" in text
-    assert "allow_reference=True" in text
+    # The Fix points at the failures listed above (they are), or at allow_reference.
+    assert text.endswith(
+        "Fix: apply the Fix listed above for the GPU backend you want, or pass "
+        "allow_reference=True to run on the numpy reference backend (CPU)"
+    )
     with caplog.at_level(logging.WARNING, logger="vyre_async.registry"):
         backend = acquire_preferred_backend(allow_reference=True)
     assert backend.id == "ref-like"
-    assert "using the 'ref-like' reference backend" in caplog.text
+    warning = caplog.text
+    assert "dispatching on the CPU with the numpy reference backend 'ref-like'" in warning
+    assert "refuses: no CUDA device" in warning and "Fix: check nvidia-smi" in warning
+    # The caller passed allow_reference=True: nothing tells them to pass it.
+    assert "allow_reference" not in warning
+    assert "reference reference" not in warning
 
 
 @pytest.mark.usefixtures("isolated")
 def test_preferred_with_nothing_installed() -> None:
-    with pytest.raises(UnsupportedFeature, match="no GPU dispatch backend is installed"):
+    with pytest.raises(UnsupportedFeature, match="no GPU dispatch backend is installed") as info:
         acquire_preferred_backend(allow_reference=True)
+    # No failure is listed, so the Fix names what to install instead of pointing above.
+    assert "listed above" not in str(info.value)
+    assert "pip install 'vyre-async[cuda]'" in str(info.value)

@@ -5,7 +5,7 @@ Build a `Program`, then ``outputs = await backend.dispatch(program, inputs)``.
 
 from vyre_async._version import __version__
 from vyre_async.backend import CORE_OPS, VyreBackend
-from vyre_async.cache import DiskPipelineCache, MemoryPipelineCache, PipelineIdentity
+from vyre_async.cache import MemoryPipelineCache, PipelineIdentity
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import (
@@ -26,6 +26,7 @@ from vyre_async.errors import (
     UnsupportedFeature,
 )
 from vyre_async.ir import Access, BufferDecl, DType, Program
+from vyre_async.lazy import lazy_exports as _lazy_exports
 from vyre_async.pending import (
     DispatchCompleter,
     DispatchTiming,
@@ -41,7 +42,6 @@ from vyre_async.registry import (
     registered_backends,
 )
 from vyre_async.resident import ResidentBuffer
-from vyre_async.shadow import ConformanceCase, Divergence, ShadowBackend, assert_conformance
 
 __all__ = [
     "CORE_OPS",
@@ -89,3 +89,11 @@ __all__ = [
     "register_backend",
     "registered_backends",
 ]
+# Conformance checking and the disk cache load on first use (PEP 562), not with every
+# `import vyre_async`.
+__getattr__, __dir__ = _lazy_exports(
+    __name__,
+    dict.fromkeys(("ConformanceCase", "Divergence", "ShadowBackend"), "shadow")
+    | {"assert_conformance": "shadow", "DiskPipelineCache": "cache"},
+    __all__,
+)

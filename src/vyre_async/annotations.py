@@ -19,7 +19,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+from vyre_async._exports import public_dir as _public_dir
+
 __all__ = ["AttributeValue", "current_dispatch_attributes", "dispatch_attributes"]
+__dir__ = _public_dir(__name__)
 
 AttributeValue = str | bool | int | float
 

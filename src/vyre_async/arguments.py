@@ -13,9 +13,11 @@ import math
 
 import numpy as np
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 
 __all__ = ["duration", "to_seconds", "whole_number"]
+__dir__ = _public_dir(__name__)
 
 
 def whole_number(

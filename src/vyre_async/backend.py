@@ -18,32 +18,49 @@ from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import anyio
 import numpy as np
 
 from vyre_async import telemetry
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.arguments import duration, whole_number
-from vyre_async.cache.disk import DiskPipelineCache
 from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.cache.memory import CacheStats, MemoryPipelineCache
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import BackendClosed, InvalidProgram, UnsupportedFeature
-from vyre_async.execution import ExecutionDecision, annotate_mode
 from vyre_async.frontend import DispatchFrontEnd, InputLike, Launch, as_config
 from vyre_async.ir.ops import AtomicOp, BinOp, UnOp
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import DType
 from vyre_async.pending import PendingDispatch, refuse_blocking_in_loop
 from vyre_async.pipeline import CompiledPipeline
-from vyre_async.prefetch import Prefetcher
 from vyre_async.resident import ResidentBuffer
 from vyre_async.store import PipelineStore, ops_used
 
 if TYPE_CHECKING:
+    from vyre_async.cache.disk import DiskPipelineCache
     from vyre_async.calibration import Calibration
+    from vyre_async.execution import ExecutionDecision
+    from vyre_async.prefetch import Prefetcher
 
 __all__ = ["CORE_OPS", "VyreBackend", "ops_used", "poll_until"]
+__dir__ = _public_dir(__name__)
+
+
+def _anyio() -> Any:
+    """anyio, imported by the first async helper that needs it (not with vyre-async)."""
+    import anyio
+    import anyio.to_thread
+
+    return anyio
+
+
+def _is_disk_cache(value: object) -> bool:
+    """``isinstance(value, DiskPipelineCache)``, importing the disk cache only when one is given."""
+    from vyre_async.cache.disk import DiskPipelineCache
+
+    return isinstance(value, DiskPipelineCache)
+
 
 #: Every operation of the core IR, as ``"bin.<op>"``, ``"un.<op>"`` and ``"atomic.<op>"``.
 CORE_OPS: frozenset[str] = frozenset(
@@ -66,7 +83,7 @@ async def poll_until(done: Callable[[], bool]) -> None:
     """
     delay = 0.0002
     while not done():
-        await anyio.sleep(delay)
+        await _anyio().sleep(delay)
         delay = min(delay * 2, 0.01)
 
 
@@ -119,7 +136,7 @@ class VyreBackend(abc.ABC):
             minimum=1,
             example="pipeline_cache_capacity=256",
         )
-        if disk_cache is not None and not isinstance(disk_cache, DiskPipelineCache):
+        if disk_cache is not None and not _is_disk_cache(disk_cache):
             raise InvalidProgram(
                 f"disk_cache must be a DiskPipelineCache or None, got {disk_cache!r}",
                 fix="pass disk_cache=DiskPipelineCache() (or a directory: DiskPipelineCache(path))",
@@ -140,6 +157,8 @@ class VyreBackend(abc.ABC):
         #: Where compiled pipelines persist across processes, or None.
         self.disk_cache = disk_cache
         if prefetch:
+            from vyre_async.prefetch import Prefetcher  # (with the first backend, not at import)
+
             self.prefetcher = self.front.prefetcher = Prefetcher(self.store)
 
     # Description ----------------------------------------------------------------
@@ -210,7 +229,7 @@ class VyreBackend(abc.ABC):
         self._closed = True
         if self.prefetcher is not None:
             self.prefetcher.close()
-        with anyio.CancelScope(shield=True):  # bounded by close_timeout; release even when
+        with _anyio().CancelScope(shield=True):  # bounded by close_timeout; release even when
             await self.shutdown()  # the closing task is being cancelled
 
     @property
@@ -358,7 +377,10 @@ class VyreBackend(abc.ABC):
         self, program: Program, config: DispatchConfig | None = None
     ) -> CompiledPipeline:
         """Compile like `compile` on a worker thread, without blocking the event loop."""
-        return await anyio.to_thread.run_sync(self.compile, program, config)
+        pipeline: CompiledPipeline = await _anyio().to_thread.run_sync(
+            self.compile, program, config
+        )
+        return pipeline
 
     def cache_stats(self) -> CacheStats:
         """Return the in-memory pipeline cache counters."""
@@ -386,6 +408,9 @@ class VyreBackend(abc.ABC):
         before starting it, and settles every completer exactly once, as `enqueue`.
         Default: plain launches, one `enqueue` each.
         """
+        # (imported with the first batch: the policies stay out of `import vyre_async`)
+        from vyre_async.execution import annotate_mode
+
         annotate_mode(launches, decision, "plain")
         for launch in launches:
             self.enqueue(launch)

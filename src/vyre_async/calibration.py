@@ -23,12 +23,10 @@ pipeline disk cache (`vyre_async.cache.files`).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
 import re
-import statistics
 import threading
 import time
 import weakref
@@ -40,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import blake3
 import numpy as np
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.cache.disk import default_cache_root
 from vyre_async.cache.files import (
     NotRegularFile,
@@ -78,6 +77,7 @@ __all__ = [
     "measure_resident_gain",
     "resident_gain_probe_program",
 ]
+__dir__ = _public_dir(__name__)
 
 CALIBRATION_FORMAT_VERSION = 2  # 2: persistent_item_ns; CUDA launch_ns per batched launch
 MAX_RECORD_BYTES = 1 << 20  # a record is a few hundred bytes; a larger file is not one
@@ -244,6 +244,20 @@ class Calibration:
             raise ValueError(str(exc)) from None
 
 
+def _median(values: Any) -> float:
+    """``statistics.median`` (imported when measuring, not with vyre-async)."""
+    import statistics
+
+    return float(statistics.median(values))
+
+
+def _json() -> Any:
+    """The ``json`` module (imported when a record is read or written)."""
+    import json
+
+    return json
+
+
 def calibration_key(backend_id: str, backend_version: str, device_fingerprint: str) -> str:
     """Return the 64-hex key a device's calibration is stored under."""
     text = "\0".join(("vyre-calibration", backend_id, backend_version, device_fingerprint))
@@ -263,7 +277,8 @@ def default_calibration_root() -> Path:
 
 def _encode(record: Calibration) -> bytes:
     """Return the bytes `CalibrationStore.save` writes for ``record`` (they begin _RECORD_HEAD)."""
-    return json.dumps(record.to_json(), indent=2, sort_keys=True).encode()
+    text: str = _json().dumps(record.to_json(), indent=2, sort_keys=True)
+    return text.encode()
 
 
 def _read_json(path: Path) -> tuple[object, os.stat_result]:
@@ -290,7 +305,7 @@ def _read_json(path: Path) -> tuple[object, os.stat_result]:
     if len(data) > MAX_RECORD_BYTES:
         raise ValueError(f"it holds over {MAX_RECORD_BYTES} bytes, the limit")
     try:
-        return json.loads(data.decode("utf-8")), st
+        return _json().loads(data.decode("utf-8")), st
     except RecursionError:
         raise ValueError("its JSON is nested too deeply") from None
 
@@ -676,7 +691,7 @@ def measure_arm_overlap(
     except Exception as exc:  # a backend that cannot run the probes is not calibrated for it
         _log.warning("arm overlap of backend %r not measured (%s)", backend.id, exc)
         return None
-    return max(-10_000, min(10_000, round(statistics.median(samples) * 10_000)))
+    return max(-10_000, min(10_000, round(_median(samples) * 10_000)))
 
 
 #: Elements of each buffer of `measure_resident_gain`'s probe (1 MiB each).
@@ -768,8 +783,8 @@ def measure_resident_gain(
             for _ in range(3):
                 for way in ways:
                     times[way].append(way())
-            host_s = max(statistics.median(times[on_host]), 1e-9)
-            samples.append((host_s - statistics.median(times[resident])) / host_s)
+            host_s = max(_median(times[on_host]), 1e-9)
+            samples.append((host_s - _median(times[resident])) / host_s)
     except Exception as exc:  # a backend that cannot run the probe is not calibrated for it
         _log.warning("resident gain of backend %r not measured (%s)", backend.id, exc)
         return None
@@ -777,7 +792,7 @@ def measure_resident_gain(
         for handle in uploaded:
             with contextlib.suppress(Exception):
                 backend.free(handle)
-    return max(-10_000, min(10_000, round(statistics.median(samples) * 10_000)))
+    return max(-10_000, min(10_000, round(_median(samples) * 10_000)))
 
 
 def launch_probe_program() -> Program:
@@ -847,8 +862,8 @@ def measure_host_costs(
         backend_id=backend.id,
         backend_version=backend.version,
         device_fingerprint=backend.device_fingerprint(),
-        launch_ns=int(statistics.median(launches)),
-        compile_ns=int(statistics.median(compiles)),
+        launch_ns=int(_median(launches)),
+        compile_ns=int(_median(compiles)),
         h2d_bytes_per_s=data.nbytes / max(min(ups), 1e-9),
         d2h_bytes_per_s=data.nbytes / max(min(downs), 1e-9),
         timing="host",
@@ -890,7 +905,7 @@ def measure_batch_costs(
         return took
 
     def median(size: int, mode: ModeKind) -> float:
-        return statistics.median(timed(size, mode) for _ in range(rounds))
+        return _median(timed(size, mode) for _ in range(rounds))
 
     timed(16, "plain")  # warm
     costs = {"launch_ns": int(median(16, "plain") / 16)}

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from vyre_async._exports import public_dir as _public_dir
+
 __all__ = ["FEATURES", "BackendCapabilities"]
+__dir__ = _public_dir(__name__)
 
 #: Boolean feature names of the record, in declaration order.
 FEATURES = (

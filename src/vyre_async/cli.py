@@ -13,13 +13,15 @@ from typing import Any
 
 import numpy as np
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async._version import __version__
 from vyre_async.cache.disk import DiskPipelineCache
 from vyre_async.calibration import CalibrationStore, calibration_for, format_calibration
 from vyre_async.errors import BackendError
-from vyre_async.registry import registered_backends
+from vyre_async.registry import probe_backend, registered_backends
 
 __all__ = ["main"]
+__dir__ = _public_dir(__name__)
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -28,15 +30,21 @@ def _info(args: argparse.Namespace) -> int:
 
         calibration_for(acquire_backend(args.calibrate), measure=True, refresh=True)
     calibrations = CalibrationStore().entries()
-    backends = [
-        {
-            "id": r.id,
-            "precedence": r.precedence,
-            "dispatches": r.dispatches,
-            "is_reference": r.is_reference,
-        }
-        for r in registered_backends()
-    ]
+    backends = []
+    for r in registered_backends():
+        verdict = probe_backend(r)
+        backends.append(
+            {
+                "id": r.id,
+                "precedence": r.precedence,
+                "dispatches": r.dispatches,
+                "is_reference": r.is_reference,
+                "remote": r.remote,
+                "usable": verdict.usable,
+                "reason": verdict.reason,
+                "fix": verdict.fix,
+            }
+        )
     report = {
         "vyre_async": __version__,
         "python": platform.python_version(),
@@ -53,8 +61,12 @@ def _info(args: argparse.Namespace) -> int:
     else:
         print("registered backends (precedence order):")
         for b in backends:
-            flags = [name for name in ("dispatches", "is_reference") if b[name]]
-            print(f"  {b['id']:<12} precedence={b['precedence']:<4} {' '.join(flags)}")
+            flags = [name for name in ("dispatches", "is_reference", "remote") if b[name]]
+            state = "usable" if b["usable"] else "cannot start here"
+            print(f"  {b['id']:<12} {state:<18} precedence={b['precedence']:<4} {' '.join(flags)}")
+            if not b["usable"]:
+                reason = str(b["reason"]).replace("\n", "\n      ")
+                print(f"      {reason}\n      Fix: {b['fix']}")
     if not calibrations:
         print("calibration: none cached (vyre-async info --calibrate <backend> measures one)")
     for record in calibrations:

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Literal
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir.limits import MAX_WORKGROUP_LANES
 from vyre_async.plan import normalize_axes
 
 __all__ = ["DispatchConfig", "Mode"]
+__dir__ = _public_dir(__name__)
 
 Mode = Literal["auto", "force", "disable"]
 _MODES = ("auto", "force", "disable")

@@ -12,6 +12,8 @@ import math
 from enum import IntEnum
 from typing import Any
 
+from vyre_async._exports import public_dir as _public_dir
+
 __all__ = [
     "BackendClosed",
     "BackendError",
@@ -31,6 +33,7 @@ __all__ = [
     "error_for_code",
     "host_out_of_memory",
 ]
+__dir__ = _public_dir(__name__)
 
 
 class ErrorCode(IntEnum):

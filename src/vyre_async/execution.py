@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.calibration import Calibration, calibration_for
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import InvalidProgram, UnsupportedFeature
@@ -40,6 +41,7 @@ __all__ = [
     "choose_execution_mode",
     "requested_mode",
 ]
+__dir__ = _public_dir(__name__)
 
 #: Reason used when the backend has no native path for a mode.
 UNSUPPORTED = "unsupported_by_backend"

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from vyre_async import telemetry
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.annotations import current_dispatch_attributes
 from vyre_async.cache.identity import policy_digest
 from vyre_async.capabilities import BackendCapabilities
@@ -47,6 +48,7 @@ from vyre_async.resident import ResidentBuffer
 from vyre_async.seams import BackendLike, PipelineLike
 
 __all__ = ["DispatchFrontEnd", "InputLike", "Launch", "LaunchTemplate", "as_config"]
+__dir__ = _public_dir(__name__)
 
 InputLike = np.ndarray | bytes | bytearray | memoryview | ResidentBuffer
 

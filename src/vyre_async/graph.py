@@ -61,6 +61,7 @@ import numpy as np
 from opentelemetry import trace
 
 from vyre_async import telemetry
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async._version import __version__
 from vyre_async.annotations import AttributeValue, dispatch_attributes
 from vyre_async.arguments import whole_number
@@ -99,6 +100,7 @@ __all__ = [
     "Residency",
     "summarize_arm",
 ]
+__dir__ = _public_dir(__name__)
 
 Residency = Literal["auto", "resident", "host"]
 _tracer = trace.get_tracer("vyre_async", __version__)

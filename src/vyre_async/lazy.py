@@ -14,7 +14,10 @@ import importlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
+from vyre_async._exports import public_dir
+
 __all__ = ["lazy_exports"]
+__dir__ = public_dir(__name__)
 
 
 def lazy_exports(
@@ -37,8 +40,10 @@ def lazy_exports(
         setattr(sys.modules[package], name, value)  # later lookups skip this hook
         return value
 
+    listed = public_dir(package)
+
     def __dir__() -> list[str]:
-        """List the module's attributes with every public name, loaded or not."""
-        return sorted(set(vars(sys.modules[package])) | set(public))
+        """List every public name, loaded or not, with the dunders and loaded submodules."""
+        return sorted(set(listed()) | set(public))
 
     return __getattr__, __dir__

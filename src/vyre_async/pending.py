@@ -20,7 +20,6 @@ Waiting costs what the waiting side needs and nothing more:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import sys
@@ -28,12 +27,16 @@ import threading
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.arguments import to_seconds
 from vyre_async.errors import BackendError, DispatchFailed, DispatchTimeout, InvalidProgram
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = [
     "DEFAULT_POLL_BUDGET_S",
@@ -43,6 +46,7 @@ __all__ = [
     "PendingDispatch",
     "ResultAlreadyTaken",
 ]
+__dir__ = _public_dir(__name__)
 
 Outputs = list[np.ndarray]
 #: Longest single blocking wait; longer waits loop (platform clocks overflow near 2**63 ns).
@@ -56,8 +60,14 @@ DEFAULT_POLL_BUDGET_S = 200e-6
 _MAX_POLL_SKIP = 4
 
 
-class ResultAlreadyTaken(RuntimeError):
-    """The result of a `PendingDispatch` was already taken (it can be taken once)."""
+class ResultAlreadyTaken(InvalidProgram, RuntimeError):
+    """The result of a `PendingDispatch` was already taken (it can be taken once).
+
+    A contract error like any other: code 1006 (`InvalidProgram`, the call broke
+    a rule of the API), and still a `RuntimeError` as it always was.
+    """
+
+    default_fix = "keep the outputs from the first await or result() call"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -345,8 +355,7 @@ class _Core:
         with self.lock:
             if self.taken:
                 raise ResultAlreadyTaken(
-                    f"the result of dispatch {self.describe()} was already taken\n"
-                    "Fix: keep the outputs from the first await or result() call"
+                    f"the result of dispatch {self.describe()} was already taken"
                 )
             self.taken = True
             outputs, error = self.outputs, self.error
@@ -516,9 +525,8 @@ class PendingDispatch:
     def __await__(self) -> Generator[Any, None, Outputs]:
         core = self._core
         if core.state is _PENDING and not self.done():
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # not asyncio: trio
+            loop = _asyncio_loop()
+            if loop is None:  # not asyncio: trio
                 yield from self._wait_trio().__await__()
             else:
                 if core.poll is not None:
@@ -821,13 +829,26 @@ def _report_callback_error(exc: BaseException) -> None:
     threading.excepthook(args)
 
 
+def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    """The running asyncio loop of this thread, or None.
+
+    asyncio is not imported for this: no asyncio loop can run in a process that
+    has not imported it (and vyre-async's import skips its ~20 ms).
+    """
+    module = sys.modules.get("asyncio")
+    if module is None:
+        return None
+    try:
+        loop: asyncio.AbstractEventLoop = module.get_running_loop()
+    except RuntimeError:  # no asyncio loop runs in this thread
+        return None
+    return loop
+
+
 def _running_library() -> str | None:
     """Return ``"asyncio"`` or ``"trio"`` when called inside that running loop, else None."""
-    try:
-        asyncio.get_running_loop()
+    if _asyncio_loop() is not None:
         return "asyncio"
-    except RuntimeError:
-        pass
     trio = sys.modules.get("trio")
     if trio is not None:
         try:

@@ -9,21 +9,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vyre_async import telemetry
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.annotations import dispatch_attributes
 from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import InvalidProgram
-from vyre_async.execution import choose_execution_mode, requested_mode
 from vyre_async.frontend import DispatchFrontEnd, InputLike, Launch
 from vyre_async.ir.program import Program
 from vyre_async.pending import PendingDispatch
-from vyre_async.policies.launch import ModeKind
 from vyre_async.seams import BackendLike
 
+if TYPE_CHECKING:
+    from vyre_async.policies.launch import ModeKind
+
 __all__ = ["CompiledPipeline", "InputLike", "Launch", "compile"]
+__dir__ = _public_dir(__name__)
 
 
 class CompiledPipeline:
@@ -141,6 +144,9 @@ class CompiledPipeline:
                 fix="pass [[a1, b1], [a2, b2], ...]: one list of inputs per dispatch",
             )
         items = list(batch)
+        # (imported with the first batch: the policies stay out of `import vyre_async`)
+        from vyre_async.execution import choose_execution_mode, requested_mode
+
         decision = choose_execution_mode(
             self.backend,
             batch_size=len(items),

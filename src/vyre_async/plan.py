@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram, host_out_of_memory
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import Access, BufferDecl, DType
@@ -29,6 +30,7 @@ __all__ = [
     "normalize_inputs",
     "plan_dispatch",
 ]
+__dir__ = _public_dir(__name__)
 
 HostInput = np.ndarray | bytes | bytearray | memoryview
 

@@ -20,13 +20,13 @@ reports the error itself).
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vyre_async import telemetry
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import InvalidProgram
@@ -40,13 +40,22 @@ from vyre_async.policies.shapes import (
 )
 
 if TYPE_CHECKING:
+    import logging
+
     from vyre_async.pending import PendingDispatch
     from vyre_async.seams import PipelineLike
     from vyre_async.store import PipelineStore
 
 __all__ = ["PrefetchJob", "PrefetchStats", "Prefetcher"]
+__dir__ = _public_dir(__name__)
 
-_log = logging.getLogger("vyre_async.prefetch")
+
+def _log() -> logging.Logger:
+    """This module's logger (``logging`` is imported on the first message, not at import)."""
+    import logging
+
+    return logging.getLogger("vyre_async.prefetch")
+
 
 ShapeFingerprint = tuple[bytes, tuple[int, int, int], tuple[int, int, int]]
 #: The outcome of every dispatch in the steady state: a hit, all of the window hits.
@@ -240,7 +249,7 @@ class Prefetcher:
                 self._annotate(pending, hit, rate)
             return job
         except Exception:  # never break a dispatch over bookkeeping
-            _log.warning("shape-prediction bookkeeping failed", exc_info=True)
+            _log().warning("shape-prediction bookkeeping failed", exc_info=True)
             return None
 
     @staticmethod
@@ -290,7 +299,7 @@ class Prefetcher:
                 else:
                     self._wake.notify()
         except Exception:  # pragma: no cover - e.g. no thread can be started
-            _log.warning("could not schedule a pipeline prefetch", exc_info=True)
+            _log().warning("could not schedule a pipeline prefetch", exc_info=True)
 
     # Worker -------------------------------------------------------------------------
     def _serve(self) -> None:
@@ -319,7 +328,7 @@ class Prefetcher:
         except Exception:
             with self._lock:
                 self._failures += 1
-            _log.warning(
+            _log().warning(
                 "background compile of predicted pipeline %s failed; the next dispatch "
                 "compiles it itself",
                 job.identity.hex[:16],

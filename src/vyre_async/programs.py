@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir import (
     Access,
@@ -49,6 +50,7 @@ __all__ = [
     "sum_reduction",
     "tiled_matmul",
 ]
+__dir__ = _public_dir(__name__)
 
 
 def elementwise_xor(n: int, *, workgroup: int = 64) -> Program:

@@ -7,30 +7,39 @@ small registration record. No GPU library is imported, no device opened.
 from __future__ import annotations
 
 import importlib
-import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import BackendError, BackendNotFound, InvalidProgram, UnsupportedFeature
 
 if TYPE_CHECKING:
+    import logging
+
     from vyre_async.backend import VyreBackend
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "BackendProbe",
     "BackendRegistration",
     "acquire_backend",
     "acquire_preferred_backend",
+    "probe_backend",
     "register_backend",
     "registered_backends",
 ]
+__dir__ = _public_dir(__name__)
 
 ENTRY_POINT_GROUP = "vyre_async.backends"
 
-_log = logging.getLogger("vyre_async.registry")
+
+def _log() -> logging.Logger:
+    """This module's logger (``logging`` is imported on the first message, not at import)."""
+    import logging
+
+    return logging.getLogger("vyre_async.registry")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +58,11 @@ class BackendRegistration:
             local device, and a remote worker choosing its own inner backend
             must not pick the pool it belongs to — but `acquire_backend` builds
             it by id, and the contract tests run on it.
+        probe: ``"package.module:callable"`` or a callable that checks, without
+            building the backend, whether it can start here: it returns when it
+            can and raises `UnsupportedFeature` (with a ``Fix:``) when it cannot.
+            None: the backend can start wherever its factory imports.
+            `probe_backend` calls it (``vyre-async info`` shows the verdicts).
     """
 
     id: str
@@ -57,6 +71,7 @@ class BackendRegistration:
     dispatches: bool = True
     is_reference: bool = False
     remote: bool = False
+    probe: str | Callable[[], object] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -75,18 +90,73 @@ class BackendRegistration:
                 f"got {self.factory!r}",
                 fix="pass the backend class or a function that builds it",
             )
+        probe = self.probe
+        if probe is not None and not (callable(probe) or (isinstance(probe, str) and ":" in probe)):
+            raise InvalidProgram(
+                f"backend {self.id!r}: probe must be a 'module:callable' path, a callable or "
+                f"None, got {probe!r}",
+                fix='write the probe as "package.module:callable", or leave it out',
+            )
 
     def load_factory(self) -> Callable[[], Any]:
         """Return the factory callable, importing its module if given as a path."""
-        if callable(self.factory):
-            return self.factory
-        module_name, _, attr = self.factory.partition(":")
-        target: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-        if not callable(target):
-            raise TypeError(f"backend {self.id!r}: {self.factory!r} is not callable")
-        return target  # type: ignore[no-any-return]
+        return _resolve(self.id, self.factory)
+
+
+def _resolve(backend_id: str, target: str | Callable[[], Any]) -> Callable[[], Any]:
+    """The callable ``target`` names (``"module:attr.path"``), imported on demand."""
+    if callable(target):
+        return target
+    module_name, _, attr = target.partition(":")
+    found: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        found = getattr(found, part)
+    if not callable(found):
+        raise TypeError(f"backend {backend_id!r}: {target!r} is not callable")
+    return found  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendProbe:
+    """Whether a registered backend can start on this machine (`probe_backend`).
+
+    Attributes:
+        id: The backend id.
+        usable: True when it can start here.
+        reason: Why it cannot (None when usable).
+        fix: What to do about it (None when usable).
+    """
+
+    id: str
+    usable: bool
+    reason: str | None = None
+    fix: str | None = None
+
+
+def probe_backend(registration: BackendRegistration) -> BackendProbe:
+    """Check, without building it, whether ``registration``'s backend can start here.
+
+    Runs the registration's ``probe`` (or, without one, imports its factory).
+    Never raises for a backend that cannot start: the verdict says why, with
+    the error's ``Fix``.
+    """
+    try:
+        if registration.probe is None:
+            registration.load_factory()
+        else:
+            _resolve(registration.id, registration.probe)()
+    except BackendError as exc:
+        text = str(exc)
+        reason, _, fix = text.rpartition("\nFix: ")
+        return BackendProbe(id=registration.id, usable=False, reason=reason or text, fix=fix)
+    except Exception as exc:  # a broken package: say what broke
+        return BackendProbe(
+            id=registration.id,
+            usable=False,
+            reason=f"{type(exc).__name__}: {exc}",
+            fix=f"reinstall the package that provides the {registration.id!r} backend",
+        )
+    return BackendProbe(id=registration.id, usable=True)
 
 
 _local: dict[str, BackendRegistration] = {}
@@ -116,6 +186,17 @@ def register_backend(registration: BackendRegistration, *, replace: bool = False
         _instances.pop(registration.id, None)
 
 
+def entry_points(*, group: str) -> Any:
+    """``importlib.metadata.entry_points(group=...)``, imported on the first listing.
+
+    (Importing ``importlib.metadata`` costs ~35 ms: paid by the first listing,
+    not by every ``import vyre_async``.)
+    """
+    from importlib.metadata import entry_points as lookup
+
+    return lookup(group=group)
+
+
 def registered_backends() -> list[BackendRegistration]:
     """Return every installed backend registration, sorted by ``(precedence, id)``.
 
@@ -129,17 +210,19 @@ def registered_backends() -> list[BackendRegistration]:
         try:
             record = ep.load()
         except Exception as exc:  # a broken third-party package must not break listing
-            _log.warning("skipping backend entry point %r: %s", ep.name, exc)
+            _log().warning("skipping backend entry point %r: %s", ep.name, exc)
             continue
         if not isinstance(record, BackendRegistration):
-            _log.warning(
+            _log().warning(
                 "skipping backend entry point %r: it names %r, not a BackendRegistration",
                 ep.name,
                 type(record).__name__,
             )
             continue
         if record.id in found:
-            _log.warning("duplicate backend id %r from entry point %r ignored", record.id, ep.name)
+            _log().warning(
+                "duplicate backend id %r from entry point %r ignored", record.id, ep.name
+            )
             continue
         found[record.id] = record
     with _lock:
@@ -221,7 +304,7 @@ def acquire_preferred_backend(*, allow_reference: bool = False) -> VyreBackend:
         try:
             started.append((reg, acquire_backend(reg.id)))
         except BackendError as exc:
-            _log.debug("backend %r unavailable: %s", reg.id, exc)
+            _log().debug("backend %r unavailable: %s", reg.id, exc)
             failures.append(f"- {reg.id}: " + str(exc).replace("\n", "\n    "))
     if started:
         reg, backend = min(
@@ -229,18 +312,28 @@ def acquire_preferred_backend(*, allow_reference: bool = False) -> VyreBackend:
         )
         return backend
     references = [r for r in registrations if r.is_reference and r.dispatches]
-    details = "\n".join(failures) or "no GPU dispatch backend is installed"
+    details = "\n".join(failures) or "- no GPU dispatch backend is installed"
     if allow_reference and references:
-        _log.warning(
-            "no GPU backend is usable; using the %r reference backend (numpy, CPU). Causes:\n%s",
+        _log().warning(
+            "no GPU backend can start here; dispatching on the CPU with the numpy reference "
+            "backend %r instead. Why each GPU backend did not start:\n%s",
             references[0].id,
             details,
         )
         return acquire_backend(references[0].id)
+    if failures:
+        fix = (
+            "apply the Fix listed above for the GPU backend you want, or pass "
+            "allow_reference=True to run on the numpy reference backend (CPU)"
+        )
+    else:
+        fix = (
+            "install a GPU backend, e.g. pip install 'vyre-async[cuda]' for NVIDIA GPUs, or "
+            "pass allow_reference=True to run on the numpy reference backend (CPU)"
+        )
     raise UnsupportedFeature(
         f"no usable GPU dispatch backend is available:\n{details}",
-        fix="repair the GPU driver probe as listed above, install vyre-async[cuda], "
-        "or pass allow_reference=True to run on the numpy reference backend",
+        fix=fix,
         failures=tuple(failures),
     )
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from vyre_async._exports import public_dir as _public_dir
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from vyre_async.resident import ResidentBuffer
 
 __all__ = ["BackendLike", "PipelineLike"]
+__dir__ = _public_dir(__name__)
 
 
 class PipelineLike(Protocol):

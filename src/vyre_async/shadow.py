@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.backend import VyreBackend, ops_used
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
@@ -35,6 +36,7 @@ __all__ = [
     "assert_conformance",
     "compare_outputs",
 ]
+__dir__ = _public_dir(__name__)
 
 _log = logging.getLogger("vyre_async.shadow")
 DEFAULT_ULP_BUDGET = 2

@@ -14,10 +14,9 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
-from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vyre_async.cache.disk import DiskPipelineCache, PipelineCacheWarning
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.cache.identity import PipelineIdentity, pipeline_identity, policy_digest
 from vyre_async.cache.memory import MemoryPipelineCache
 from vyre_async.config import DispatchConfig
@@ -30,7 +29,13 @@ from vyre_async.ir.walk import iter_exprs
 from vyre_async.pipeline import CompiledPipeline
 from vyre_async.seams import BackendLike
 
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from vyre_async.cache.disk import DiskPipelineCache
+
 __all__ = ["PipelineStore", "ops_used"]
+__dir__ = _public_dir(__name__)
 
 
 def ops_used(program: Program) -> frozenset[str]:
@@ -175,6 +180,8 @@ class PipelineStore:
                 return ready
             running = self._compiling.get(digest)
             if running is None:
+                from concurrent.futures import Future  # (on a compile, not at import)
+
                 mine: Future[CompiledPipeline] = Future()
                 self._compiling[digest] = mine
         if running is not None:
@@ -215,6 +222,8 @@ class PipelineStore:
                 try:
                     return make(backend.load_pipeline(payload, program, config), 0.0, "disk")
                 except Exception as exc:  # a bad entry is a miss, then overwritten
+                    from vyre_async.cache.disk import PipelineCacheWarning
+
                     warnings.warn(
                         f"pipeline cache entry {identity.hex} could not be loaded by backend "
                         f"{backend.id!r} ({type(exc).__name__}: {exc}); recompiling",

@@ -21,6 +21,13 @@ Metrics are labelled by backend id and op id, never by fingerprint (bounded
 cardinality); counts and bytes are tallied in-process and read by observable
 counters at collection, the two histograms get one point each per dispatch with
 attribute sets built once per launch shape.
+
+``opentelemetry-api`` itself is imported on first need, not with vyre-async: an
+SDK can only be installed by code that imports ``opentelemetry`` first, so until
+``opentelemetry.trace`` or ``opentelemetry.metrics`` is in ``sys.modules`` (or
+``OTEL_PYTHON_TRACER_PROVIDER``/``OTEL_PYTHON_METER_PROVIDER`` names a provider)
+no dispatch can be recorded, and a process that never traces never pays the
+import (`_load_api`).
 """
 
 from __future__ import annotations
@@ -33,19 +40,17 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import opentelemetry.metrics._internal as _metrics_api
-import opentelemetry.trace as _trace_api
-from opentelemetry import metrics, trace
-from opentelemetry.context import Context, get_current
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.trace import Span, Status, StatusCode
-from opentelemetry.util.types import AttributeValue
-
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async._version import __version__
 from vyre_async.errors import DispatchTimeout, InvalidProgram
 from vyre_async.ir.program import Program
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.metrics import CallbackOptions, Observation
+    from opentelemetry.trace import Span
+    from opentelemetry.util.types import AttributeValue
+
     from vyre_async.pending import DispatchRecord, PendingDispatch
 
 __all__ = [
@@ -65,6 +70,7 @@ __all__ = [
     "start_dispatch",
     "trace_detail",
 ]
+__dir__ = _public_dir(__name__)
 
 SPAN_NAME = "vyre.dispatch"
 #: Phases of a dispatch, in the order they usually happen (child span names with the
@@ -75,10 +81,6 @@ PHASE_ATTRIBUTES = {name: f"vyre.phase.{name.removeprefix('vyre.')}_s" for name 
 #: Tracing details: ``"span"`` (one span per dispatch, phases as attributes; the
 #: default) and ``"phases"`` (the phases also as child spans).
 TRACE_DETAILS = ("span", "phases")
-
-_tracer = trace.get_tracer("vyre_async", __version__)
-_meter = metrics.get_meter("vyre_async", __version__)
-
 
 _COUNTERS = {
     "vyre.dispatch.count": ("{dispatch}", "Dispatches by outcome (vyre.status)"),
@@ -117,6 +119,8 @@ class _Tallies:
                 series[key] = series.get(key, 0) + amount
 
     def observe(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        from opentelemetry.metrics import Observation
+
         def callback(_options: CallbackOptions) -> Iterable[Observation]:
             with self._lock:
                 items = list(self._sums[name].items())
@@ -126,27 +130,100 @@ class _Tallies:
 
 
 _tallies = _Tallies()
-for _name, (_unit, _description) in _COUNTERS.items():
-    _meter.create_observable_counter(
-        _name, callbacks=[_tallies.observe(_name)], unit=_unit, description=_description
-    )
 #: Histogram bucket bounds in seconds, 10 µs to 10 s (the SDK default suits milliseconds).
 SECONDS_BUCKETS = (
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
     2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
-_latency = _meter.create_histogram(
-    "vyre.dispatch.duration",
-    unit="s",
-    description="dispatch() to result ready, host clock",
-    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+
+# The OpenTelemetry API and vyre's tracer, meter and instruments: None until
+# `_load_api` (see the module docstring).
+trace: Any = None
+metrics: Any = None
+_trace_api: Any = None
+_metrics_api: Any = None
+get_current: Any = None
+Status: Any = None
+StatusCode: Any = None
+_tracer: Any = None
+_meter: Any = None
+_latency: Any = None
+_device: Any = None
+_INERT_TRACER_PROVIDERS: tuple[type, ...] = ()
+_INERT_METER_PROVIDERS: tuple[type, ...] = ()
+_api_loaded = False
+_api_lock = threading.Lock()
+#: Providers named in the environment are loaded by the API without the
+#: application importing it: then the API is loaded at import, as it always was.
+_PROVIDERS_FROM_ENV = bool(
+    os.environ.get("OTEL_PYTHON_TRACER_PROVIDER") or os.environ.get("OTEL_PYTHON_METER_PROVIDER")
 )
-_device = _meter.create_histogram(
-    "vyre.dispatch.device_time",
-    unit="s",
-    description="Execution time measured by the backend",
-    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
-)
+
+
+def _api_in_use() -> bool:
+    """True once anything imported the API's trace or metrics module (or the env names one)."""
+    modules = sys.modules
+    return (
+        "opentelemetry.trace" in modules
+        or "opentelemetry.metrics" in modules
+        or _PROVIDERS_FROM_ENV
+    )
+
+
+def _load_api() -> None:
+    """Import the OpenTelemetry API and make vyre's tracer, meter and instruments (once)."""
+    global trace, metrics, _trace_api, _metrics_api, get_current, Status, StatusCode
+    global _tracer, _meter, _latency, _device, _INERT_TRACER_PROVIDERS, _INERT_METER_PROVIDERS
+    global _api_loaded
+    with _api_lock:
+        if _api_loaded:
+            return
+        import opentelemetry.metrics as metrics_module
+        import opentelemetry.metrics._internal as metrics_internal
+        import opentelemetry.trace as trace_module
+        from opentelemetry.context import get_current as current
+
+        tracer = trace_module.get_tracer("vyre_async", __version__)
+        meter = metrics_module.get_meter("vyre_async", __version__)
+        for name, (unit, description) in _COUNTERS.items():
+            meter.create_observable_counter(
+                name, callbacks=[_tallies.observe(name)], unit=unit, description=description
+            )
+        latency = meter.create_histogram(
+            "vyre.dispatch.duration",
+            unit="s",
+            description="dispatch() to result ready, host clock",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+        )
+        device = meter.create_histogram(
+            "vyre.dispatch.device_time",
+            unit="s",
+            description="Execution time measured by the backend",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+        )
+        # The API's stand-ins until an application installs an SDK (set once, never unset).
+        _INERT_TRACER_PROVIDERS = (
+            trace_module.ProxyTracerProvider,
+            trace_module.NoOpTracerProvider,
+        )
+        _INERT_METER_PROVIDERS = (
+            metrics_module.NoOpMeterProvider,
+            type(
+                getattr(
+                    metrics_internal, "_PROXY_METER_PROVIDER", metrics_module.NoOpMeterProvider()
+                )
+            ),
+        )
+        trace, metrics = trace_module, metrics_module
+        _trace_api, _metrics_api = trace_module, metrics_internal
+        get_current = current
+        Status, StatusCode = trace_module.Status, trace_module.StatusCode
+        _tracer, _meter, _latency, _device = tracer, meter, latency, device
+        _api_loaded = True
+
+
+if _PROVIDERS_FROM_ENV:
+    _load_api()
 
 
 _enabled = os.environ.get("VYRE_TELEMETRY", "on").strip().lower() not in ("0", "off", "false", "no")
@@ -185,12 +262,6 @@ def _labels(backend_id: str, program: Program) -> tuple[tuple[str, str], ...]:
     return labels
 
 
-# The API's stand-ins until an application installs an SDK (set once, never unset).
-_INERT_TRACER_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
-_INERT_METER_PROVIDERS: tuple[type, ...] = (
-    metrics.NoOpMeterProvider,
-    type(getattr(_metrics_api, "_PROXY_METER_PROVIDER", metrics.NoOpMeterProvider())),
-)
 _tracing = False
 _metering = False
 _UNKNOWN = object()
@@ -224,6 +295,10 @@ def _sdk_installed() -> tuple[bool, bool]:
     global _tracing, _metering, _seen
     if _tracing and _metering:
         return True, True
+    if not _api_loaded:
+        if not _api_in_use():  # nobody imported the API: no SDK can be installed
+            return False, False
+        _load_api()
     tracer_provider = getattr(_trace_api, "_TRACER_PROVIDER", _UNKNOWN)
     meter_provider = getattr(_metrics_api, "_METER_PROVIDER", _UNKNOWN)
     seen = _seen
@@ -464,7 +539,7 @@ def _program_attributes(backend_id: str, program: Any) -> dict[str, AttributeVal
 
 
 def _open(started: DispatchTrace, attributes: Mapping[str, AttributeValue]) -> Span:
-    return _tracer.start_span(
+    span: Span = _tracer.start_span(
         SPAN_NAME,
         context=started.parent,
         attributes=attributes,
@@ -472,6 +547,7 @@ def _open(started: DispatchTrace, attributes: Mapping[str, AttributeValue]) -> S
         record_exception=False,
         set_status_on_exception=False,
     )
+    return span
 
 
 def fail_before_launch(

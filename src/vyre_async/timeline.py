@@ -31,7 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from vyre_async._exports import public_dir as _public_dir
+
 __all__ = ["Span", "TimelineReport", "read_otlp_json", "to_trace_events", "write_timeline"]
+__dir__ = _public_dir(__name__)
 
 #: Phase attribute, in the order phases happen within a dispatch.
 _PHASES = (

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from vyre_async import telemetry
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.arguments import duration
 from vyre_async.errors import InvalidProgram, UnsupportedFeature
 
@@ -54,6 +55,7 @@ except ImportError as exc:  # pragma: no cover - the dev and telemetry extras ha
     ) from exc
 
 __all__ = ["OtlpJsonFileExporter", "TRACE_CHOICES", "configure_tracing", "spans_to_otlp_json"]
+__dir__ = _public_dir(__name__)
 
 TRACE_CHOICES = ("none", "console", "otlp", "file:PATH")
 

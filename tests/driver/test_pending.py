@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 from typing import Any
@@ -11,7 +12,14 @@ import numpy as np
 import pytest
 
 from tests.driver.fakes import BytesBackend
-from vyre_async import DispatchConfig, DispatchFailed, DispatchTimeout, ErrorCode, Launch
+from vyre_async import (
+    BackendError,
+    DispatchConfig,
+    DispatchFailed,
+    DispatchTimeout,
+    ErrorCode,
+    Launch,
+)
 from vyre_async.pending import PendingDispatch, ResultAlreadyTaken
 from vyre_async.programs import elementwise_xor
 
@@ -68,8 +76,14 @@ async def test_result_can_be_taken_once() -> None:
     pending, completer = PendingDispatch.create()
     completer.resolve(OUT)
     await pending
-    with pytest.raises(ResultAlreadyTaken, match="Fix:"):
+    with pytest.raises(ResultAlreadyTaken, match="Fix:") as info:
         await pending
+    # A contract error like the others (docs/error-codes.md), and the RuntimeError it was.
+    error = info.value
+    assert isinstance(error, BackendError) and isinstance(error, RuntimeError)
+    assert error.code is ErrorCode.InvalidProgram
+    assert str(error).endswith("Fix: keep the outputs from the first await or result() call")
+    assert str(pickle.loads(pickle.dumps(error))) == str(error)
     with pytest.raises(ResultAlreadyTaken):
         pending.result()
 

@@ -580,6 +580,22 @@ def test_validate_or_raise_returns_a_valid_program() -> None:
     assert validate_or_raise(p) is p
 
 
+def test_validate_or_raise_says_one_rules_fix_once() -> None:
+    p = program([Store("src", u32(0), u32(1))])
+
+    with pytest.raises(InvalidProgram) as info:
+        validate_or_raise(p)
+
+    (only,) = info.value.diagnostics  # type: ignore[attr-defined]
+    text = str(info.value)
+    assert text.count("Fix:") == 1
+    assert text.splitlines() == [
+        "program breaks 1 validation rule:",
+        f"{only.code} at {only.path}: {only.message}",
+        f"Fix: {only.fix}",
+    ]
+
+
 def test_validate_or_raise_lists_every_diagnostic() -> None:
     p = program([Store("src", u32(0), u32(1)), store(Var("nope"))])
 

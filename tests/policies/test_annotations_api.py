@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import pkgutil
 
 import anyio
 import pytest
@@ -31,6 +32,13 @@ def test_every_specified_name_is_exported() -> None:
 
 
 def test_public_names_are_exactly_all() -> None:
+    # The package loads its names on first use (PEP 562): dir() lists them all
+    # before, and once each is used vars() holds exactly them.
+    submodules = {info.name for info in pkgutil.iter_modules(policies.__path__)}
+    listed = {n for n in dir(policies) if not n.startswith("_")} - submodules
+    assert listed == set(policies.__all__)
+    for name in policies.__all__:
+        getattr(policies, name)
     public = {
         name
         for name, value in vars(policies).items()

@@ -39,6 +39,7 @@ import anyio
 import numpy as np
 
 from vyre_async import __version__
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.backend import VyreBackend, poll_until
 from vyre_async.cache.disk import DiskPipelineCache
 from vyre_async.calibration import (
@@ -90,6 +91,7 @@ from vyre_cupy.prelude import PRELUDE_DIGEST
 from vyre_cupy.streams import DEFAULT_STREAMS
 
 __all__ = ["CudaKernel", "CupyBackend", "create_backend"]
+__dir__ = _public_dir(__name__)
 
 _log = logging.getLogger("vyre_async.cupy")
 

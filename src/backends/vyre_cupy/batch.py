@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import BackendError
 from vyre_async.pipeline import Launch
 from vyre_async.policies.arms import ArmSummary
@@ -59,6 +60,7 @@ __all__ = [
     "graph_for",
     "persistent_blocks",
 ]
+__dir__ = _public_dir(__name__)
 
 #: Captured graphs kept per kernel (one per launch shape; least recently used dropped).
 GRAPHS_PER_KERNEL = 8

@@ -46,6 +46,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir.expr import (
     Atomic,
@@ -75,6 +76,7 @@ __all__ = [
     "generate",
     "sanitize",
 ]
+__dir__ = _public_dir(__name__)
 
 #: Bump whenever generated code changes for the same program (part of the cache identity).
 CODEGEN_VERSION = f"2.{PRELUDE_VERSION}"

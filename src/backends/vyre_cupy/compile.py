@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import KernelCompileFailed, UnsupportedFeature
 from vyre_cupy.codegen import KernelSource
 
@@ -36,6 +37,7 @@ __all__ = [
     "encode_kernel",
     "load_function",
 ]
+__dir__ = _public_dir(__name__)
 
 #: NVRTC options: IEEE-exact f32 (no FMA contraction, subnormals kept, correctly
 #: rounded division and square root), C++17. The architecture is added per device.

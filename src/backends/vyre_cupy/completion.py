@@ -44,7 +44,10 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Protocol
 
+from vyre_async._exports import public_dir as _public_dir
+
 __all__ = ["IDLE_LINGER_S", "IDLE_SLICE_S", "CompletionBridge", "Watch"]
+__dir__ = _public_dir(__name__)
 
 #: After its last watch finished, the thread looks for new work every IDLE_SLICE_S
 #: for IDLE_LINGER_S (so a busy stream of dispatches needs no wake-up per

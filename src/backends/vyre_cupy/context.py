@@ -29,6 +29,7 @@ from collections import deque
 from types import ModuleType, TracebackType
 from typing import Any, Literal
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import BackendError, DeviceLost
 from vyre_cupy.completion import CompletionBridge
 from vyre_cupy.device import DeviceInfo
@@ -36,6 +37,7 @@ from vyre_cupy.errors import is_device_lost, translate
 from vyre_cupy.streams import StreamPool
 
 __all__ = ["DeviceContext", "ErrorScope"]
+__dir__ = _public_dir(__name__)
 
 _log = logging.getLogger("vyre_async.cupy")
 #: Recycled CUDA events kept at most.

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.ir.limits import MAX_WORKGROUP_BYTES, MAX_WORKGROUP_LANES
 from vyre_cupy.errors import startup_failure
 
 __all__ = ["DeviceInfo", "capabilities_of", "import_cupy", "nvrtc_module", "probe"]
+__dir__ = _public_dir(__name__)
 
 #: Counts reach kernels as u32 words, so one buffer holds at most 2**32 - 1 elements.
 _MAX_BUFFER_BYTES = 4 * (2**32 - 1)

@@ -16,6 +16,7 @@ error is raised ``from`` the original and carries the CUDA status, if any, as
 
 from __future__ import annotations
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import (
     BackendError,
     DeviceLost,
@@ -33,11 +34,13 @@ __all__ = [
     "startup_failure",
     "translate",
 ]
+__dir__ = _public_dir(__name__)
 
-#: How to install CuPy for vyre-async.
+#: How to install CuPy for vyre-async. (How to run on the CPU instead is the
+#: caller's to say: `acquire_preferred_backend` names ``allow_reference=True``.)
 INSTALL_FIX = (
     "install CuPy for your CUDA version: pip install 'vyre-async[cuda]' (CUDA 13) or "
-    "'vyre-async[cuda12]' (CUDA 12), or pass allow_reference=True to run on the CPU"
+    "'vyre-async[cuda12]' (CUDA 12)"
 )
 
 #: cudaErrorMemoryAllocation (runtime) and CUDA_ERROR_OUT_OF_MEMORY (driver) share 2.
@@ -64,12 +67,10 @@ _NO_DEVICE = frozenset({100, 101})  # no device, invalid device
 _BAD_DRIVER = frozenset({3, 34, 35, 803, 804})  # init error, stub library, too old, mismatch
 _STARTUP_FIXES = {
     "no-cupy": INSTALL_FIX,
-    "no-driver": "install or repair the NVIDIA driver (`nvidia-smi` must list the GPU), or "
-    "pass allow_reference=True to run on the CPU",
+    "no-driver": "install or repair the NVIDIA driver (`nvidia-smi` must list the GPU)",
     "old-driver": "update the NVIDIA driver, or install the CuPy wheel built for the CUDA "
     "version your driver supports (vyre-async[cuda12] for CUDA 12 drivers)",
-    "no-device": "check that a GPU is visible (nvidia-smi, CUDA_VISIBLE_DEVICES), or pass "
-    "allow_reference=True to run on the CPU",
+    "no-device": "check that a GPU is visible (nvidia-smi, CUDA_VISIBLE_DEVICES)",
 }
 
 

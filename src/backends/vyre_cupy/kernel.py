@@ -27,11 +27,13 @@ from typing import Any
 
 import numpy as np
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_cupy.codegen import KernelSource
 from vyre_cupy.compile import CompiledKernel
 from vyre_cupy.layout import ArenaLayout
 
 __all__ = ["CapturedGraph", "CudaKernel", "LaunchTemplate", "OutputSlot"]
+__dir__ = _public_dir(__name__)
 
 
 @dataclass(frozen=True, slots=True)

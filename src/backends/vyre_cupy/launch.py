@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import DispatchTimeout
 from vyre_async.ir.types import Access
 from vyre_async.pipeline import Launch
@@ -64,6 +65,7 @@ __all__ = [
     "template_for",
     "timeout_error",
 ]
+__dir__ = _public_dir(__name__)
 
 _log = logging.getLogger("vyre_async.cupy")
 #: Launch templates kept per kernel (one per set of buffer counts; oldest dropped).

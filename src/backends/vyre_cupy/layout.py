@@ -23,9 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.ir.types import Access
 
 __all__ = ["ALIGN", "ArenaLayout", "Slot", "Source", "plan_layout"]
+__dir__ = _public_dir(__name__)
 
 #: Byte alignment of every buffer inside the arena (cudaMalloc's alignment).
 ALIGN = 256

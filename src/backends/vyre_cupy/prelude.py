@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import blake3
 
+from vyre_async._exports import public_dir as _public_dir
+
 __all__ = ["PRELUDE", "PRELUDE_DIGEST", "PRELUDE_VERSION"]
+__dir__ = _public_dir(__name__)
 
 #: The prelude's revision, for people (its comment line and `CODEGEN_VERSION`); the
 #: cache identity follows `PRELUDE_DIGEST`, so an edit without a bump is still a miss.

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.registry import BackendRegistration
 
 __all__ = ["REGISTRATION"]
+__dir__ = _public_dir(__name__)
 
 REGISTRATION = BackendRegistration(
     id="cupy",
@@ -12,4 +14,5 @@ REGISTRATION = BackendRegistration(
     precedence=10,
     dispatches=True,
     is_reference=False,
+    probe="vyre_cupy.device:probe",  # imports CuPy and asks the driver; builds nothing
 )

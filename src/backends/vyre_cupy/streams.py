@@ -14,7 +14,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from vyre_async._exports import public_dir as _public_dir
+
 __all__ = ["DEFAULT_STREAMS", "StreamPool"]
+__dir__ = _public_dir(__name__)
 
 #: Streams per backend unless configured otherwise.
 DEFAULT_STREAMS = 8

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from vyre_async._exports import public_dir as _public_dir
+
 if TYPE_CHECKING:
     from vyre_ray.backend import RayBackend, WorkerInfo, create_backend
 
 __all__ = ["RayBackend", "WorkerInfo", "create_backend"]
+__dir__ = _public_dir(__name__)
 
 
 def __getattr__(name: str) -> Any:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import importlib.util
 import logging
 import os
 import threading
@@ -39,6 +40,7 @@ import numpy as np
 from opentelemetry import propagate, trace
 
 from vyre_async import __version__
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.backend import VyreBackend, poll_until
 from vyre_async.capabilities import FEATURES, BackendCapabilities
 from vyre_async.config import DispatchConfig
@@ -50,6 +52,7 @@ from vyre_ray.errors import UnknownProgram, cause_of, not_installed, translate
 from vyre_ray.worker import PROGRAMS_KEPT
 
 __all__ = ["TASK_RETRIES", "RayBackend", "WorkerInfo", "cluster_target", "create_backend"]
+__dir__ = _public_dir(__name__)
 
 _log = logging.getLogger("vyre_async.ray")
 
@@ -134,6 +137,19 @@ class _Call:
     shipped: _Shipped
     inputs: list[np.ndarray]
     carrier: dict[str, str]
+
+
+def probe(environ: Mapping[str, str] | None = None) -> None:
+    """Check that the ``ray`` backend could start here, without importing Ray or connecting.
+
+    Raises:
+        UnsupportedFeature: Ray is not installed, or no cluster is named (neither
+            ``RAY_ADDRESS`` nor ``VYRE_RAY_LOCAL_WORKERS``).
+        InvalidProgram: ``VYRE_RAY_LOCAL_WORKERS`` is not a whole number >= 1.
+    """
+    if importlib.util.find_spec("ray") is None:
+        raise not_installed(ModuleNotFoundError("No module named 'ray'"))
+    cluster_target(None, None, os.environ if environ is None else environ)
 
 
 def _import_ray() -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import (
     BackendError,
     DeviceLost,
@@ -11,6 +12,7 @@ from vyre_async.errors import (
 )
 
 __all__ = ["UnknownProgram", "cause_of", "not_installed", "translate"]
+__dir__ = _public_dir(__name__)
 
 
 class UnknownProgram(Exception):

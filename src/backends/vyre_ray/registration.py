@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.registry import BackendRegistration
 
 __all__ = ["REGISTRATION"]
+__dir__ = _public_dir(__name__)
 
 REGISTRATION = BackendRegistration(
     id="ray",
@@ -13,4 +15,5 @@ REGISTRATION = BackendRegistration(
     dispatches=True,
     is_reference=False,
     remote=True,  # never picked by acquire_preferred_backend: asked for by id only
+    probe="vyre_ray.backend:probe",  # Ray installed, a cluster named; connects to nothing
 )

@@ -19,12 +19,14 @@ from typing import Any
 import numpy as np
 from opentelemetry import context, propagate
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.config import DispatchConfig
 from vyre_async.ir.program import Program
 from vyre_async.registry import acquire_backend, acquire_preferred_backend
 from vyre_ray.errors import UnknownProgram
 
 __all__ = ["PROGRAMS_KEPT", "Worker"]
+__dir__ = _public_dir(__name__)
 
 #: Programs a worker keeps by fingerprint (and so pipelines its backend keeps warm).
 PROGRAMS_KEPT = 256

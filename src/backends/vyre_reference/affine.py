@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vyre_async._exports import public_dir as _public_dir
+
 __all__ = ["Affine", "AXES_ZERO"]
+__dir__ = _public_dir(__name__)
 
 AXES_ZERO: tuple[int, int, int] = (0, 0, 0)
 _REDUCE_AT = 1 << 40

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.ir.ops import BinOp, UnOp
 from vyre_async.ir.types import DType
 
@@ -37,6 +38,7 @@ __all__ = [
     "truth",
     "unary_op",
 ]
+__dir__ = _public_dir(__name__)
 
 #: A lane value held as a numpy scalar (uniform) or array (per lane).
 Value = npt.NDArray[Any] | np.generic

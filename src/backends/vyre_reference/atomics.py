@@ -22,11 +22,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.ir.ops import AtomicOp
 from vyre_reference.affine import Affine
 from vyre_reference.lanes import GridLanes, LaneSet
 
 __all__ = ["apply_atomic"]
+__dir__ = _public_dir(__name__)
 
 _M32 = np.uint64(0xFFFF_FFFF)
 _U32_KEYS = 1 << 32  # targets smaller than this use uint32 addresses (cheaper than int64)

@@ -27,6 +27,7 @@ import anyio
 import numpy as np
 
 from vyre_async import __version__
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.arguments import whole_number
 from vyre_async.backend import VyreBackend, poll_until
 from vyre_async.calibration import Calibration, measure_host_costs
@@ -55,6 +56,7 @@ from vyre_reference.engine import run_plan
 from vyre_reference.workers import WorkerPool
 
 __all__ = ["ReferenceBackend"]
+__dir__ = _public_dir(__name__)
 
 _log = logging.getLogger("vyre_async.reference")
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir.expr import (
     Atomic,
@@ -48,6 +49,7 @@ from vyre_reference.lanes import FlatLanes, GridLanes, LaneSet
 from vyre_reference.memory import load_global, load_workgroup, store_global, store_workgroup
 
 __all__ = ["Body", "CompiledProgram", "cache_clear", "cache_info", "compile_program"]
+__dir__ = _public_dir(__name__)
 
 ExprFn = Callable[[Frame], Any]
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import Access
@@ -25,6 +26,7 @@ from vyre_reference.lanes import GridLanes
 from vyre_reference.memory import LaunchState
 
 __all__ = ["execute", "run_plan"]
+__dir__ = _public_dir(__name__)
 
 
 def execute(

@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_reference.lanes import GridLanes, LaneSet, as_selector
 
 if TYPE_CHECKING:
     from vyre_reference.memory import LaunchState
 
 __all__ = ["COMPACT_BELOW", "Env", "Frame", "StmtFn", "branch", "merge", "run_body"]
+__dir__ = _public_dir(__name__)
 
 #: Compact a divergent branch into its own lane list when fewer than this share of lanes runs it.
 COMPACT_BELOW = 0.25

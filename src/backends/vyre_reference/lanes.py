@@ -27,9 +27,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_reference.affine import Affine
 
 __all__ = ["FlatLanes", "GridLanes", "LaneSet", "Selector", "as_selector", "selector_len"]
+__dir__ = _public_dir(__name__)
 
 #: A subset of one axis: a step-1 slice or an increasing int64 index array.
 Selector = slice | npt.NDArray[np.int64]

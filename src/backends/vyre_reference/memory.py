@@ -22,11 +22,13 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import as_strided
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_reference.affine import Affine
 from vyre_reference.cancel import Cancelled
 from vyre_reference.lanes import FlatLanes, GridLanes, LaneSet
 
 __all__ = ["LaunchState", "load_global", "load_workgroup", "store_global", "store_workgroup"]
+__dir__ = _public_dir(__name__)
 
 _MOD = 1 << 32
 

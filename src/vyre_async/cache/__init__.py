@@ -1,11 +1,5 @@
 """Pipeline caches: identity, the in-memory LRU and the on-disk store."""
 
-from vyre_async.cache.disk import (
-    DiskCacheInfo,
-    DiskPipelineCache,
-    PipelineCacheWarning,
-    default_cache_root,
-)
 from vyre_async.cache.identity import (
     CACHE_KEY_VERSION,
     MISS_REASONS,
@@ -15,6 +9,7 @@ from vyre_async.cache.identity import (
     policy_digest,
 )
 from vyre_async.cache.memory import CacheStats, MemoryPipelineCache
+from vyre_async.lazy import lazy_exports as _lazy_exports
 
 __all__ = [
     "CACHE_KEY_VERSION",
@@ -30,3 +25,11 @@ __all__ = [
     "pipeline_identity",
     "policy_digest",
 ]
+# The disk cache (and pathlib with it) loads on first use, not with `import vyre_async`.
+__getattr__, __dir__ = _lazy_exports(
+    __name__,
+    dict.fromkeys(
+        ("DiskCacheInfo", "DiskPipelineCache", "PipelineCacheWarning", "default_cache_root"), "disk"
+    ),
+    __all__,
+)

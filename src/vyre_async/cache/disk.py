@@ -70,6 +70,7 @@ from typing import BinaryIO
 
 import blake3
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.arguments import whole_number
 from vyre_async.cache.files import (
     STALE_TEMP_SECONDS,
@@ -95,6 +96,7 @@ __all__ = [
     "PipelineCacheWarning",
     "default_cache_root",
 ]
+__dir__ = _public_dir(__name__)
 
 ENTRY_FORMAT_VERSION = 1
 DEFAULT_MAX_BYTES = 1 << 30

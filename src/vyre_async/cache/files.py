@@ -29,13 +29,13 @@ import contextlib
 import errno
 import os
 import re
-import secrets
 import stat
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "unlink_unchanged",
     "writer_alive",
 ]
+__dir__ = _public_dir(__name__)
 
 STALE_TEMP_SECONDS = 3600.0
 """A temp file older than this (seconds since its last write) is reclaimed whoever wrote it."""
@@ -217,7 +218,7 @@ def create_temp(directory: str | os.PathLike[str], prefix: str) -> tuple[int, Pa
         OSError: It could not be created.
     """
     for _ in range(8):
-        tmp = Path(directory) / f"{prefix}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
+        tmp = Path(directory) / f"{prefix}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
         try:
             return os.open(tmp, _TEMP_FLAGS, 0o600), tmp
         except FileExistsError:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import blake3
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.config import DispatchConfig
 from vyre_async.ir.program import Program
 
@@ -26,6 +27,7 @@ __all__ = [
     "pipeline_identity",
     "policy_digest",
 ]
+__dir__ = _public_dir(__name__)
 
 #: Bump when anything about how identities are computed changes.
 CACHE_KEY_VERSION = 1

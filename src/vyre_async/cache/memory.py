@@ -7,10 +7,12 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.arguments import whole_number
 from vyre_async.cache.identity import PipelineIdentity, classify_miss
 
 __all__ = ["CacheStats", "MemoryPipelineCache"]
+__dir__ = _public_dir(__name__)
 
 T = TypeVar("T")
 

@@ -1,5 +1,6 @@
 """The Program IR: types, expressions, statements, programs, validation and the wire form."""
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.ir.expr import (
     Atomic,
     Bin,
@@ -68,3 +69,4 @@ __all__ = [
     "validate_or_raise",
     "wgid",
 ]
+__dir__ = _public_dir(__name__)

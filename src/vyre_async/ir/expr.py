@@ -17,6 +17,7 @@ import struct
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir.ops import AtomicOp, BinOp, BuiltinKind, UnOp
 from vyre_async.ir.types import BufferDecl, DType, _enum
@@ -44,6 +45,7 @@ __all__ = [
     "u32",
     "wgid",
 ]
+__dir__ = _public_dir(__name__)
 
 _CANONICAL_NAN_BITS = 0x7FC0_0000
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir.expr import (
     Atomic,
@@ -27,6 +28,7 @@ from vyre_async.ir.ops import bin_result, un_result
 from vyre_async.ir.types import BufferDecl, DType
 
 __all__ = ["expr_dtype"]
+__dir__ = _public_dir(__name__)
 
 
 def expr_dtype(

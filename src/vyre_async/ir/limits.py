@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from vyre_async._exports import public_dir as _public_dir
+
 __all__ = [
     "MAX_BUFFERS",
     "MAX_BUFFER_ELEMENTS",
@@ -12,6 +14,7 @@ __all__ = [
     "MAX_WORKGROUP_BYTES",
     "MAX_WORKGROUP_LANES",
 ]
+__dir__ = _public_dir(__name__)
 
 #: Deepest statement nesting (If/Loop/Block inside each other).
 MAX_STMT_DEPTH = 64

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.ir.types import DType
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "un_operand_types",
     "un_result",
 ]
+__dir__ = _public_dir(__name__)
 
 
 class BinOp(StrEnum):

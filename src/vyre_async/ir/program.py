@@ -8,11 +8,13 @@ from typing import Any, cast
 
 import numpy as np
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir.stmt import Body, Stmt, as_body
 from vyre_async.ir.types import Access, BufferDecl
 
 __all__ = ["Program"]
+__dir__ = _public_dir(__name__)
 
 
 def _workgroup(value: object) -> tuple[int, int, int]:

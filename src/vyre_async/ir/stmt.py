@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir.expr import Expr, ExprLike, _buffer_name, _set, lift
 from vyre_async.ir.types import BufferDecl
@@ -23,6 +24,7 @@ __all__ = [
     "Store",
     "as_body",
 ]
+__dir__ = _public_dir(__name__)
 
 
 def _name(value: object, what: str) -> str:

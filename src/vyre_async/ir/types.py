@@ -8,9 +8,11 @@ from typing import TypeVar
 
 import numpy as np
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 
 __all__ = ["Access", "BufferDecl", "DType", "as_dtype"]
+__dir__ = _public_dir(__name__)
 
 _U32_MAX = 0xFFFF_FFFF
 

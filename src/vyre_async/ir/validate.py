@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir.expr import (
     Atomic,
@@ -54,6 +55,7 @@ from vyre_async.ir.stmt import Assign, Barrier, Block, If, Let, Loop, Return, St
 from vyre_async.ir.types import Access, BufferDecl, DType
 
 __all__ = ["DIAGNOSTIC_CODES", "Diagnostic", "validate", "validate_or_raise"]
+__dir__ = _public_dir(__name__)
 
 #: Every diagnostic code and its one-line title. Stable and append-only:
 #: a code is never renumbered, reused or given another meaning.
@@ -162,14 +164,15 @@ def validate_or_raise(program: Program) -> Program:
     diagnostics = validate(program)
     if not diagnostics:
         return program
-    fix = (
-        diagnostics[0].fix
-        if len(diagnostics) == 1
-        else "apply the Fix of each line above, starting with the first"
-    )
-    lines = "\n".join(str(d) for d in diagnostics)
-    message = f"program breaks {len(diagnostics)} validation rule(s):\n{lines}\nFix: {fix}"
-    raise InvalidProgram(message, fix=fix, diagnostics=tuple(diagnostics))
+    if len(diagnostics) == 1:  # its Fix is the error's, said once
+        (only,) = diagnostics
+        fix = only.fix
+        message = f"program breaks 1 validation rule:\n{only.code} at {only.path}: {only.message}"
+    else:
+        fix = "apply the Fix of each line above, starting with the first"
+        lines = "\n".join(str(d) for d in diagnostics)
+        message = f"program breaks {len(diagnostics)} validation rules:\n{lines}"
+    raise InvalidProgram(f"{message}\nFix: {fix}", fix=fix, diagnostics=tuple(diagnostics))
 
 
 def _check_program(program: Program) -> list[Diagnostic]:

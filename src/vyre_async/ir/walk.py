@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.ir.expr import Atomic, Bin, Cast, Expr, Fma, Load, Select, Un
 from vyre_async.ir.program import Program
 from vyre_async.ir.stmt import Assign, Block, If, Let, Loop, Stmt, Store
 
 __all__ = ["child_exprs", "iter_exprs", "iter_stmts", "uses_atomics", "uses_workgroup_memory"]
+__dir__ = _public_dir(__name__)
 
 
 def iter_stmts(statements: Iterable[Stmt]) -> Iterator[Stmt]:

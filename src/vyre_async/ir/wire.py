@@ -40,6 +40,7 @@ from typing import Any, Final, NoReturn
 
 from blake3 import blake3
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir.expr import (
     Atomic,
@@ -87,6 +88,7 @@ __all__ = [
     "fingerprint",
     "kernel_digest",
 ]
+__dir__ = _public_dir(__name__)
 
 # --------------------------------------------------------------------------------------
 # Frozen code tables. Append-only: a code is never renumbered or reused in version 1.

@@ -14,6 +14,8 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from vyre_async._exports import public_dir as _public_dir
+
 __all__ = [
     "ARM_REASONS",
     "ArmConflict",
@@ -25,6 +27,7 @@ __all__ = [
     "layer_dag",
     "plan_arms",
 ]
+__dir__ = _public_dir(__name__)
 
 ArmKind = Literal["independent", "serialize"]
 ArmReason = Literal["write_write", "read_after_write", "write_after_read"]

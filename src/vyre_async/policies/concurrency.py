@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.policies._checks import non_negative_int
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "ArmConcurrencyVerdict",
     "decide_arm_concurrency",
 ]
+__dir__ = _public_dir(__name__)
 
 ArmConcurrencyKind = Literal["concurrent", "in_order"]
 ArmConcurrencyReason = Literal[

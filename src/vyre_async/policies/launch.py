@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.policies._checks import non_negative_int
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "decide_persistent_kernel",
     "select_primary_execution_mode",
 ]
+__dir__ = _public_dir(__name__)
 
 PersistentKind = Literal["standard", "persistent"]
 ReuseKind = Literal["plain", "record_and_replay"]

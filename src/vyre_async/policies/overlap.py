@@ -6,9 +6,11 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Literal
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.policies.arms import ArmSummary
 
 __all__ = ["COPY_REASONS", "CopyVerdict", "can_overlap_copy_with_kernel"]
+__dir__ = _public_dir(__name__)
 
 CopyKind = Literal["overlap", "serialize"]
 CopyReason = Literal["kernel_reads_slot", "kernel_writes_slot"]

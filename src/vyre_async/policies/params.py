@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.policies._checks import non_negative_int
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "ParamInliningVerdict",
     "decide_param_inlining",
 ]
+__dir__ = _public_dir(__name__)
 
 #: Budget presets in bytes: large (CUDA's parameter space is at least 4 KiB), small, disabled.
 INLINE_BUDGET_LARGE = 3072

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.policies._checks import non_negative_int
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "ResidencyVerdict",
     "decide_residency",
 ]
+__dir__ = _public_dir(__name__)
 
 ResidencyKind = Literal["resident", "host"]
 ResidencyRequest = Literal["auto", "resident", "host"]

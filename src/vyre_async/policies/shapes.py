@@ -14,12 +14,15 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
 
+from vyre_async._exports import public_dir as _public_dir
+
 __all__ = [
     "HIT_RATE_WINDOW",
     "SHAPE_HISTORY_CAPACITY",
     "RollingHitRate",
     "ShapeHistory",
 ]
+__dir__ = _public_dir(__name__)
 
 #: Fingerprints a `ShapeHistory` keeps by default.
 SHAPE_HISTORY_CAPACITY = 16

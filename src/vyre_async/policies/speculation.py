@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.policies._checks import non_negative_int
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "SpeculationVerdict",
     "decide_speculation",
 ]
+__dir__ = _public_dir(__name__)
 
 #: A shape must have been seen at least this often in the window to be "hot".
 SPECULATION_MIN_HITS = 8

@@ -11,3 +11,8 @@ first (for a backend without an entry point). The pytest plugin
 ``vyre_backend`` fixture; it needs pytest, anyio's pytest plugin (installed
 with anyio) and, for the trio half, trio. See ``docs/backend-authors.md``.
 """
+
+from vyre_async._exports import public_dir as _public_dir
+
+__all__: list[str] = []  # the suite lives in its submodules: corpus, plugin, test_contract
+__dir__ = _public_dir(__name__)

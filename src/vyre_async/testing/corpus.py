@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir import (
@@ -59,6 +60,7 @@ from vyre_async.ir import (
 from vyre_async.programs import standard_workloads
 
 __all__ = ["SEMANTIC_RULES", "Case", "cases"]
+__dir__ = _public_dir(__name__)
 
 #: Rule id → the sentence of the IR specification it stands for.
 SEMANTIC_RULES: dict[str, str] = {

@@ -17,7 +17,10 @@ from typing import Any
 
 import pytest
 
+from vyre_async._exports import public_dir as _public_dir
+
 __all__ = ["pytest_addoption", "pytest_configure", "pytest_generate_tests", "vyre_backend"]
+__dir__ = _public_dir(__name__)
 
 _CHOSEN = pytest.StashKey[tuple[list[str], bool]]()
 MARKER = "vyre_contract"
