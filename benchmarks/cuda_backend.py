@@ -329,7 +329,7 @@ def saxpy_2_24(backend: Any, repeats: int) -> dict[str, Any]:
         if i >= 2:
             peer_trip.append(time.perf_counter() - start)
     return {
-        "workload": "saxpy, 2^24 f32 (64 MiB in, 64 MiB out)",
+        "workload": "saxpy, 2^24 f32 (128 MiB in: x and y; 64 MiB out)",
         "backend_kernel_device": _stats(device),
         "peer_cupy_a_x_plus_y_device": _stats(peer_device),
         "backend_round_trip": _stats(trips),

@@ -36,6 +36,7 @@ import configparser
 import email.parser
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("vyre_async", "vyre_reference", "vyre_cupy", "vyre_ray")
 #: Runtime dependencies the wheel must declare.
 REQUIRES = ("anyio", "numpy", "blake3", "opentelemetry-api")
+#: Packages of the dev environment that the GPU machine's image does not have.
+GPU_IMAGE_LACKS = ("sybil", "opentelemetry.proto", "ray", "starlette", "uvicorn", "httpx")
 
 
 class CheckFailed(Exception):
@@ -115,8 +118,15 @@ def wheel_problems(wheel: Path) -> list[str]:
                     f"backend entry points {sorted(backends)}, expected cupy, ray, reference"
                 )
         metadata = email.parser.Parser().parsestr(archive.read(f"{dist_info}/METADATA").decode())
-        requires = " ".join(metadata.get_all("Requires-Dist") or [])
-        problems += [f"Requires-Dist lacks {r}" for r in REQUIRES if r not in requires]
+        declared: set[str] = set()
+        for line in metadata.get_all("Requires-Dist") or []:
+            if "extra ==" not in line:  # a dependency of an extra is not a dependency
+                match = re.match(r"[A-Za-z0-9_.-]+", line)
+                if match:
+                    declared.add(match[0].lower().replace("_", "-"))
+        problems += [
+            f"Requires-Dist lacks {r} (outside any extra)" for r in REQUIRES if r not in declared
+        ]
         version_file = "vyre_async/_version.py"
         if version_file in names:
             tree = ast.parse(archive.read(version_file).decode())
@@ -255,8 +265,10 @@ class Checker:
 
         def install() -> str:
             venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
+            # (hypothesis: the GPU route below collects tests/cupy, which uses it)
+            tools = ["pytest", "trio", "sybil", "hypothesis"]
             _run(
-                [python, "-m", "pip", "install", "-q", self.wheel, "pytest", "trio", "sybil"],
+                [python, "-m", "pip", "install", "-q", self.wheel, *tools],
                 cwd=run,
                 env=env,
                 timeout=900,
@@ -401,7 +413,24 @@ class Checker:
                 raise CheckFailed("gpu-check found no 'cupy' backend entry point")
             return f"stopped at the probe: {steps['probe'].get('error')}"
 
+        def collect() -> str:
+            # gpu-check's pytest steps as the GPU image would collect them: the wheel from
+            # DIR, and none of the packages that image lacks (Sybil, opentelemetry-proto).
+            counts = []
+            for args in (["-m", "gpu", "tests/cupy"], ["tests/contract", "-k", "cupy"]):
+                code = (
+                    "import sys\n"
+                    f"for name in {GPU_IMAGE_LACKS!r}: sys.modules[name] = None\n"
+                    "import pytest\n"
+                    "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '--collect-only', "
+                    f"*{args!r}]))"
+                )
+                out = _run([self.python, "-c", code], cwd=ROOT, env=env, timeout=300)
+                counts.append(f"{' '.join(args)}: {out.strip().splitlines()[-1]}")
+            return "; ".join(counts)
+
         self.step("pip install --no-deps --target DIR (the GPU machine's route)", target_install)
+        self.step("gpu-check's pytest steps collect without what the GPU image lacks", collect)
         self.step("scripts/gpu-check up to its device probe", gpu_check)
 
 

@@ -38,6 +38,7 @@ def _load() -> ModuleType:
 
 package_check = _load()
 
+MARKER = '; extra == "dev"'
 GOOD_ENTRY_POINTS = """\
 [console_scripts]
 vyre-async = vyre_async.cli:main
@@ -52,7 +53,9 @@ reference = vyre_reference.registration:REGISTRATION
 """
 
 
-def _wheel(tmp_path: Path, *, drop: str = "", version: str = "0.1.0", prefix: str = "") -> Path:
+def _wheel(
+    tmp_path: Path, *, drop: str = "", version: str = "0.1.0", prefix: str = "", extra: str = ""
+) -> Path:
     """A small wheel with the right layout, minus ``drop``, with packages under ``prefix``."""
     files = {
         "vyre_async/__init__.py": "",
@@ -69,7 +72,9 @@ def _wheel(tmp_path: Path, *, drop: str = "", version: str = "0.1.0", prefix: st
     files["vyre_async-0.1.0.dist-info/entry_points.txt"] = GOOD_ENTRY_POINTS
     files["vyre_async-0.1.0.dist-info/METADATA"] = (
         "Metadata-Version: 2.4\nName: vyre-async\nVersion: 0.1.0\n"
-        + "".join(f"Requires-Dist: {r}>=1\n" for r in package_check.REQUIRES)
+        + "".join(
+            f"Requires-Dist: {r}>=1{MARKER if r == extra else ''}\n" for r in package_check.REQUIRES
+        )
     )
     path = tmp_path / "vyre_async-0.1.0-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as archive:
@@ -91,6 +96,7 @@ def test_a_right_wheel_has_no_problems(tmp_path: Path) -> None:
         ({"drop": "vyre_ray/registration.py"}, "names module 'vyre_ray.registration'"),
         ({"drop": "vyre_async/testing/plugin.py"}, "pytest11:vyre_async"),
         ({"version": "0.2.0"}, "vyre_async.__version__ is '0.2.0'"),
+        ({"extra": "anyio"}, "Requires-Dist lacks anyio (outside any extra)"),
     ],
 )
 def test_each_kind_of_broken_wheel_is_refused(

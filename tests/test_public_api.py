@@ -135,3 +135,19 @@ def test_dir_of_a_public_module_lists_only_its_api(name: str) -> None:
     }
     # Imported helpers (np, math, dataclass, annotations...) are not the module's API.
     assert listed - submodules <= exported, sorted(listed - submodules - exported)
+
+
+def test_submodules_are_attributes_even_when_loaded_lazily() -> None:
+    # Packages that once imported every submodule eagerly still give them as attributes.
+    code = (
+        "import vyre_async, vyre_async.cache, vyre_async.policies;"
+        "print(vyre_async.shadow.__name__, vyre_async.cache.disk.__name__,"
+        " vyre_async.policies.arms.__name__, hasattr(vyre_async, 'no_such_thing'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [
+        "vyre_async.shadow",
+        "vyre_async.cache.disk",
+        "vyre_async.policies.arms",
+        "False",
+    ]

@@ -32,9 +32,19 @@ def lazy_exports(
     """
 
     def __getattr__(name: str) -> object:
-        """Import and return the public ``name`` from its submodule on first access."""
+        """Import and return the public ``name`` from its submodule on first access.
+
+        A submodule not imported yet is imported too (``package.submodule`` works
+        as it did when the package imported every submodule eagerly).
+        """
         source = sources.get(name)
         if source is None:
+            if not name.startswith("__"):
+                try:
+                    return importlib.import_module(f"{package}.{name}")
+                except ModuleNotFoundError as exc:
+                    if exc.name != f"{package}.{name}":
+                        raise  # the submodule exists and failed to import
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(f"{package}.{source}"), name)
         setattr(sys.modules[package], name, value)  # later lookups skip this hook

@@ -375,6 +375,8 @@ class DispatchTrace:
         self.traced = traced
         self.metered = metered
         if traced and parent is None:
+            if not _api_loaded:  # (made by hand, before any dispatch looked for an SDK)
+                _load_api()
             parent = get_current()
         #: The caller's context (None when not traced).
         self.parent: Context | None = parent if traced else None

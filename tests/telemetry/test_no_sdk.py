@@ -126,6 +126,7 @@ def test_detection_falls_back_to_the_public_getter() -> None:
 
     from vyre_async import telemetry
 
+    telemetry._load_api()  # (the inert provider types are known once the API is loaded)
     inert = telemetry._INERT_TRACER_PROVIDERS
     no_global = SimpleNamespace()  # as if the API renamed its private global
     assert not telemetry._installed(no_global, "_TRACER_PROVIDER", trace.NoOpTracerProvider, inert)

@@ -27,6 +27,7 @@ import dataclasses
 import importlib.util
 import logging
 import os
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -142,12 +143,18 @@ class _Call:
 def probe(environ: Mapping[str, str] | None = None) -> None:
     """Check that the ``ray`` backend could start here, without importing Ray or connecting.
 
+    Ray counts as installed when it can be found (a broken install shows when
+    the backend is acquired); a process already connected to Ray can start it.
+
     Raises:
         UnsupportedFeature: Ray is not installed, or no cluster is named (neither
             ``RAY_ADDRESS`` nor ``VYRE_RAY_LOCAL_WORKERS``).
         InvalidProgram: ``VYRE_RAY_LOCAL_WORKERS`` is not a whole number >= 1.
     """
-    if importlib.util.find_spec("ray") is None:
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():  # connected already: acquire uses it
+        return
+    if importlib.util.find_spec("ray") is None:  # (installed; not imported: ~1 s)
         raise not_installed(ModuleNotFoundError("No module named 'ray'"))
     cluster_target(None, None, os.environ if environ is None else environ)
 
