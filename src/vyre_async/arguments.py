@@ -10,6 +10,7 @@ pure functions document.
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
@@ -48,12 +49,12 @@ def whole_number(
     return int(value)
 
 
-def to_seconds(value: int | float) -> float:
-    """Return a number of seconds as a float; an int too large for a float is ``±inf``."""
+def to_seconds(value: numbers.Real | int | float) -> float:
+    """Return a number of seconds as a float; a number too large for a float is ``±inf``."""
     try:
         return float(value)
     except OverflowError:  # e.g. 10**400
-        return math.inf if value > 0 else -math.inf
+        return math.inf if value > 0 else -math.inf  # type: ignore[operator]
 
 
 def duration(name: str, value: object, *, example: str, positive: bool = False) -> float:
@@ -63,8 +64,8 @@ def duration(name: str, value: object, *, example: str, positive: bool = False) 
         InvalidProgram: ``value`` is not a number (bools and NaN included), is
             infinite, or is below the bound.
     """
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        seconds = math.nan
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        seconds = math.nan  # (any real number but a bool: numpy scalars, fractions too)
     else:
         seconds = to_seconds(value)
     if not (math.isfinite(seconds) and (seconds > 0 if positive else seconds >= 0)):

@@ -24,6 +24,17 @@ __all__ = ["main"]
 __dir__ = _public_dir(__name__)
 
 
+def _at_least_one(text: str) -> int:
+    """argparse type: a whole number >= 1 (a usage error, exit 2, otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"needs a whole number >= 1, got {text!r}")
+    return value
+
+
 def _info(args: argparse.Namespace) -> int:
     if args.calibrate:
         from vyre_async.registry import acquire_backend
@@ -225,8 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="run concurrent tasks dispatching the standard programs, checked exactly"
     )
-    demo.add_argument("--tasks", type=int, default=64, help="concurrent tasks (default 64)")
-    demo.add_argument("--per-task", type=int, default=30, help="dispatches per task (default 30)")
+    demo.add_argument(
+        "--tasks", type=_at_least_one, default=64, help="concurrent tasks (default 64)"
+    )
+    demo.add_argument(
+        "--per-task", type=_at_least_one, default=30, help="dispatches per task (default 30)"
+    )
     demo.add_argument("--trio", action="store_true", help="run on trio instead of asyncio")
     demo.add_argument("--backend", default=None, help="backend id (default: the best available)")
     demo.add_argument(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, fields
 from typing import Literal
 
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async.arguments import to_seconds
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir.limits import MAX_WORKGROUP_LANES
 from vyre_async.plan import normalize_axes
@@ -75,14 +78,19 @@ class DispatchConfig:
             raise _bad(
                 f"ulp_budget must be an int in 0..255, got {self.ulp_budget!r}", "ulp_budget=2"
             )
-        if self.timeout is not None and (
-            isinstance(self.timeout, bool)
-            or not isinstance(self.timeout, int | float)
-            or not self.timeout > 0  # False for NaN too
-        ):
-            raise _bad(
-                f"timeout must be a positive number of seconds, got {self.timeout!r}", "timeout=1.0"
+        if self.timeout is not None:
+            given: object = self.timeout
+            # Any real number but a bool (numpy scalars and fractions too), kept as a float.
+            seconds = (
+                math.nan
+                if isinstance(given, bool) or not isinstance(given, numbers.Real)
+                else to_seconds(given)
             )
+            if not seconds > 0:  # False for NaN too
+                raise _bad(
+                    f"timeout must be a positive number of seconds, got {given!r}", "timeout=1.0"
+                )
+            object.__setattr__(self, "timeout", seconds)
         if self.max_output_bytes is not None and (
             isinstance(self.max_output_bytes, bool)
             or not isinstance(self.max_output_bytes, int)

@@ -240,7 +240,13 @@ def acquire_backend(backend_id: str) -> VyreBackend:
         BackendNotFound: no installed backend has that id; the message lists the ids.
         UnsupportedFeature: the backend cannot start here (no device, no driver);
             the message names the cause and a fix.
+        InvalidProgram: ``backend_id`` is not a string.
     """
+    if not isinstance(backend_id, str):
+        raise InvalidProgram(
+            f"a backend id is a str, got {backend_id!r}",
+            fix='pass one id, e.g. acquire_backend("reference") (vyre-async info lists them)',
+        )
     with _lock:
         backend = _instances.get(backend_id)
         if backend is not None and not backend.closed:

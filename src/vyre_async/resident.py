@@ -177,8 +177,10 @@ def upload_request(
 
 
 def _array_dtype(array: np.ndarray) -> DType:
+    # Either byte order, as dispatch() takes it: the copy below converts the values.
+    native = array.dtype.newbyteorder("=")
     for dtype in (DType.U32, DType.I32, DType.F32):
-        if array.dtype == dtype.numpy:
+        if native == dtype.numpy:
             return dtype
     if array.dtype == np.bool_:
         return DType.BOOL

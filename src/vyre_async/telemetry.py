@@ -633,8 +633,12 @@ def attach(
         if extra:
             attributes = {**attributes, **extra}
             record.sent = dict(extra)
-        span = _open(started, attributes)
-        if span.is_recording():
+        try:
+            span: Span | None = _open(started, attributes)
+        except Exception as exc:  # a span processor's on_start (or a sampler) raised:
+            _report(exc)  # reported like an on_end failure; the dispatch goes on untraced
+            span = None
+        if span is not None and span.is_recording():
             record.span = span
         elif not started.metered:
             return  # sampled out, no metrics: nothing else to do for this dispatch

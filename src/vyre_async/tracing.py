@@ -203,7 +203,14 @@ def _batch_processor(exporter: SpanExporter, export_timeout_s: float) -> BatchSp
     this timeout without applying it; the exporter's own timeout is the bound.)
     """
     timeout_ms = None if os.environ.get("OTEL_BSP_EXPORT_TIMEOUT") else export_timeout_s * 1000
-    return BatchSpanProcessor(exporter, export_timeout_millis=timeout_ms)
+    try:
+        return BatchSpanProcessor(exporter, export_timeout_millis=timeout_ms)
+    except ValueError as exc:  # the SDK validates the OTEL_BSP_* variables it reads
+        settings = {k: v for k, v in os.environ.items() if k.startswith("OTEL_BSP_")}
+        raise InvalidProgram(
+            f"the batch span processor refused its settings: {exc} (environment: {settings})",
+            fix="set each OTEL_BSP_* variable to a positive whole number, or unset it",
+        ) from exc
 
 
 def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
@@ -232,12 +239,34 @@ def _hex_ids(record: dict[str, Any]) -> None:
 
 
 class OtlpJsonFileExporter(SpanExporter):
-    """An SDK span exporter appending OTLP-JSON lines to a file (Jaeger UI can load it)."""
+    """An SDK span exporter appending OTLP-JSON lines to a file (Jaeger UI can load it).
+
+    The file is opened for appending once here, so a path that cannot be written
+    (a directory, a read-only place) is refused at start. A later write that
+    fails (a full disk, the file removed from a read-only folder) drops that
+    batch: the spans are counted in ``dropped``, and the first failure and every
+    thousandth dropped span after it are logged as warnings on
+    ``vyre_async.tracing``, never silently.
+
+    Raises:
+        InvalidProgram: spans cannot be written to ``path``.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        #: Spans that could not be written.
+        self.dropped = 0
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8"):
+                pass
+        except (OSError, ValueError) as exc:
+            raise InvalidProgram(
+                f"cannot write spans to {str(path)!r}: {type(exc).__name__}: {exc}",
+                fix="give --trace file: a path to a file in a folder you can write to, "
+                "e.g. file:traces.jsonl",
+            ) from exc
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         """Append one line holding ``spans``."""
@@ -245,7 +274,18 @@ class OtlpJsonFileExporter(SpanExporter):
             line = json.dumps(spans_to_otlp_json(spans), separators=(",", ":"))
             with self._lock, self.path.open("a", encoding="utf-8") as fh:
                 fh.write(line + "\n")
-        except OSError:
+        except OSError as exc:
+            with self._lock:
+                before, self.dropped = self.dropped, self.dropped + len(spans)
+            if before == 0 or before // 1000 != self.dropped // 1000:
+                _log.warning(
+                    "could not write %d span(s) to %s (%s: %s); %d dropped so far",
+                    len(spans),
+                    self.path,
+                    type(exc).__name__,
+                    exc,
+                    self.dropped,
+                )
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 

@@ -182,6 +182,7 @@ def _rules() -> list[Rule]:
         # Store + index + value = 3 nodes per statement.
         Rule("V031", "body", program([Store("out", u32(0), u32(1))] * 33_334)),
         Rule("V032", "body[0]", program([AlienStmt()])),
+        Rule("V033", "body[0]", program([Let("x\ud800", u32(0))])),
     ]
 
 

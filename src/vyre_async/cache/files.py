@@ -278,7 +278,8 @@ def root_directory(root: object, default: Callable[[], Path], what: str) -> Path
     """Return a cache's root directory: ``root`` (a path, ``~`` expanded), else ``default()``.
 
     Raises:
-        InvalidProgram: ``root`` is neither None, a string nor a path-like object.
+        InvalidProgram: ``root`` is neither None, a string nor a path-like object, or
+            is a path no file system accepts (a NUL character, an empty string).
     """
     if root is None:
         return default()
@@ -287,4 +288,11 @@ def root_directory(root: object, default: Callable[[], Path], what: str) -> Path
             f"{what} root must be a directory path (str or os.PathLike), got {root!r}",
             fix=f'pass a path, e.g. {what}("~/.cache/vyre"), or None for the default',
         )
-    return Path(root).expanduser()
+    text = os.fspath(root)
+    if isinstance(text, bytes) or not text or "\0" in text:
+        raise InvalidProgram(
+            f"{what} root {root!r} is not a usable directory path"
+            + (" (it holds a NUL character)" if "\0" in str(text) else ""),
+            fix=f'pass a path, e.g. {what}("~/.cache/vyre"), or None for the default',
+        )
+    return Path(text).expanduser()

@@ -13,6 +13,7 @@ structural meaning: two expressions are equal when they are the same tree.
 from __future__ import annotations
 
 import math
+import numbers
 import struct
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -242,11 +243,23 @@ class Const(Expr):
         dtype = _enum(DType, dtype, "constant dtype")
         _set(self, "dtype", dtype)
         if dtype is DType.F32:
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            # Any real number but a bool (ints, floats, numpy scalars, fractions); never
+            # a string: one rule for f32(...) and Const(DType.F32, ...), as for u32/i32.
+            given: object = value  # (typed loosely: callers pass numpy scalars and worse)
+            if isinstance(given, bool) or not isinstance(given, numbers.Real):
                 raise InvalidProgram(
-                    f"f32 constant needs a number, got {value!r}", fix="pass a float"
+                    f"f32 constant needs a real number, got {value!r}",
+                    fix="pass a float or an int, e.g. f32(1.5)",
                 )
-            _set(self, "value", f32_from_bits(f32_bits(float(value))))
+            try:
+                as_float = float(given)
+            except OverflowError:
+                shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
+                raise InvalidProgram(
+                    f"f32 constant {shown} is beyond the range of any float",
+                    fix="pass a value within ±3.4e38, or float('inf') for infinity",
+                ) from None
+            _set(self, "value", f32_from_bits(f32_bits(as_float)))
         elif dtype is DType.BOOL:
             if value not in (0, 1) or isinstance(value, float):
                 raise InvalidProgram(
@@ -484,8 +497,13 @@ def i32(value: int) -> Const:
 
 
 def f32(value: float) -> Const:
-    """Return an F32 constant (rounded to binary32, nearest even)."""
-    return Const(DType.F32, float(value))
+    """Return an F32 constant (rounded to binary32, nearest even) of a real number.
+
+    Raises:
+        InvalidProgram: ``value`` is not a real number (a string, None, a bool) or
+            is beyond the range of a float.
+    """
+    return Const(DType.F32, value)
 
 
 def gid(axis: int = 0) -> Builtin:

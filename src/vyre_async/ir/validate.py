@@ -92,6 +92,7 @@ DIAGNOSTIC_CODES: dict[str, str] = {
     "V030": "expression too deep",
     "V031": "too many nodes",
     "V032": "unknown node type",
+    "V033": "name is not valid Unicode",
 }
 
 _CONDITION_DTYPES = (DType.BOOL, DType.U32)
@@ -286,6 +287,15 @@ def _check_op_id(op_id: str) -> Iterator[Diagnostic]:
 
 
 def _check_name(name: str, path: str, what: str) -> Iterator[Diagnostic]:
+    try:  # the wire form (and so the fingerprint) holds names as strict UTF-8
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        yield Diagnostic(
+            code="V033",
+            path=path,
+            message=f"{what} {name[:16]!r} is not valid Unicode ({exc.reason})",
+            fix="use a name without lone surrogate code points",
+        )
     size = len(name.encode("utf-8", "surrogatepass"))
     if size > MAX_NAME_BYTES:
         yield Diagnostic(
