@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import dataclass, fields
 from typing import Literal
 
@@ -13,13 +14,48 @@ from vyre_async.errors import InvalidProgram
 from vyre_async.ir.limits import MAX_WORKGROUP_LANES
 from vyre_async.plan import normalize_axes
 
-__all__ = ["DispatchConfig", "Mode"]
+__all__ = ["MAX_OUTPUT_BYTES_ENV", "DispatchConfig", "Mode", "default_max_output_bytes"]
 __dir__ = _public_dir(__name__)
 
 Mode = Literal["auto", "force", "disable"]
 _MODES = ("auto", "force", "disable")
 # Fields that do not change what runs, only how it is reported or bounded in time.
 _NOT_SHAPE = frozenset({"timeout", "label"})
+
+
+#: The environment variable that sets `default_max_output_bytes`.
+MAX_OUTPUT_BYTES_ENV = "VYRE_MAX_OUTPUT_BYTES"
+#: The host's limit when its memory size cannot be read.
+_FALLBACK_MAX_OUTPUT_BYTES = 4 << 30
+
+
+def default_max_output_bytes() -> int:
+    """The most output bytes one dispatch (or batch) may have when its config sets no limit.
+
+    ``VYRE_MAX_OUTPUT_BYTES`` when set, else half of this machine's physical
+    memory (4 GiB where that cannot be read). Outputs come back as host arrays:
+    past this a dispatch would have the process killed for memory instead of
+    failing with an error.
+
+    Raises:
+        InvalidProgram: ``VYRE_MAX_OUTPUT_BYTES`` is not a whole number >= 0.
+    """
+    raw = os.environ.get(MAX_OUTPUT_BYTES_ENV, "").strip()
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise InvalidProgram(
+                f"{MAX_OUTPUT_BYTES_ENV} must be a whole number of bytes >= 0, got {raw!r}",
+                fix=f"set {MAX_OUTPUT_BYTES_ENV}=17179869184 (16 GiB, say) or unset it",
+            )
+        return value
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) // 2
+    except (AttributeError, OSError, ValueError):  # no sysconf (Windows) or no such name
+        return _FALLBACK_MAX_OUTPUT_BYTES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,8 +71,11 @@ class DispatchConfig:
             result raises `DispatchTimeout`. ``None`` (or ``math.inf``) waits forever;
             any positive number is accepted, however large.
         label: Debug label, shown in spans and errors.
-        max_output_bytes: Largest total output size accepted; larger raises
-            `InvalidProgram` before launch.
+        max_output_bytes: Largest total output size of the dispatch (of a whole
+            batch, for `CompiledPipeline.dispatch_batch`); larger raises
+            `InvalidProgram` before anything is allocated. ``None``: the host's
+            limit, `default_max_output_bytes` (half of the machine's memory),
+            past which the dispatch is refused with `DeviceOutOfMemory`.
         workgroup_override: Replaces the program's workgroup shape (at most 1024
             lanes, the IR's limit; a dispatch also checks it against the backend's
             ``max_workgroup_size``). Part of the pipeline cache key.

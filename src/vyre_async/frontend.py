@@ -32,8 +32,13 @@ from vyre_async._exports import public_dir as _public_dir
 from vyre_async.annotations import current_dispatch_attributes
 from vyre_async.cache.identity import policy_digest
 from vyre_async.capabilities import BackendCapabilities
-from vyre_async.config import DispatchConfig
-from vyre_async.errors import InvalidProgram, UnsupportedFeature, host_out_of_memory
+from vyre_async.config import MAX_OUTPUT_BYTES_ENV, DispatchConfig, default_max_output_bytes
+from vyre_async.errors import (
+    DeviceOutOfMemory,
+    InvalidProgram,
+    UnsupportedFeature,
+    host_out_of_memory,
+)
 from vyre_async.ir.program import Program
 from vyre_async.pending import DispatchCompleter, PendingDispatch
 from vyre_async.plan import (
@@ -47,13 +52,45 @@ from vyre_async.plan import (
 from vyre_async.resident import ResidentBuffer
 from vyre_async.seams import BackendLike, PipelineLike
 
-__all__ = ["DispatchFrontEnd", "InputLike", "Launch", "LaunchTemplate", "as_config"]
+__all__ = [
+    "DispatchFrontEnd",
+    "InputLike",
+    "Launch",
+    "LaunchTemplate",
+    "as_config",
+    "check_output_bytes",
+]
 __dir__ = _public_dir(__name__)
 
 InputLike = np.ndarray | bytes | bytearray | memoryview | ResidentBuffer
 
 #: Launch shapes one front end remembers (least recently used dropped first).
 TEMPLATE_CAPACITY = 256
+
+
+def check_output_bytes(total: int, cfg: DispatchConfig, what: str) -> None:
+    """Refuse ``total`` output bytes over the config's limit, or the host's when it sets none.
+
+    Raises:
+        InvalidProgram: over ``cfg.max_output_bytes``.
+        DeviceOutOfMemory: over `default_max_output_bytes` (no limit in ``cfg``).
+    """
+    limit = cfg.max_output_bytes
+    if limit is not None:
+        if total > limit:
+            raise InvalidProgram(
+                f"{what} would take {total} bytes, over max_output_bytes={limit}",
+                fix="raise DispatchConfig.max_output_bytes or dispatch less data",
+            )
+        return
+    host = default_max_output_bytes()
+    if total > host:
+        raise DeviceOutOfMemory(
+            f"{what} would take {total} bytes, over this host's limit of {host} bytes for "
+            f"the outputs of one dispatch or batch (half its memory, or {MAX_OUTPUT_BYTES_ENV})",
+            fix=f"dispatch less data, or set DispatchConfig(max_output_bytes=...) or "
+            f"{MAX_OUTPUT_BYTES_ENV} if the host can hold it",
+        )
 
 
 class Launch:
@@ -460,12 +497,7 @@ class DispatchFrontEnd:
         )
         if cfg.workgroup_override is not None:
             self._check_workgroup(plan.geometry.workgroup, caps)
-        if cfg.max_output_bytes is not None and plan.bytes_out > cfg.max_output_bytes:
-            raise InvalidProgram(
-                f"the outputs would take {plan.bytes_out} bytes, over max_output_bytes="
-                f"{cfg.max_output_bytes}",
-                fix="raise DispatchConfig.max_output_bytes or dispatch less data",
-            )
+        check_output_bytes(plan.bytes_out, cfg, "the outputs")
         return LaunchTemplate(program, cfg, plan)
 
     def _check_workgroup(self, workgroup: tuple[int, int, int], caps: BackendCapabilities) -> None:

@@ -16,12 +16,24 @@ Waiting costs what the waiting side needs and nothing more:
 * a backend that can notice completion cheaply (a CUDA event query) registers
   a poll (`DispatchCompleter.poll_with`) that the awaiting loop calls between
   its turns for a short, bounded time before parking on the future.
+
+Done-callbacks (`PendingDispatch.add_done_callback`) never run on the thread
+that settles a dispatch (a backend's worker, a CUDA completion thread, Ray's
+callback thread): when a dispatch settles its waiters wake first, then its
+callbacks are queued for the one callback thread (``vyre-callbacks``), which
+runs them in the order the dispatches settled. A callback may block, wait on
+its own backend (``download``, ``dispatch_sync``, ``result()``) or close it:
+the machinery that must finish that work is never the thread running it. The
+driver's and backends' own bookkeeping uses `settle_hook` instead: run inline,
+before the waiters wake, and never blocking.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
+import queue
 import sys
 import threading
 import time
@@ -45,6 +57,8 @@ __all__ = [
     "DispatchTiming",
     "PendingDispatch",
     "ResultAlreadyTaken",
+    "settle_hook",
+    "wait_for_callbacks",
 ]
 __dir__ = _public_dir(__name__)
 
@@ -231,6 +245,7 @@ class _Core:
     device_s: float | None = None
     compile_s: float | None = None
     callbacks: list[Callable[[PendingDispatch], None]] | None = None
+    hooks: list[Callable[[PendingDispatch], None]] | None = None
     waiters: list[_Waiter] | None = None
     stop: _StopFlag | None = None
     poll: Callable[[], object] | None = None
@@ -310,14 +325,16 @@ class _Core:
             self.device_s, self.compile_s = device_s, compile_s
             self.state = state
             callbacks, self.callbacks = self.callbacks, None
+            hooks, self.hooks = self.hooks, None
             waiters, self.waiters = self.waiters, None
             stop = self.stop
         if state is _TIMED_OUT and stop is not None:
             stop.set()  # (a flag made later reads the passed deadline)
-        # The record's hook and callbacks (span end, bookkeeping) run before waiters
-        # wake, so a caller that resumes sees them done. One that raises SystemExit or
-        # KeyboardInterrupt does not stop the others, nor the waiters' wake-up: the
-        # first such exception is raised once all ran.
+        # The record's hook and the settle hooks (span end, bookkeeping: short, never
+        # blocking) run inline before waiters wake, so a caller that resumes sees them
+        # done. Then the waiters wake; then the done-callbacks go to the callback
+        # thread (they may block). A hook that raises SystemExit or KeyboardInterrupt
+        # stops neither the others nor the wake-up: it is raised once all ran.
         interrupt: BaseException | None = None
         try:
             hook = self.record.on_settled
@@ -334,8 +351,8 @@ class _Core:
                     _report_callback_error(exc)
                 except BaseException as exc:
                     interrupt = exc
-            if callbacks:
-                for fn in callbacks:
+            if hooks:
+                for fn in hooks:
                     try:
                         _run_callback(fn, pending)
                     except BaseException as exc:  # (Exceptions are reported inside)
@@ -347,6 +364,8 @@ class _Core:
                         waiter.wake()
                     except Exception as exc:  # one waiter's failure must not strand the rest
                         _report_callback_error(exc)
+            if callbacks:
+                _CALLBACKS.submit(callbacks, pending)
         if interrupt is not None:
             raise interrupt
         return True
@@ -460,11 +479,16 @@ class PendingDispatch:
         return self._core.error
 
     def add_done_callback(self, fn: Callable[[PendingDispatch], None]) -> None:
-        """Call ``fn(self)`` once the dispatch settles (at once if it already has).
+        """Call ``fn(self)`` once the dispatch settles (at once, in this thread, if it has).
 
-        Callbacks run in the thread that settles the dispatch (a worker or the
-        caller); keep them short and thread-safe. Exceptions they raise are
-        reported through `threading.excepthook` and do not affect the dispatch.
+        Callbacks run on vyre-async's callback thread (``vyre-callbacks``), after
+        the dispatch's waiters woke, one at a time in the order dispatches
+        settle, never on a backend's worker or completion thread: a callback may
+        block, wait on its own backend (``download``, ``dispatch_sync``,
+        ``result()``) or close it. One that blocks delays only the callbacks
+        queued after it (`wait_for_callbacks` waits for those queued so far).
+        What they raise, ``SystemExit`` included, is reported through
+        `threading.excepthook` and affects neither the dispatch nor the thread.
 
         Raises:
             InvalidProgram: ``fn`` is not callable.
@@ -814,6 +838,102 @@ def _wait(event: threading.Event, seconds: float) -> bool:
             return True
         if time.monotonic() >= deadline:
             return False
+
+
+def settle_hook(pending: PendingDispatch, fn: Callable[[PendingDispatch], None]) -> None:
+    """Call ``fn(pending)`` inline when ``pending`` settles (at once if it has).
+
+    For the driver's and backends' own bookkeeping (a pool forgetting a finished
+    call, a shadow comparison handing on a result): ``fn`` runs in the thread
+    that settles the dispatch, before its waiters wake, so it must be short and
+    must never block or wait on a backend. Users want
+    `PendingDispatch.add_done_callback`. Exceptions are reported through
+    `threading.excepthook`.
+    """
+    core = pending._core  # noqa: SLF001 - the module's own class
+    with core.lock:
+        if core.state is _PENDING:
+            if core.hooks is None:
+                core.hooks = [fn]
+            else:
+                core.hooks.append(fn)
+            return
+    _run_callback(fn, pending)
+
+
+class _CallbackThread:
+    """The one daemon thread that runs done-callbacks, in the order dispatches settle.
+
+    Started on first use (and again in a forked child, or if it ever died).
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[
+            tuple[list[Callable[[PendingDispatch], None]], PendingDispatch] | threading.Event
+        ] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(
+        self, callbacks: list[Callable[[PendingDispatch], None]], pending: PendingDispatch
+    ) -> None:
+        self._queue.put((callbacks, pending))
+        self._running()
+
+    def drain(self, timeout: float | None) -> bool:
+        if self._thread is None:
+            return True
+        if self._thread is threading.current_thread():
+            return False  # (a callback cannot wait for the callbacks queued after it)
+        marker = threading.Event()
+        self._queue.put(marker)
+        self._running()
+        return marker.wait(timeout)
+
+    def _running(self) -> None:
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            with self._lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(
+                        target=self._run, name="vyre-callbacks", daemon=True
+                    )
+                    self._thread.start()
+
+    def _run(self) -> None:
+        get = self._queue.get
+        while True:
+            item = get()
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            callbacks, pending = item
+            for fn in callbacks:
+                try:
+                    _run_callback(fn, pending)
+                except BaseException as exc:  # SystemExit too: reported, the thread goes on
+                    _report_callback_error(exc)
+            del item, callbacks, pending
+
+    def after_fork(self) -> None:
+        """In a forked child: a fresh queue and no thread (the parent's did not come along)."""
+        self._queue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread = None
+
+
+_CALLBACKS = _CallbackThread()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_CALLBACKS.after_fork)
+
+
+def wait_for_callbacks(timeout: float | None = None) -> bool:
+    """Wait until the done-callbacks queued so far have run; False if ``timeout`` passed.
+
+    Returns False at once when called from a done-callback itself (the callbacks
+    queued after it cannot run before it returns).
+    """
+    return _CALLBACKS.drain(None if timeout is None else to_seconds(timeout))
 
 
 def _run_callback(fn: Callable[[PendingDispatch], None], pending: PendingDispatch) -> None:

@@ -17,7 +17,7 @@ from vyre_async.annotations import dispatch_attributes
 from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import InvalidProgram
-from vyre_async.frontend import DispatchFrontEnd, InputLike, Launch
+from vyre_async.frontend import DispatchFrontEnd, InputLike, Launch, check_output_bytes
 from vyre_async.ir.program import Program
 from vyre_async.pending import PendingDispatch
 from vyre_async.seams import BackendLike
@@ -177,6 +177,12 @@ class CompiledPipeline:
                     except BaseException as exc:
                         telemetry.fail_before_launch(trace, exc, self.backend.id, self.program)
                         raise
+                # Each dispatch's outputs fit (checked when planned); the batch's together too.
+                check_output_bytes(
+                    sum(launch.plan.bytes_out for launch, _ in planned),
+                    config or self.config,
+                    f"the outputs of this batch of {len(planned)} dispatches",
+                )
             except BaseException as exc:
                 self._reject(planned, traces, exc)  # planned, never launched
                 raise

@@ -26,7 +26,7 @@ from vyre_async.config import DispatchConfig
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir.ops import TRANSCENDENTAL, UnOp
 from vyre_async.ir.program import Program
-from vyre_async.pending import PendingDispatch
+from vyre_async.pending import PendingDispatch, settle_hook
 from vyre_async.pipeline import InputLike, Launch
 
 __all__ = [
@@ -355,8 +355,10 @@ class ShadowBackend(VyreBackend):
             if ready:
                 both_done()
 
-        primary.add_done_callback(on_primary)
-        shadow.add_done_callback(on_reference)
+        # Inline, before the waiters wake (short, never blocking): the caller's result
+        # is handed on at once, whatever user callbacks are doing.
+        settle_hook(primary, on_primary)
+        settle_hook(shadow, on_reference)
         return outer
 
     def _reference_failed(self, exc: BaseException) -> None:

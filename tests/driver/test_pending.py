@@ -20,7 +20,7 @@ from vyre_async import (
     ErrorCode,
     Launch,
 )
-from vyre_async.pending import PendingDispatch, ResultAlreadyTaken
+from vyre_async.pending import PendingDispatch, ResultAlreadyTaken, wait_for_callbacks
 from vyre_async.programs import elementwise_xor
 
 pytestmark = pytest.mark.anyio
@@ -177,7 +177,8 @@ def test_done_callbacks_run_once_even_when_added_late() -> None:
     pending.add_done_callback(seen.append)
     completer.resolve(OUT)
     completer.resolve(OUT)
-    pending.add_done_callback(seen.append)
+    assert wait_for_callbacks(5)
+    pending.add_done_callback(seen.append)  # settled already: runs at once, here
     assert seen == [pending, pending]
 
 
@@ -187,6 +188,7 @@ def test_a_failing_callback_does_not_break_the_dispatch(monkeypatch: pytest.Monk
     pending, completer = PendingDispatch.create()
     pending.add_done_callback(lambda p: 1 / 0)  # type: ignore[arg-type, return-value]
     completer.resolve(OUT)
+    assert wait_for_callbacks(5)
     assert isinstance(reported[0], ZeroDivisionError)
     assert pending.result()[0].size == 4
 
@@ -312,24 +314,41 @@ async def test_a_cancelled_await_then_the_deadline_leave_nothing() -> None:
     assert not expired._core.waiters
 
 
-def test_a_callback_raising_systemexit_lets_the_others_run_and_the_waiters_wake() -> None:
+def test_a_callback_raising_systemexit_lets_the_others_run_and_the_waiters_wake(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert wait_for_callbacks(5)  # (no other test's callback reports into this one)
+    reported: list[type[BaseException]] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: reported.append(args.exc_type))
     pending, completer = PendingDispatch.create()
     ran: list[str] = []
+    woke = threading.Event()
 
     def exits(_: PendingDispatch) -> None:
-        ran.append("exits")
+        # Waiters wake before callbacks run: a callback may wait for a waiter.
+        ran.append(f"exits, the waiter woke: {woke.wait(5)}")
         raise SystemExit(3)
+
+    def wait() -> None:
+        ran.append(f"woke {pending.result()[0].size}")
+        woke.set()
 
     pending.add_done_callback(exits)
     pending.add_done_callback(lambda _: ran.append("after"))
-    waiter = threading.Thread(target=lambda: ran.append(f"woke {pending.result()[0].size}"))
+    waiter = threading.Thread(target=wait)
     waiter.start()
     while pending._core.waiters is None or not pending._core.waiters:  # parked
         time.sleep(0.001)
-    with pytest.raises(SystemExit):  # raised once every callback ran
-        completer.resolve(OUT)
+    completer.resolve(OUT)  # the settling thread is never the one running callbacks
     waiter.join(5)
-    assert ran == ["exits", "after", "woke 4"]
+    assert wait_for_callbacks(5)
+    assert ran == ["woke 4", "exits, the waiter woke: True", "after"]
+    assert reported == [SystemExit]
+    # the callback thread survived its SystemExit
+    later, done = PendingDispatch.create()
+    later.add_done_callback(lambda _: ran.append("later"))
+    done.resolve(OUT)
+    assert wait_for_callbacks(5) and ran[-1] == "later"
 
 
 def test_a_waiter_whose_loop_was_closed_does_not_strand_the_others() -> None:

@@ -48,7 +48,7 @@ from vyre_async.config import DispatchConfig
 from vyre_async.errors import BackendClosed, InvalidProgram, UnsupportedFeature
 from vyre_async.frontend import Launch
 from vyre_async.ir.program import Program
-from vyre_async.pending import PendingDispatch
+from vyre_async.pending import PendingDispatch, settle_hook
 from vyre_ray.errors import UnknownProgram, cause_of, not_installed, translate
 from vyre_ray.worker import PROGRAMS_KEPT
 
@@ -452,7 +452,7 @@ class RayBackend(VyreBackend):
         call = _Call(launch, shipped, inputs, self._carrier(launch))
         with self._lock:
             self._open[id(launch)] = launch
-        launch.pending.add_done_callback(lambda _: self._forget(launch))
+        settle_hook(launch.pending, lambda _: self._forget(launch))
         if sum(item.nbytes for item in inputs) > OFF_THREAD_BYTES:
             self._off_thread(call)
         else:
@@ -544,7 +544,7 @@ class RayBackend(VyreBackend):
             with self._lock:
                 self._running[ref] = launch
             if launch.config.timeout is not None:
-                launch.pending.add_done_callback(lambda p: self._cancel_if_late(p, ref))
+                settle_hook(launch.pending, lambda p: self._cancel_if_late(p, ref))
             ref.future().add_done_callback(lambda future: self._settle(call, member, ref, future))
         except Exception as exc:
             if not sent:

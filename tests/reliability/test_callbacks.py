@@ -1,0 +1,193 @@
+"""Issue 26, defect 1: a done-callback can neither hang the dispatch machinery nor its waiters.
+
+The reported hang: on the reference backend with its two workers, two dispatches
+whose done-callbacks download their own buffer, then two more dispatches on those
+buffers: both workers sat in callbacks waiting for work queued behind them. Done-
+callbacks now run on the callback thread, after the waiters woke; these tests run
+that case and its siblings (a callback that dispatches and waits, takes a result,
+closes the backend), on the reference backend and on a backend whose completions
+all come from one thread, as the CUDA backend's do.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from tests.driver.fakes import BytesBackend
+from vyre_async import Launch, PendingDispatch, VyreBackend
+from vyre_async.ir import (
+    Access,
+    Assign,
+    BufferDecl,
+    DType,
+    Let,
+    Load,
+    Loop,
+    Program,
+    Store,
+    Var,
+    gid,
+    u32,
+)
+from vyre_async.pending import wait_for_callbacks
+from vyre_async.programs import elementwise_xor
+from vyre_reference import ReferenceBackend
+
+N = 64
+#: x[i] += 1, after a loop long enough (a fraction of a second on the reference
+#: engine) that the callbacks are added and the next dispatches queued before it ends.
+INC = Program(
+    [BufferDecl("x", 0, Access.READ_WRITE, DType.U32)],
+    N,
+    [
+        Let("acc", u32(0)),
+        Loop("i", u32(0), u32(20_000), [Assign("acc", Var("acc") + Var("i"))]),
+        Store("x", gid(), Load("x", gid()) + u32(1) + (Var("acc") & u32(0))),
+    ],
+    op_id="test.slow_inc",
+)
+BOUND_S = 20.0  # far beyond what the work takes; a hang shows as this passing
+
+
+def _settles(pending: PendingDispatch) -> list[np.ndarray]:
+    return pending.result(timeout=BOUND_S)
+
+
+def test_callbacks_that_download_their_own_buffers_do_not_hang_the_workers() -> None:
+    backend = ReferenceBackend(inline_ns=0)  # its default: two workers
+    x = backend.upload(np.zeros(N, np.uint32))
+    y = backend.upload(np.zeros(N, np.uint32))
+    seen: dict[str, list[int]] = {}
+    done = threading.Event()
+
+    def download(name: str, buffer: Any) -> Callable[[PendingDispatch], None]:
+        def callback(_: PendingDispatch) -> None:
+            seen[name] = backend.download(buffer).tolist()
+            if len(seen) == 2:
+                done.set()
+
+        return callback
+
+    ax = backend.dispatch(INC, [x])
+    ax.add_done_callback(download("x", x))
+    ay = backend.dispatch(INC, [y])
+    ay.add_done_callback(download("y", y))
+    later = [backend.dispatch(INC, [x]), backend.dispatch(INC, [y])]
+    assert not (ax.done() or ay.done())  # (else the callbacks ran here, proving nothing)
+    _settles(ax)  # the awaiters of ax and ay are woken whatever the callbacks do
+    _settles(ay)
+    for pending in later:
+        _settles(pending)
+    assert done.wait(BOUND_S), "the callbacks' downloads never returned"
+    assert set(seen) == {"x", "y"} and all(v[0] in (1, 2) for v in seen.values())
+    assert backend.download(x).tolist() == [2] * N and backend.download(y).tolist() == [2] * N
+
+
+@pytest.mark.parametrize("how", ["dispatch_sync", "result"])
+def test_a_callback_may_dispatch_on_its_own_backend_and_wait(how: str) -> None:
+    backend = ReferenceBackend(inline_ns=0, max_workers=1)  # one worker: the worst case
+    a = np.arange(N, dtype=np.uint32)
+    got: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
+
+    def callback(_: PendingDispatch) -> None:
+        if how == "dispatch_sync":
+            (out,) = backend.dispatch_sync(elementwise_xor(N), [a, a])
+        else:
+            (out,) = backend.dispatch(elementwise_xor(N), [a, a]).result()
+        got.put(out.tolist())
+
+    first = backend.dispatch(elementwise_xor(N), [a, a])
+    first.add_done_callback(callback)
+    assert _settles(first)[0].tolist() == [0] * N
+    assert got.get(timeout=BOUND_S) == [0] * N
+
+
+def test_a_callback_may_close_its_backend_promptly_and_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = ReferenceBackend(inline_ns=0, close_timeout=30.0)
+    a = np.arange(N, dtype=np.uint32)
+    closed = threading.Event()
+
+    def close(_: PendingDispatch) -> None:
+        started = time.monotonic()
+        anyio.run(backend.aclose)
+        closed.took = time.monotonic() - started  # type: ignore[attr-defined]
+        closed.set()
+
+    pending = backend.dispatch(elementwise_xor(N), [a, a])
+    with caplog.at_level(logging.WARNING):
+        pending.add_done_callback(close)
+        assert _settles(pending)[0].tolist() == [0] * N
+        assert closed.wait(BOUND_S)
+    assert closed.took < 5.0  # type: ignore[attr-defined]  # not close_timeout (30 s)
+    assert backend.closed
+    assert not [r for r in caplog.records if "abandon" in r.getMessage()]
+
+
+class OneThreadBackend(BytesBackend):
+    """Every completion from one thread, in order, as the CUDA backend's bridge does."""
+
+    id = "one-thread-test"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.work: queue.SimpleQueue[Launch | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._complete, daemon=True)
+        self.thread.start()
+
+    def enqueue(self, launch: Launch) -> PendingDispatch:
+        launch.completer.mark_started()
+        self.work.put(launch)
+        return launch.pending
+
+    def _complete(self) -> None:
+        while (launch := self.work.get()) is not None:
+            a, b = (np.asarray(i) for i in launch.inputs)
+            launch.completer.resolve([a ^ b])
+
+    async def shutdown(self) -> None:
+        self.work.put(None)
+        self.thread.join(5)
+
+
+def test_on_a_backend_with_one_completion_thread_a_callback_may_wait_on_a_later_dispatch() -> None:
+    backend: VyreBackend = OneThreadBackend()
+    a = np.arange(N, dtype=np.uint32)
+    got: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
+    first = backend.dispatch(elementwise_xor(N), [a, a])
+    first.add_done_callback(
+        lambda _: got.put(backend.dispatch_sync(elementwise_xor(N), [a, a ^ 1])[0].tolist())
+    )
+    assert _settles(first)[0].tolist() == [0] * N
+    assert got.get(timeout=BOUND_S) == [1] * N
+    anyio.run(backend.aclose)
+
+
+def test_wait_for_callbacks_waits_for_those_queued_and_refuses_inside_one() -> None:
+    backend = ReferenceBackend(inline_ns=0)
+    a = np.arange(N, dtype=np.uint32)
+    gate = threading.Event()
+    inside: list[bool] = []
+
+    def slow(_: PendingDispatch) -> None:
+        inside.append(wait_for_callbacks(0.1))  # a callback cannot wait for those after it
+        gate.wait(BOUND_S)
+
+    pending = backend.dispatch(elementwise_xor(N), [a, a])
+    pending.add_done_callback(slow)
+    _settles(pending)
+    assert not wait_for_callbacks(0.2)  # the slow callback still runs
+    gate.set()
+    assert wait_for_callbacks(BOUND_S)
+    assert inside == [False]
+    anyio.run(backend.aclose)
