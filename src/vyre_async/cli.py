@@ -179,6 +179,14 @@ def _timeline(args: argparse.Namespace) -> int:
             f"span batches: {shown}{more} (a file cut short keeps its other lines)",
             file=sys.stderr,
         )
+    if report.cyclic_spans:
+        shown = ", ".join(report.cyclic_spans[:5])
+        more = "" if len(report.cyclic_spans) <= 5 else f" and {len(report.cyclic_spans) - 5} more"
+        print(
+            f"vyre-async: {len(report.cyclic_spans)} span(s) name a parent chain that loops "
+            f"back to them ({shown}{more}); they are shown as top-level slices",
+            file=sys.stderr,
+        )
     if not report.spans:
         print(
             f"vyre-async: {str(source)!r} holds no spans\n"

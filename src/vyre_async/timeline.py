@@ -65,12 +65,26 @@ class Span:
 
 @dataclass(frozen=True, slots=True)
 class TimelineReport:
-    """What `write_timeline` did: spans read, events and tracks written, lines skipped."""
+    """What `write_timeline` did: spans read, events and tracks written, what was damaged.
+
+    Attributes:
+        skipped_lines: Lines with something unreadable (the readable rest was kept).
+        cyclic_spans: Ids of spans whose parent chain loops back to them (a span
+            naming itself, two naming each other): shown as top-level slices.
+    """
 
     spans: int
     events: int
     tracks: int
     skipped_lines: tuple[int, ...]
+    cyclic_spans: tuple[str, ...] = ()
+
+
+#: Errors a damaged line or span may raise while it is read (a line nested past the
+#: recursion limit, ``Infinity`` where nanoseconds go): each skips that line or span.
+_DAMAGE = (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError)
+#: Times outside this many nanoseconds since the epoch are damage, not times.
+_MAX_NS = 1 << 63
 
 
 def _value(raw: Mapping[str, Any]) -> Any:
@@ -104,7 +118,7 @@ def read_otlp_json(lines: Iterable[str]) -> tuple[list[Span], list[int]]:
         try:
             document = json.loads(line)
             spans += _spans_of(document, bad)
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except _DAMAGE:
             bad[0] = True
         if bad[0]:  # the line, or some span of it, was not readable (the rest was kept)
             skipped.append(number)
@@ -120,6 +134,8 @@ def _spans_of(document: Mapping[str, Any], bad: list[bool]) -> Iterator[Span]:
             for raw in scope_spans.get("spans", ()):
                 try:
                     start, end = int(raw["startTimeUnixNano"]), int(raw["endTimeUnixNano"])
+                    if not (0 <= start < _MAX_NS and 0 <= end < _MAX_NS):
+                        raise ValueError(f"span times out of range: {start}, {end}")
                     yield Span(
                         trace_id=str(raw.get("traceId", "")),
                         span_id=str(raw["spanId"]),
@@ -130,7 +146,7 @@ def _spans_of(document: Mapping[str, Any], bad: list[bool]) -> Iterator[Span]:
                         service=service,
                         attributes=_attributes(raw.get("attributes", ())),
                     )
-                except (ValueError, KeyError, TypeError, AttributeError):
+                except _DAMAGE:
                     bad[0] = True
 
 
@@ -195,6 +211,17 @@ def _args(span: Span) -> dict[str, Any]:
     return args
 
 
+def _seconds(value: Any) -> float | None:
+    """A phase duration as a finite float, or None for anything else (damage, a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:
+        return None
+    return seconds if math.isfinite(seconds) else None
+
+
 def _within(start: int, end: int, lo: int, hi: int) -> tuple[int, int]:
     start = min(max(start, lo), hi)
     return start, min(max(end, start), hi)
@@ -215,10 +242,11 @@ def _phase_slices(span: Span) -> list[tuple[str, int, int, bool]]:
     durations = [
         (name, span.attributes.get(key)) for key, name in _PHASES if key in span.attributes
     ]
+    # (at most the span's length: a damaged 1e300 s must not overflow the arithmetic)
     known = [
-        (name, max(0, round(float(d) * 1e9)))
+        (name, round(min(max(seconds, 0.0), (hi - lo) / 1e9) * 1e9))
         for name, d in durations
-        if isinstance(d, int | float) and math.isfinite(d)
+        if (seconds := _seconds(d)) is not None
     ]
     leading = [p for p in known if p[0] in _LEADING]
     trailing = [p for p in known if p[0] not in _LEADING]
@@ -237,15 +265,54 @@ def _phase_slices(span: Span) -> list[tuple[str, int, int, bool]]:
     return sorted(out, key=lambda p: p[1])
 
 
-def to_trace_events(spans: Iterable[Span]) -> dict[str, Any]:
-    """Return the Chrome trace-event JSON object (``{"traceEvents": [...]}``) of ``spans``."""
-    spans = list(spans)
+def _nesting(spans: list[Span]) -> tuple[dict[int, Span], list[str]]:
+    """Each span's parent slice (by ``id(span)``), and the ids of spans in a parent loop.
+
+    A span nests in its parent when both are of one service and it is not a
+    dispatch (a dispatch is a top-level slice of its track even under a request
+    span). A span whose parent chain comes back to it (it names itself, two name
+    each other) would belong to no root: each span of such a loop is made a root
+    and reported.
+    """
     by_id = {(s.trace_id, s.span_id): s for s in spans}
-    roots: list[Span] = []
+    parent_of: dict[int, Span] = {}
     for span in spans:
         parent = by_id.get((span.trace_id, span.parent_id)) if span.parent_id else None
-        # A dispatch is a top-level slice of its track even under a request span.
         if parent is not None and parent.service == span.service and span.name != "vyre.dispatch":
+            parent_of[id(span)] = parent
+    cyclic: list[str] = []
+    settled: set[int] = set()  # spans whose chain is known to end at a root
+    for span in spans:
+        chain: list[Span] = []
+        on_chain: set[int] = set()
+        node: Span | None = span
+        while node is not None and id(node) not in settled and id(node) not in on_chain:
+            chain.append(node)
+            on_chain.add(id(node))
+            node = parent_of.get(id(node))
+        if node is not None and id(node) in on_chain:  # the walk came back: a loop
+            loop = chain[chain.index(node) :]
+            for member in loop:
+                del parent_of[id(member)]
+                cyclic.append(member.span_id)
+        settled.update(on_chain)
+    return parent_of, cyclic
+
+
+def to_trace_events(spans: Iterable[Span]) -> dict[str, Any]:
+    """Return the Chrome trace-event JSON object (``{"traceEvents": [...]}``) of ``spans``.
+
+    Spans in a parent loop are top-level slices; the ids are under
+    ``"vyre.cyclic_spans"`` in the object (when there are any).
+    """
+    spans = list(spans)
+    for span in spans:
+        span.children = []
+    parent_of, cyclic = _nesting(spans)
+    roots: list[Span] = []
+    for span in spans:
+        parent = parent_of.get(id(span))
+        if parent is not None:
             parent.children.append(span)
         else:
             roots.append(span)
@@ -267,7 +334,8 @@ def to_trace_events(spans: Iterable[Span]) -> dict[str, Any]:
             )  # fmt: skip
         return tracks[key]
 
-    def emit(span: Span, pid: int, group: str, tid: int, lo: int, hi: int) -> None:
+    def slice_of(span: Span, pid: int, tid: int, lo: int, hi: int) -> tuple[int, int]:
+        """Append the span's slice (and a dispatch's phases); return its interval."""
         start, end = _within(span.start_ns, span.end_ns, lo, hi)
         events.append(
             {
@@ -295,15 +363,34 @@ def to_trace_events(spans: Iterable[Span]) -> dict[str, Any]:
                         "args": {"approximate": approximate},
                     }
                 )
-            return
-        cursor = start
-        for child in sorted(span.children, key=lambda c: c.start_ns):
-            if child.start_ns >= cursor and child.end_ns <= end:  # nests: on this track
-                emit(child, pid, group, tid, child.start_ns, child.end_ns)
-                cursor = child.end_ns
+        return start, end
+
+    def emit(root: Span, pid: int, group: str, tid: int, lo: int, hi: int) -> None:
+        """Emit a tree of spans depth first, without recursion (a file may nest deeply).
+
+        Each frame: the children still to place, the cursor (the end of the last
+        child nested on the track), the parent's end and its track.
+        """
+        frames: list[tuple[Iterator[Span], list[int], int, int]] = []
+
+        def open_(span: Span, tid: int, lo: int, hi: int) -> None:
+            start, end = slice_of(span, pid, tid, lo, hi)
+            if span.name != "vyre.dispatch" and span.children:
+                children = iter(sorted(span.children, key=lambda c: c.start_ns))
+                frames.append((children, [start], end, tid))
+
+        open_(root, tid, lo, hi)
+        while frames:
+            children, cursor, end, track = frames[-1]
+            child = next(children, None)
+            if child is None:
+                frames.pop()
+            elif child.start_ns >= cursor[0] and child.end_ns <= end:  # nests: on this track
+                cursor[0] = child.end_ns
+                open_(child, track, child.start_ns, child.end_ns)
             else:  # overlaps a sibling (concurrent children) or its parent's end: a lane
                 lane = lanes.setdefault((pid, group), _Lanes()).place(child.start_ns, child.end_ns)
-                emit(child, pid, group, tid_for(pid, group, lane), child.start_ns, child.end_ns)
+                open_(child, tid_for(pid, group, lane), child.start_ns, child.end_ns)
 
     for service in services:
         pid = pid_of[service]
@@ -316,7 +403,10 @@ def to_trace_events(spans: Iterable[Span]) -> dict[str, Any]:
     slices = [e for e in events if e["ph"] == "X"]
     meta = [e for e in events if e["ph"] == "M"]
     slices.sort(key=lambda e: (e["pid"], e["tid"], e["ts"], -e["dur"]))
-    return {"traceEvents": meta + slices, "displayTimeUnit": "ms"}
+    document: dict[str, Any] = {"traceEvents": meta + slices, "displayTimeUnit": "ms"}
+    if cyclic:
+        document["vyre.cyclic_spans"] = cyclic
+    return document
 
 
 def write_timeline(source: TextIO, target: TextIO) -> TimelineReport:
@@ -331,6 +421,7 @@ def write_timeline(source: TextIO, target: TextIO) -> TimelineReport:
         events=sum(1 for e in events if e["ph"] == "X"),
         tracks=tracks,
         skipped_lines=tuple(skipped),
+        cyclic_spans=tuple(document.get("vyre.cyclic_spans", ())),
     )
 
 
