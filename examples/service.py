@@ -21,11 +21,16 @@ after the requests in flight finished. Endpoints:
 - ``GET /metrics``: the Prometheus text of vyre-async's metrics (with the
   OpenTelemetry SDK installed).
 
-Bad requests (malformed body, NaN or Infinity, empty arrays, wrong dtype or
-count, an array over ``VYRE_SERVICE_MAX_ELEMENTS`` (default 4 194 304) or a
-body over ``VYRE_SERVICE_MAX_BODY_BYTES``) get 4xx with a message and a Fix as
-JSON, as do requests the driver refuses (its own message and Fix); driver
-faults get 5xx (504 for a timeout); nothing crashes the server. A JSON answer
+Bad requests (malformed or absurdly nested body, NaN or Infinity, ``true`` for
+a number, empty arrays, wrong dtype or count, an array over
+``VYRE_SERVICE_MAX_ELEMENTS`` (default 4 194 304) or a body over
+``VYRE_SERVICE_MAX_BODY_BYTES``; an unknown route or method) get 4xx with a
+message and a Fix as JSON, as do requests the driver refuses (its own message
+and Fix); driver faults get 5xx (504 for a timeout); nothing crashes the
+server. Each setting must be a whole number >= 1, else the service does not
+start (a message and a Fix, exit status 1). The HTTP metrics keep only labels
+of bounded cardinality (method, status, scheme, protocol, route, port): no
+client can add series through its ``Host`` header. A JSON answer
 that would hold Infinity (an f32 overflow) is a 422: ask for raw bytes.
 ``VYRE_SERVICE_TRACE`` (``otlp``, ``console``, ``file:PATH``) installs the
 tracing SDK; every request is then an HTTP server span (OpenTelemetry's ASGI
@@ -67,10 +72,28 @@ from vyre_async import (
 )
 from vyre_async.programs import elementwise_xor, saxpy
 
-MAX_ELEMENTS = int(os.environ.get("VYRE_SERVICE_MAX_ELEMENTS", str(1 << 22)))
+
+def _setting(name: str, default: int) -> int:
+    """A whole-number setting >= 1 from the environment; a bad one stops the start, clearly."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise SystemExit(
+            f"vyre-service: {name} must be a whole number >= 1, got {raw!r}\n"
+            f"Fix: set {name}={default} (the default) or unset it"
+        )
+    return value
+
+
+MAX_ELEMENTS = _setting("VYRE_SERVICE_MAX_ELEMENTS", 1 << 22)
 #: A body over this many bytes is refused before it is read whole (JSON numbers
 #: take up to about 12 bytes each).
-MAX_BODY_BYTES = int(os.environ.get("VYRE_SERVICE_MAX_BODY_BYTES", str(24 * MAX_ELEMENTS + 4096)))
+MAX_BODY_BYTES = _setting("VYRE_SERVICE_MAX_BODY_BYTES", 24 * MAX_ELEMENTS + 4096)
 RAW = "application/octet-stream"
 _DTYPES = {"u32": np.dtype("<u4"), "f32": np.dtype("<f4")}
 
@@ -216,7 +239,7 @@ async def _inputs(request: Request, spec: Spec) -> tuple[list[np.ndarray], bool]
         raw_inputs = document["inputs"]
         if not isinstance(raw_inputs, list) or len(raw_inputs) != len(spec.dtypes):
             raise TypeError
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # (nested past any use)
         raise BadRequest(
             400,
             f"the body must be JSON {{'inputs': [...]}} with {len(spec.dtypes)} arrays",
@@ -238,8 +261,16 @@ def _scalar_dtype(spec: Spec) -> str:
 
 
 def _typed(values: Any, dtype: str) -> np.ndarray:
-    """A JSON list as an array of ``dtype``, refusing values that do not fit it exactly."""
+    """A JSON list as an array of ``dtype``, refusing values that do not fit it exactly.
+
+    ``true``/``false`` are not numbers here, and an empty list is empty whatever
+    its dtype (`_checked` says so, as for raw bytes).
+    """
+    if isinstance(values, list) and not values:
+        return np.zeros(0, _DTYPES[dtype])
     try:
+        if not isinstance(values, list) or any(isinstance(v, bool) for v in values):
+            raise ValueError
         array = np.asarray(values)
         if dtype == "u32":
             if array.dtype.kind not in "iu" or (
@@ -250,7 +281,7 @@ def _typed(values: Any, dtype: str) -> np.ndarray:
         if array.dtype.kind not in "iuf":
             raise ValueError
         return array.astype(np.float32)
-    except (ValueError, TypeError, OverflowError):
+    except (ValueError, TypeError, OverflowError, RecursionError):
         raise BadRequest(
             400,
             f"an input is not an array of {dtype} values",
@@ -358,9 +389,32 @@ def _install_telemetry() -> tuple[Any, Any]:
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     except ImportError:  # no SDK: /metrics says so
         return provider, None
+    from opentelemetry.sdk.metrics.view import View
+
     reader = InMemoryMetricReader()
-    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    # The ASGI middleware labels its HTTP metrics with what the client sent (the Host
+    # header, the target path): every new value would be a new series, so any client
+    # could grow /metrics at will. Keep only labels of bounded cardinality.
+    bounded = View(instrument_name="http.server.*", attribute_keys=HTTP_METRIC_LABELS)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader], views=[bounded]))
     return provider, reader
+
+
+#: The HTTP metric labels kept: method (unknown ones are "_OTHER"), status, scheme,
+#: protocol version, the route template, the server's port.
+HTTP_METRIC_LABELS = {
+    "http.method",
+    "http.request.method",
+    "http.status_code",
+    "http.response.status_code",
+    "http.scheme",
+    "url.scheme",
+    "http.flavor",
+    "network.protocol.version",
+    "http.route",
+    "net.host.port",
+    "server.port",
+}
 
 
 @asynccontextmanager
@@ -377,15 +431,31 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             provider.shutdown()  # export the last spans
 
 
+ROUTES = [
+    Route("/v1/run/{program}", run, methods=["POST"]),
+    Route("/v1/numpy/{program}", run_numpy, methods=["POST"]),
+    Route("/health", health),
+    Route("/metrics", metrics),
+]
+
+
+async def _no_route(request: Request, exc: Exception) -> Response:
+    """Unknown paths and methods: JSON with a Fix, like every other refusal."""
+    status = getattr(exc, "status_code", 404)
+    known = ", ".join(f"{sorted(r.methods or ())} {r.path}" for r in ROUTES)
+    if status == 405:
+        return _error(
+            405, "MethodNotAllowed", f"{request.method} is not served at {request.url.path}",
+            f"use one of: {known}",
+        )  # fmt: skip
+    return _error(404, "NotFound", f"no route {request.url.path}", f"use one of: {known}")
+
+
 _traced = OpenTelemetryMiddleware(
     Starlette(
-        routes=[
-            Route("/v1/run/{program}", run, methods=["POST"]),
-            Route("/v1/numpy/{program}", run_numpy, methods=["POST"]),
-            Route("/health", health),
-            Route("/metrics", metrics),
-        ],
+        routes=ROUTES,
         lifespan=lifespan,
+        exception_handlers={404: _no_route, 405: _no_route},
     )
 )
 
