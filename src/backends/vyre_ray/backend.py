@@ -30,6 +30,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ from vyre_async._exports import public_dir as _public_dir
 from vyre_async.backend import VyreBackend, poll_until
 from vyre_async.capabilities import FEATURES, BackendCapabilities
 from vyre_async.config import DispatchConfig
-from vyre_async.errors import BackendClosed, InvalidProgram, UnsupportedFeature
+from vyre_async.errors import BackendClosed, DeviceLost, InvalidProgram, UnsupportedFeature
 from vyre_async.frontend import Launch
 from vyre_async.ir.program import Program
 from vyre_async.pending import PendingDispatch, settle_hook
@@ -66,6 +67,8 @@ OFF_THREAD_BYTES = 1 << 20
 AFFINITY_SLACK = 8
 #: Seconds to wait for a new pool's workers to start and describe themselves.
 START_TIMEOUT_S = 120.0
+#: How often the pool checks that its Ray runtime is still up while it is open.
+WATCH_S = 0.25
 
 
 def create_backend(**kwargs: Any) -> RayBackend:
@@ -380,6 +383,11 @@ class RayBackend(VyreBackend):
         #: Set by `shutdown` once its wait for in-flight work is over: from then on
         #: what is still unsettled fails with `BackendClosed` and nothing is resent.
         self._giving_up = False
+        #: Set when the Ray runtime this pool was made on went away (``ray.shutdown()``
+        #: elsewhere in the process): everything fails with `DeviceLost` from then on,
+        #: and no Ray call is made again (one would start a fresh, unrelated cluster).
+        self._lost = False
+        self._watchdog: threading.Thread | None = None
 
     @classmethod
     def local(cls, workers: int = 2, inner: str | None = "reference", **kwargs: Any) -> RayBackend:
@@ -441,6 +449,8 @@ class RayBackend(VyreBackend):
             BackendClosed: the backend was closed.
         """
         self.check_open()
+        if self._lost or not self._ray.is_initialized():
+            raise self._runtime_gone()
         shape = launch.template
         shipped = None if shape is None else shape.backend_state
         if not isinstance(shipped, _Shipped):  # per launch shape: the program with its counts
@@ -452,12 +462,39 @@ class RayBackend(VyreBackend):
         call = _Call(launch, shipped, inputs, self._carrier(launch))
         with self._lock:
             self._open[id(launch)] = launch
+            if self._watchdog is None:  # (holds the backend weakly: no leak if unclosed)
+                self._watchdog = threading.Thread(
+                    target=_watch_runtime, args=(weakref.ref(self),), name="vyre-ray-watchdog",
+                    daemon=True,
+                )  # fmt: skip
+                self._watchdog.start()
         settle_hook(launch.pending, lambda _: self._forget(launch))
         if sum(item.nbytes for item in inputs) > OFF_THREAD_BYTES:
             self._off_thread(call)
         else:
             self._submit(call)
         return launch.pending
+
+    def _runtime_gone(self) -> DeviceLost:
+        """The error of every dispatch once the pool's Ray runtime went away."""
+        self._lost = True
+        return DeviceLost(
+            "the Ray runtime this 'ray' backend was connected to was shut down "
+            "(ray.shutdown() in this process); its workers are gone",
+            fix="close this backend and build a new one (acquire_backend('ray') builds a "
+            "fresh one after close), which connects again",
+            backend_id="ray",
+            cause="runtime-gone",
+        )
+
+    def runtime_lost(self) -> None:
+        """Fail every dispatch in flight with `DeviceLost`: the Ray runtime went away."""
+        error = self._runtime_gone()
+        with self._lock:
+            left = list(self._open.values())
+            self._running.clear()
+        for launch in left:
+            launch.completer.fail(error)
 
     def _forget(self, launch: Launch) -> None:
         with self._lock:
@@ -630,7 +667,7 @@ class RayBackend(VyreBackend):
             refs = list(self._running)
             self._running.clear()
         error = _closed_error()
-        for ref in refs:
+        for ref in refs if self._ray.is_initialized() else ():
             try:
                 self._ray.cancel(ref, force=False)
             except Exception:  # it ends with its worker below anyway
@@ -642,6 +679,8 @@ class RayBackend(VyreBackend):
 
     def _stop_workers(self) -> None:
         """Let the workers export the spans they hold (2 s at most), then kill them."""
+        if self._lost or not self._ray.is_initialized():  # gone with the runtime: no Ray
+            return  # call (one would start a fresh cluster only to kill nothing in it)
         handles = [m.handle for m in self._members]
         try:  # spans still buffered on the workers
             self._ray.get([h.flush_telemetry.remote() for h in handles], timeout=2.0)
@@ -652,6 +691,23 @@ class RayBackend(VyreBackend):
                 self._ray.kill(handle, no_restart=True)
             except Exception:  # already gone
                 _log.debug("killing a Ray worker failed", exc_info=True)
+
+
+def _watch_runtime(backend_ref: weakref.ref[RayBackend]) -> None:
+    """While the backend is open, check every `WATCH_S` that its Ray runtime is still up.
+
+    Ray's futures never settle once the runtime is shut down under them: the
+    dispatches in flight then fail with `DeviceLost` (within `WATCH_S`).
+    """
+    while True:
+        time.sleep(WATCH_S)
+        backend = backend_ref()
+        if backend is None or backend.closed:
+            return
+        if not backend._ray.is_initialized():  # noqa: SLF001 - the module's own class
+            backend.runtime_lost()
+            return
+        del backend
 
 
 def _check_worker_options(
