@@ -12,7 +12,18 @@ asyncio and trio), one of:
 - an increment of a resident buffer the task owns (READ_WRITE, checked at the end);
 - corrupting an on-disk pipeline cache entry (truncation, garbage, a foreign
   header, deletion), then compiling from that cache in a fresh backend, which
-  must recompile with a warning.
+  must recompile with a warning;
+- a dispatch whose done-callback waits on its own backend: downloads a
+  resident buffer, dispatches and waits (``dispatch_sync`` or ``result()``), or
+  closes a backend of its own (issue 26: none of it may hang);
+- a request to the example service (uvicorn in a subprocess): valid ones
+  checked exactly, hostile ones (nested bodies, unknown routes and methods,
+  booleans and NaN for numbers, empty arrays, lying counts, odd ``Host``
+  headers) refused with 4xx JSON holding a message and a Fix, never a 5xx.
+
+Meanwhile the OpenTelemetry SDK records every dispatch through a span processor
+that raises at ``on_start`` or ``on_end`` one time in five: no dispatch may
+notice, and every fault must be reported (``threading.excepthook``).
 
 Asserted: no wrong result, every failure a `BackendError` with a Fix, nothing
 hangs (a hard deadline), and nothing leaks: no dispatch left in flight, no
@@ -22,21 +33,25 @@ extra threads, resident buffers freed, RSS growth bounded.
 from __future__ import annotations
 
 import gc
+import json
 import math
 import os
+import queue
 import random
 import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
 import anyio.lowlevel
 import numpy as np
 import pytest
+from opentelemetry.sdk.trace import SpanProcessor
 
+from tests import otel_sdk
 from tests.contract.test_contract import spin
 from tests.driver.fakes import BytesBackend
 from vyre_async import (
@@ -64,8 +79,43 @@ def _rss_bytes() -> int:
 
 
 def _threads() -> int:
-    """Threads other than trio's own cache (anyio's test runner drives trio in guest mode)."""
-    return sum(not t.name.startswith("Trio thread") for t in threading.enumerate())
+    """Threads other than trio's own cache (anyio's test runner drives trio in guest mode)
+    and the process's one done-callback thread (started once, by the first callback)."""
+    return sum(
+        not t.name.startswith("Trio thread") and t.name != "vyre-callbacks"
+        for t in threading.enumerate()
+    )
+
+
+class _FlakySpans(SpanProcessor):
+    """A span processor that raises at start or end one time in five while ``active``."""
+
+    active = False
+    rng = random.Random(11)
+
+    def on_start(self, span: object, parent_context: object = None) -> None:
+        if self.active and self.rng.random() < 0.2:
+            raise RuntimeError("soak: a span processor's on_start fault")
+
+    def on_end(self, span: object) -> None:
+        if self.active and self.rng.random() < 0.2:
+            raise RuntimeError("soak: a span processor's on_end fault")
+
+
+_FLAKY: _FlakySpans | None = None
+NAN_BODY = b'{"inputs": [[NaN], [1]], "alpha": 1}'
+
+
+def _flaky_spans() -> _FlakySpans:
+    """The in-memory SDK (installed once per session) with the flaky processor added once."""
+    global _FLAKY
+    if _FLAKY is None:
+        from opentelemetry import trace
+
+        otel_sdk.install()
+        _FLAKY = _FlakySpans()
+        trace.get_tracer_provider().add_span_processor(_FLAKY)  # type: ignore[attr-defined]
+    return _FLAKY
 
 
 def _increment() -> Program:
@@ -81,8 +131,11 @@ def _increment() -> Program:
 class Soak:
     """Shared state of one soak run."""
 
-    def __init__(self, backend: ReferenceBackend, cache_root: Path, seed: int) -> None:
+    def __init__(
+        self, backend: ReferenceBackend, cache_root: Path, seed: int, service_url: str | None
+    ) -> None:
         self.backend = backend
+        self.service_url = service_url
         self.workloads = standard_workloads()
         self.saxpy = next(w.program for w in self.workloads if w.name == "saxpy")
         self.closed = ReferenceBackend(prefetch=False)
@@ -184,6 +237,106 @@ class Soak:
         done[0] += 1
         self.counts["increments"] += 1
 
+    async def callback(self, np_rng: np.random.Generator, mine: ResidentBuffer) -> None:
+        """A dispatch whose done-callback waits on its own backend; nothing may hang."""
+        a = np_rng.integers(0, 2**32, 64, dtype=U)
+        b = np_rng.integers(0, 2**32, 64, dtype=U)
+        xor = elementwise_xor(64)
+        kind = self.rng.choice(["download", "dispatch_sync", "result", "close"])
+        got: queue.SimpleQueue[object] = queue.SimpleQueue()
+        backend = ReferenceBackend(prefetch=False) if kind == "close" else self.backend
+
+        def callback(_: object) -> None:
+            try:
+                if kind == "download":
+                    values = self.backend.download(mine)
+                    got.put(bool((values == values[0]).all()))
+                elif kind == "dispatch_sync":
+                    got.put(self.backend.dispatch_sync(xor, [a, b])[0].tobytes())
+                elif kind == "result":
+                    got.put(self.backend.dispatch(xor, [a, b]).result()[0].tobytes())
+                else:
+                    anyio.run(backend.aclose)
+                    got.put(backend.closed)
+            except BaseException as exc:  # the step reports it below
+                got.put(exc)
+
+        pending = backend.dispatch(xor, [a, b])
+        pending.add_done_callback(callback)
+        (out,) = await pending
+        if out.tobytes() != (a ^ b).tobytes():
+            self.fail("wrong result of a dispatch with a done-callback")
+        deadline = time.monotonic() + 30
+        while got.empty():
+            if time.monotonic() > deadline:
+                self.fail(f"a done-callback that did {kind} never finished")
+                return
+            await anyio.sleep(0.001)
+        answer = got.get()
+        want = {"download": True, "close": True}.get(kind, (a ^ b).tobytes())
+        if isinstance(answer, BaseException):
+            self.fail(f"a done-callback's {kind} raised {type(answer).__name__}: {answer}")
+        elif answer != want:
+            self.fail(f"a done-callback's {kind} gave a wrong answer")
+        self.counts[f"callback_{kind}"] += 1
+
+    async def request(self, client: object) -> None:
+        """One request to the example service: exact when valid, 4xx JSON with a Fix if not."""
+        assert self.service_url is not None
+        url = self.service_url
+        a = [self.rng.randrange(2**32) for _ in range(self.rng.randint(1, 64))]
+        b = [self.rng.randrange(2**32) for _ in a]
+        raw = {"Content-Type": "application/octet-stream"}
+        requests: dict[str, tuple[str, str, dict[str, object], int]] = {
+            "valid json": ("POST", "/v1/run/xor", {"json": {"inputs": [a, b]}}, 200),
+            "valid raw": (
+                "POST", "/v1/run/xor",
+                {"content": np.array(a + b, "<u4").tobytes(),
+                 "headers": {**raw, "X-Vyre-Counts": f"{len(a)},{len(b)}"}},
+                200,
+            ),
+            "nested body": ("POST", "/v1/run/xor", {"content": b"[" * 50_000}, 400),
+            "unknown route": ("GET", f"/v{self.rng.randint(2, 9)}/what", {}, 404),
+            "wrong method": ("DELETE", "/v1/run/xor", {}, 405),
+            "unknown program": ("POST", "/v1/run/fft", {"json": {"inputs": [a, b]}}, 404),
+            "bool input": ("POST", "/v1/run/xor", {"json": {"inputs": [[True, *a], [1, *b]]}}, 400),
+            "nan input": ("POST", "/v1/run/saxpy", {"content": NAN_BODY}, 400),
+            "empty arrays": ("POST", "/v1/run/xor", {"json": {"inputs": [[], []]}}, 400),
+            "lying counts": (
+                "POST", "/v1/run/xor",
+                {"content": b"\0" * 8, "headers": {**raw, "X-Vyre-Counts": "100,100"}},
+                400,
+            ),
+            "odd host": (
+                "POST", "/v1/run/xor",
+                {"json": {"inputs": [a, b]}, "headers": {"Host": f"x{self.rng.random()}.example"}},
+                200,
+            ),
+        }  # fmt: skip
+        name, (method, path, options, status) = self.rng.choice(list(requests.items()))
+        response = await client.request(method, f"{url}{path}", **options)  # type: ignore[attr-defined]
+        if response.status_code != status:
+            self.fail(
+                f"service {name}: {response.status_code}, want {status}: {response.text[:200]}"
+            )
+            return
+        if status == 200:
+            if name == "valid raw":
+                out = np.frombuffer(response.content, "<u4").tolist()
+            else:
+                out = response.json()["outputs"][0]
+            if out != [x ^ y for x, y in zip(a, b, strict=True)]:
+                self.fail(f"service {name}: a wrong result")
+        else:
+            try:
+                body = json.loads(response.text)
+            except ValueError:
+                self.fail(f"service {name}: a {status} that is not JSON: {response.text[:100]}")
+                return
+            if not (body.get("message") and body.get("fix")):
+                self.fail(f"service {name}: a refusal without a message and a Fix: {body}")
+        self.counts["service"] += 1
+
     def corrupt_and_reload(self) -> None:
         program = self.rng.choice(self.cache_programs)
         writer = BytesBackend(disk_cache=self.cache, prefetch=False)
@@ -215,9 +368,15 @@ class Soak:
         self.counts[f"cache_{damage}"] += 1
 
 
-async def _soak(seconds: float, cache_root: Path, seed: int) -> tuple[Soak, float]:
+async def _soak(
+    seconds: float, cache_root: Path, seed: int, service_url: str | None = None
+) -> tuple[Soak, float]:
     backend = ReferenceBackend(max_workers=2)
-    soak = Soak(backend, cache_root, seed)
+    soak = Soak(backend, cache_root, seed, service_url)
+    import httpx
+
+    client = httpx.AsyncClient(timeout=30) if service_url else None
+    exporter = otel_sdk.install()[0]
     await soak.closed.aclose()
     deadline = time.monotonic() + seconds
     increments: list[tuple[ResidentBuffer, list[int]]] = []
@@ -229,8 +388,9 @@ async def _soak(seconds: float, cache_root: Path, seed: int) -> tuple[Soak, floa
         increments.append((mine, done))
         while time.monotonic() < deadline:
             kind = soak.rng.choices(
-                ["valid", "hostile", "cancel", "timeout", "increment", "cache"],
-                weights=[40, 25, 10, 8, 12, 5],
+                ["valid", "hostile", "cancel", "timeout", "increment", "cache", "callback"]
+                + (["service"] if client is not None else []),
+                weights=[40, 25, 10, 8, 12, 5, 6] + ([6] if client is not None else []),
             )[0]
             try:
                 if kind == "valid":
@@ -243,6 +403,11 @@ async def _soak(seconds: float, cache_root: Path, seed: int) -> tuple[Soak, floa
                     await soak.timed_out()
                 elif kind == "increment":
                     await soak.increment(mine, done)
+                elif kind == "callback":
+                    await soak.callback(np_rng, mine)
+                    exporter.clear()  # (the SDK's in-memory spans: bounded memory)
+                elif kind == "service":
+                    await soak.request(client)
                 else:
                     soak.corrupt_and_reload()
             except Exception as exc:  # every step handles its own expected errors
@@ -255,6 +420,9 @@ async def _soak(seconds: float, cache_root: Path, seed: int) -> tuple[Soak, floa
             for index in range(TASKS):
                 tg.start_soon(worker, index)
         await backend.flush()
+    if client is not None:
+        await client.aclose()
+    exporter.clear()
     for mine, done in increments:
         values = backend.download(mine)
         if not (values == done[0]).all():
@@ -267,18 +435,44 @@ async def _soak(seconds: float, cache_root: Path, seed: int) -> tuple[Soak, floa
     return soak, time.monotonic() - started
 
 
+@pytest.fixture(scope="module")
+def service() -> Iterator[str]:
+    """The example service, when its extra is installed (started once for both loops)."""
+    pytest.importorskip("uvicorn", reason="the service extra is not installed")
+    from tests.service.test_service import Server
+
+    server = Server()
+    yield server.url
+    server.stop()
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc for RSS")
-async def test_soak_mixed_valid_and_hostile_work(tmp_path: Path, anyio_backend: str) -> None:
+async def test_soak_mixed_valid_and_hostile_work(
+    tmp_path: Path, anyio_backend: str, service: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seconds = SOAK_SECONDS * (0.6 if anyio_backend == "asyncio" else 0.4)
+    flaky = _flaky_spans()
+    reported: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: reported.append(args.exc_value))
     gc.collect()
     threads_before = _threads()
     rss_before = _rss_bytes()
-    soak, elapsed = await _soak(seconds, tmp_path / "cache", seed=7)
+    flaky.active = True
+    try:
+        soak, elapsed = await _soak(seconds, tmp_path / "cache", seed=7, service_url=service)
+    finally:
+        flaky.active = False
     gc.collect()
     growth = _rss_bytes() - rss_before
     summary = ", ".join(f"{k} {v}" for k, v in sorted(soak.counts.items()))
     print(f"\nsoak ({anyio_backend}, {elapsed:.1f} s): {summary}; RSS +{growth / 2**20:.1f} MiB")
     assert soak.errors == [], sorted(set(soak.errors))[:20]
+    # Every span processor fault was reported, and nothing else was.
+    faults = [str(e) for e in reported]
+    assert faults and all(f.startswith("soak: a span processor's on_") for f in faults), faults[:5]
+    assert {f.split("'s ")[1].split(" ")[0] for f in faults} == {"on_start", "on_end"}
+    assert sum(v for k, v in soak.counts.items() if k.startswith("callback_")) > 0
+    assert soak.counts["service"] > 0
     assert soak.counts["valid"] > 0 and soak.counts["hostile"] > 0
     assert soak.counts["cancelled"] + soak.counts["timed_out"] > 0
     assert sum(v for k, v in soak.counts.items() if k.startswith("cache_")) > 0

@@ -479,11 +479,13 @@ class PendingDispatch:
         return self._core.error
 
     def add_done_callback(self, fn: Callable[[PendingDispatch], None]) -> None:
-        """Call ``fn(self)`` once the dispatch settles (at once, in this thread, if it has).
+        """Call ``fn(self)`` once the dispatch settles (soon, if it already has).
 
         Callbacks run on vyre-async's callback thread (``vyre-callbacks``), after
         the dispatch's waiters woke, one at a time in the order dispatches
-        settle, never on a backend's worker or completion thread: a callback may
+        settle (or, for one settled already, were given a callback), never on
+        a backend's worker or completion thread nor on the caller's (an event
+        loop's, say): a callback may
         block, wait on its own backend (``download``, ``dispatch_sync``,
         ``result()``) or close it. One that blocks delays only the callbacks
         queued after it (`wait_for_callbacks` waits for those queued so far).
@@ -506,7 +508,7 @@ class PendingDispatch:
                 else:
                     core.callbacks.append(fn)
                 return
-        _run_callback(fn, self)
+        _CALLBACKS.submit([fn], self)  # settled already: still on the callback thread
 
     def result(self, timeout: float | None = None) -> Outputs:
         """Block until the outputs are ready and return them (for synchronous code).
@@ -581,7 +583,7 @@ class PendingDispatch:
                 self._stop_polling()
                 hook = core.record.on_await_cancelled
                 if core.state is _PENDING and hook is not None:
-                    hook(self)
+                    _run_callback(hook, self)  # (what it raises is reported, not raised here)
                 raise
             turn += 1
             if turn < skip:
@@ -661,7 +663,7 @@ class PendingDispatch:
         core.remove_waiter(waiter)
         hook = core.record.on_await_cancelled
         if core.state is _PENDING and hook is not None:  # cancelled mid-flight
-            hook(self)
+            _run_callback(hook, self)  # (what it raises is reported, not raised here)
 
 
 class DispatchCompleter:

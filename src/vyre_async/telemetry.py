@@ -662,15 +662,19 @@ def _await_cancelled(pending: PendingDispatch) -> None:
     claimed, span = _claim(record)
     if not claimed:  # finish ran first
         return
-    if span is not None:
-        span.set_attribute("vyre.await.cancelled", True)
-        span.set_status(
-            Status(StatusCode.ERROR, "await cancelled; the dispatch keeps running on the backend")
-        )
-        span.end()
-    facts: _ShapeFacts | None = record.trace
-    if facts is not None:
-        _tallies.add("vyre.dispatch.count", (*facts.labels, ("vyre.status", "cancelled")))
+    try:
+        if span is not None:
+            span.set_attribute("vyre.await.cancelled", True)
+            span.set_status(
+                Status(StatusCode.ERROR, "await cancelled; the dispatch keeps running on the backend")
+            )
+            span.end()
+    except Exception as exc:  # a span processor's bug: reported, never the awaiting task's
+        _report(exc)
+    finally:
+        facts: _ShapeFacts | None = record.trace
+        if facts is not None:
+            _tallies.add("vyre.dispatch.count", (*facts.labels, ("vyre.status", "cancelled")))
 
 
 def finish_dispatch(

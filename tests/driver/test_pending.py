@@ -177,8 +177,9 @@ def test_done_callbacks_run_once_even_when_added_late() -> None:
     pending.add_done_callback(seen.append)
     completer.resolve(OUT)
     completer.resolve(OUT)
+    assert wait_for_callbacks(5) and seen == [pending]
+    pending.add_done_callback(seen.append)  # settled already: soon, on the callback thread
     assert wait_for_callbacks(5)
-    pending.add_done_callback(seen.append)  # settled already: runs at once, here
     assert seen == [pending, pending]
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import numpy as np
 import pytest
 
@@ -191,3 +192,31 @@ def test_wait_for_callbacks_waits_for_those_queued_and_refuses_inside_one() -> N
     assert wait_for_callbacks(BOUND_S)
     assert inside == [False]
     anyio.run(backend.aclose)
+
+
+@pytest.mark.anyio
+async def test_a_callback_added_to_a_settled_dispatch_never_runs_on_the_event_loop() -> None:
+    # Found by the soak: a dispatch small enough to run inline is settled when
+    # dispatch() returns; its callback ran in the caller's thread, inside the event
+    # loop, where blocking on the backend is refused.
+    backend = ReferenceBackend()
+    a = np.arange(N, dtype=np.uint32)
+    pending = backend.dispatch(elementwise_xor(N), [a, a])
+    assert pending.done()  # ran inline
+    got: queue.SimpleQueue[object] = queue.SimpleQueue()
+
+    def callback(_: PendingDispatch) -> None:
+        try:
+            got.put(
+                (
+                    threading.current_thread().name,
+                    backend.dispatch_sync(elementwise_xor(N), [a, a])[0].tolist(),
+                )
+            )
+        except BaseException as exc:
+            got.put(exc)
+
+    pending.add_done_callback(callback)
+    answer = await anyio.to_thread.run_sync(lambda: got.get(timeout=BOUND_S))
+    assert answer == ("vyre-callbacks", [0] * N)
+    await backend.aclose()

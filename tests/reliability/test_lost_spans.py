@@ -111,3 +111,47 @@ def test_a_span_processor_that_raises_never_breaks_a_dispatch(at: str) -> None:
     ok, count, messages = done.stdout.split(" ", 2)
     assert ok == "20"  # every dispatch returned its exact result
     assert count == "20" and messages.strip() == f"['on_{at} bug']"  # each failure reported
+
+
+_CANCELLED = """
+import threading
+import anyio, numpy as np
+from opentelemetry import trace
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from vyre_async import acquire_backend
+from tests.contract.test_contract import spin
+
+class EndRaises(SpanProcessor):
+    def on_end(self, span):
+        raise RuntimeError("on_end bug")
+
+reported = []
+threading.excepthook = lambda args: reported.append(str(args.exc_value))
+provider = TracerProvider()
+provider.add_span_processor(EndRaises())
+trace.set_tracer_provider(provider)
+backend = acquire_backend("reference")
+
+async def main():
+    pending = backend.dispatch(spin(), [np.array([3_000_000], np.uint32)])
+    with anyio.move_on_after(0.05):
+        await pending  # cancelled: the span ends here, with the processor's fault
+    return "cancelled cleanly"
+
+print(anyio.run(main), reported)
+"""
+
+
+def test_a_span_processor_failing_at_a_cancelled_await_is_reported_not_raised() -> None:
+    # Found by the soak: the span of a dispatch whose await is cancelled ends in the
+    # awaiting task; a processor raising there escaped into that task.
+    done = subprocess.run(
+        [sys.executable, "-c", _CANCELLED],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "cancelled cleanly ['on_end bug']"
