@@ -90,6 +90,44 @@ def _setting(name: str, default: int) -> int:
     return value
 
 
+def _check_choices() -> None:
+    """``VYRE_BACKEND`` and ``VYRE_SERVICE_TRACE`` are checked before the server starts.
+
+    A backend that is not installed or cannot start here, or a trace spec that
+    is not one (or a trace file that cannot be written), stops the start with
+    the reason and a Fix (exit status 1), not a traceback from the lifespan.
+    """
+    chosen = os.environ.get("VYRE_BACKEND")
+    if chosen:
+        from vyre_async.registry import probe_backend, registered_backends
+
+        found = {r.id: r for r in registered_backends()}
+        if chosen not in found:
+            raise SystemExit(
+                f"vyre-service: VYRE_BACKEND={chosen!r} is not an installed backend "
+                f"(installed: {', '.join(sorted(found)) or 'none'})\n"
+                "Fix: set VYRE_BACKEND to one of them, or unset it for the best one here"
+            )
+        verdict = probe_backend(found[chosen])
+        if not verdict.usable:
+            raise SystemExit(f"vyre-service: {verdict.reason}\nFix: {verdict.fix}")
+    spec = os.environ.get("VYRE_SERVICE_TRACE", "none")
+    if spec != "none":
+        if spec not in ("console", "otlp") and not (spec.startswith("file:") and len(spec) > 5):
+            raise SystemExit(
+                f"vyre-service: VYRE_SERVICE_TRACE={spec!r} is not a trace spec\n"
+                "Fix: set it to none, console, otlp or file:PATH"
+            )
+        if spec.startswith("file:"):
+            from vyre_async.tracing import OtlpJsonFileExporter
+
+            try:
+                OtlpJsonFileExporter(spec[5:])
+            except BackendError as exc:
+                raise SystemExit(f"vyre-service: {exc}") from None
+
+
+_check_choices()
 MAX_ELEMENTS = _setting("VYRE_SERVICE_MAX_ELEMENTS", 1 << 22)
 #: A body over this many bytes is refused before it is read whole (JSON numbers
 #: take up to about 12 bytes each).
@@ -278,9 +316,12 @@ def _typed(values: Any, dtype: str) -> np.ndarray:
             ):
                 raise ValueError
             return array.astype(np.uint32)
+        if array.dtype.kind == "O":  # ints beyond int64: as floats, like 1.2e21 is
+            array = np.asarray([float(v) for v in values])
         if array.dtype.kind not in "iuf":
             raise ValueError
-        return array.astype(np.float32)
+        with np.errstate(over="ignore"):  # (past f32's range: Infinity, refused as such)
+            return array.astype(np.float32)
     except (ValueError, TypeError, OverflowError, RecursionError):
         raise BadRequest(
             400,

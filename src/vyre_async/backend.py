@@ -351,8 +351,22 @@ class VyreBackend(abc.ABC):
     def pipeline_identity(
         self, program: Program, config: DispatchConfig | None = None
     ) -> PipelineIdentity:
-        """Return the cache identity of ``program`` compiled under ``config`` on this backend."""
-        return self.store.identity(program, config or _DEFAULT_CONFIG)
+        """Return the cache identity of ``program`` compiled under ``config`` on this backend.
+
+        Raises:
+            InvalidProgram: ``program`` is not a valid `Program` (checked first: a
+                program nested past the IR's limits is refused, not hashed), or
+                ``config`` is not a `DispatchConfig`.
+        """
+        from vyre_async.ir.validate import validate_or_raise
+
+        if not isinstance(program, Program):
+            raise InvalidProgram(
+                f"pipeline_identity needs a Program, got {type(program).__name__}",
+                fix="pass the Program you dispatch",
+            )
+        validate_or_raise(program)
+        return self.store.identity(program, as_config(config, _DEFAULT_CONFIG))
 
     def compile(self, program: Program, config: DispatchConfig | None = None) -> CompiledPipeline:
         """Return ``program`` compiled for this backend (memory cache → disk cache → build).

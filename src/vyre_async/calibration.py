@@ -52,7 +52,7 @@ from vyre_async.cache.files import (
     temp_name_pattern,
     unlink_unchanged,
 )
-from vyre_async.errors import UnsupportedFeature
+from vyre_async.errors import InvalidProgram, UnsupportedFeature
 from vyre_async.ir.expr import u32
 from vyre_async.ir.program import Program
 from vyre_async.ir.stmt import Store
@@ -204,11 +204,11 @@ class Calibration:
                     f"Calibration.{name} must be an int in -10000..10000 or None, got "
                     f"{value!r}\nFix: clamp the measurement to basis points"
                 )
-        if (
-            isinstance(self.measured_at, bool)
-            or not isinstance(self.measured_at, int | float)
-            or not math.isfinite(self.measured_at)
-        ):
+        try:
+            finite = not isinstance(self.measured_at, bool) and math.isfinite(self.measured_at)
+        except (TypeError, OverflowError):  # not a number; an int beyond any float
+            finite = False
+        if not finite:
             raise ValueError("Calibration.measured_at must be a finite number\nFix: time.time()")
 
     def key(self) -> str:
@@ -259,9 +259,23 @@ def _json() -> Any:
 
 
 def calibration_key(backend_id: str, backend_version: str, device_fingerprint: str) -> str:
-    """Return the 64-hex key a device's calibration is stored under."""
-    text = "\0".join(("vyre-calibration", backend_id, backend_version, device_fingerprint))
-    return str(blake3.blake3(text.encode()).hexdigest())
+    """Return the 64-hex key a device's calibration is stored under.
+
+    Raises:
+        InvalidProgram: a part is not a str, or has no UTF-8 form (a lone surrogate).
+    """
+    parts = ("vyre-calibration", backend_id, backend_version, device_fingerprint)
+    try:
+        if not all(isinstance(part, str) for part in parts):
+            raise TypeError
+        raw = "\0".join(parts).encode()
+    except (TypeError, UnicodeEncodeError):
+        raise InvalidProgram(
+            f"a calibration is keyed by a backend id, version and device fingerprint, each a "
+            f"str with a UTF-8 form; got {parts[1:]!r}",
+            fix="pass the backend's own id, version and device_fingerprint()",
+        ) from None
+    return str(blake3.blake3(raw).hexdigest())
 
 
 def default_calibration_root() -> Path:
@@ -326,7 +340,12 @@ def _is_record_for(data: object, key: str) -> bool:
     if not 1 <= version <= CALIBRATION_FORMAT_VERSION or "launch_ns" not in data:
         return False
     identity = [part for name in _IDENTITY_FIELDS if isinstance(part := data.get(name), str)]
-    return len(identity) == len(_IDENTITY_FIELDS) and calibration_key(*identity) == key
+    if len(identity) != len(_IDENTITY_FIELDS):
+        return False
+    try:
+        return calibration_key(*identity) == key
+    except InvalidProgram:  # an id without a UTF-8 form: no key of ours
+        return False
 
 
 class CalibrationStore:
@@ -511,10 +530,12 @@ class CalibrationStore:
             return None
         try:
             record = Calibration.from_json(data)
-        except ValueError as exc:
+            key = record.key()
+        # (a 401-digit number where seconds go, a lone surrogate in an id: damage too)
+        except (ValueError, OverflowError, InvalidProgram) as exc:
             _log.warning("calibration record %s is unreadable (%s); ignoring it", path, exc)
             return None
-        if record.key() != path.stem:
+        if key != path.stem:
             _log.warning("calibration record %s belongs to another device; ignoring it", path)
             return None
         return record

@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import Literal
 
+import numpy as np
+
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async.arguments import to_seconds
 from vyre_async.errors import InvalidProgram
@@ -109,14 +111,12 @@ class DispatchConfig:
     cooperative: bool = False
 
     def __post_init__(self) -> None:
-        if self.ulp_budget is not None and (
-            isinstance(self.ulp_budget, bool)
-            or not isinstance(self.ulp_budget, int)
-            or not 0 <= self.ulp_budget <= 255
-        ):
-            raise _bad(
-                f"ulp_budget must be an int in 0..255, got {self.ulp_budget!r}", "ulp_budget=2"
-            )
+        if self.ulp_budget is not None:
+            if not _is_int(self.ulp_budget) or not 0 <= self.ulp_budget <= 255:
+                raise _bad(
+                    f"ulp_budget must be an int in 0..255, got {self.ulp_budget!r}", "ulp_budget=2"
+                )
+            object.__setattr__(self, "ulp_budget", int(self.ulp_budget))
         if self.timeout is not None:
             given: object = self.timeout
             # Any real number but a bool (numpy scalars and fractions too), kept as a float.
@@ -130,15 +130,13 @@ class DispatchConfig:
                     f"timeout must be a positive number of seconds, got {given!r}", "timeout=1.0"
                 )
             object.__setattr__(self, "timeout", seconds)
-        if self.max_output_bytes is not None and (
-            isinstance(self.max_output_bytes, bool)
-            or not isinstance(self.max_output_bytes, int)
-            or self.max_output_bytes < 0
-        ):
-            raise _bad(
-                f"max_output_bytes must be a non-negative int, got {self.max_output_bytes!r}",
-                "max_output_bytes=1 << 20",
-            )
+        if self.max_output_bytes is not None:
+            if not _is_int(self.max_output_bytes) or self.max_output_bytes < 0:
+                raise _bad(
+                    f"max_output_bytes must be a non-negative int, got {self.max_output_bytes!r}",
+                    "max_output_bytes=1 << 20",
+                )
+            object.__setattr__(self, "max_output_bytes", int(self.max_output_bytes))
         for name in ("workgroup_override", "grid_override"):
             value = getattr(self, name)
             if value is not None:
@@ -155,18 +153,17 @@ class DispatchConfig:
                 "backend.capabilities().max_workgroup_size)",
                 "workgroup_override=(256, 1, 1)",
             )
-        if self.fixpoint_iterations is not None and (
-            isinstance(self.fixpoint_iterations, bool)
-            or not isinstance(self.fixpoint_iterations, int)
-            or self.fixpoint_iterations < 1
-        ):
-            raise _bad(
-                "fixpoint_iterations must be None or an int >= 1, "
-                f"got {self.fixpoint_iterations!r}",
-                "fixpoint_iterations=None (one launch) or a positive count",
-            )
+        if self.fixpoint_iterations is not None:
+            if not _is_int(self.fixpoint_iterations) or self.fixpoint_iterations < 1:
+                raise _bad(
+                    "fixpoint_iterations must be None or an int >= 1, "
+                    f"got {self.fixpoint_iterations!r}",
+                    "fixpoint_iterations=None (one launch) or a positive count",
+                )
+            object.__setattr__(self, "fixpoint_iterations", int(self.fixpoint_iterations))
         for name in ("speculation", "persistent_thread"):
-            if getattr(self, name) not in _MODES:
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in _MODES:
                 raise _bad(
                     f"{name} must be one of {_MODES}, got {getattr(self, name)!r}", f'{name}="auto"'
                 )
@@ -197,6 +194,11 @@ class DispatchConfig:
     def same_launch_shape(self, other: DispatchConfig) -> bool:
         """Return True when ``other`` differs from this config at most in timeout and label."""
         return self.launch_shape() == other.launch_shape()
+
+
+def _is_int(value: object) -> bool:
+    """An int or a numpy integer, not a bool (one rule for every count and size)."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
 
 
 def _bad(message: str, example: str) -> InvalidProgram:

@@ -476,10 +476,16 @@ class ArmGraph:
                 fix="build the kernel with vyre_async.ir.Program(...)",
             )
         validate_or_raise(program)
-        if not isinstance(bindings, Mapping):
+        if not isinstance(bindings, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in bindings.items()
+        ):
             raise InvalidProgram(
-                f"bindings must map buffer names to resource names, got {bindings!r}",
+                f"bindings must map buffer names to resource names (str to str), got {bindings!r}",
                 fix='pass e.g. {"a": "x", "out": "y"}',
+            )
+        if label is not None and not isinstance(label, str):
+            raise InvalidProgram(
+                f"an arm's label is a str or None, got {label!r}", fix='pass e.g. label="scale"'
             )
         if config is not None and not isinstance(config, DispatchConfig):
             raise InvalidProgram(
@@ -644,10 +650,37 @@ class ArmGraph:
                 awaited before the next arm is dispatched, so none is dispatched
                 after it fails.
         """
-        if residency not in ("auto", "resident", "host"):
+        if not isinstance(residency, str) or residency not in ("auto", "resident", "host"):
             raise InvalidProgram(
                 f"residency must be 'auto', 'resident' or 'host', got {residency!r}",
                 fix='pass residency="auto"',
+            )
+        from vyre_async.backend import VyreBackend as _Backend
+
+        if not isinstance(backend, _Backend):
+            raise InvalidProgram(
+                f"ArmGraph.run needs a backend, got a {type(backend).__name__}",
+                fix='pass a backend, e.g. await graph.run(acquire_backend("reference"))',
+            )
+        if outputs is not None:
+            given: object = outputs
+            names = (
+                None
+                if isinstance(given, str | bytes) or not isinstance(given, Iterable)
+                else list(given)
+            )
+            if names is None or not all(isinstance(name, str) for name in names):
+                raise InvalidProgram(
+                    f"outputs must be resource names (a list of str) or None, got {outputs!r}",
+                    fix='pass e.g. outputs=["y"]',
+                )
+            outputs = names
+        if values is not None and (
+            not isinstance(values, Mapping) or not all(isinstance(k, str) for k in values)
+        ):
+            raise InvalidProgram(
+                f"values must map resource names to arrays, got {values!r}",
+                fix='pass e.g. values={"x": np.arange(8, dtype=np.uint32)}',
             )
         schedule = self._schedule()
         with self._lock:

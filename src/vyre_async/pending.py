@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import os
 import queue
 import sys
@@ -57,8 +58,11 @@ __all__ = [
     "DispatchTiming",
     "PendingDispatch",
     "ResultAlreadyTaken",
+    "defer_to_callbacks",
     "settle_hook",
+    "wait_event",
     "wait_for_callbacks",
+    "wait_limit",
 ]
 __dir__ = _public_dir(__name__)
 
@@ -527,7 +531,7 @@ class PendingDispatch:
                 result is ready (that would freeze the loop).
             BackendError: the dispatch failed.
         """
-        limit = _wait_limit(timeout)
+        limit = wait_limit(timeout)
         core = self._core
         if not self.done():
             refuse_blocking_in_loop("PendingDispatch.result()", "await pending")
@@ -813,20 +817,22 @@ class DispatchCompleter:
         return core.settle(self.pending, _DONE, None, error)
 
 
-def _wait_limit(timeout: object) -> float:
-    """Return ``result(timeout=...)`` as seconds (inf for None), or raise a clear error."""
+def wait_limit(timeout: object) -> float:
+    """Return a wait's ``timeout`` as seconds (inf for None; any size), or raise a clear error."""
     if timeout is None:
         return math.inf
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or (isinstance(timeout, float) and math.isnan(timeout))
-    ):
+    # Any real number but a bool (numpy scalars, fractions), as DispatchConfig.timeout.
+    seconds = (
+        math.nan
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)
+        else to_seconds(timeout)
+    )
+    if math.isnan(seconds):
         raise InvalidProgram(
-            f"result(timeout=...) must be a number of seconds or None, got {timeout!r}",
+            f"a timeout must be a number of seconds or None, got {timeout!r}",
             fix="pass e.g. pending.result(timeout=1.0)",
         )
-    return max(0.0, to_seconds(timeout))
+    return max(0.0, seconds)
 
 
 def _wait(event: threading.Event, seconds: float) -> bool:
@@ -882,7 +888,7 @@ class _CallbackThread:
         self._queue.put((callbacks, pending))
         self._running()
 
-    def drain(self, timeout: float | None) -> bool:
+    def drain(self, timeout: float) -> bool:
         if self._thread is None:
             return True
         if self._thread is threading.current_thread():
@@ -890,7 +896,7 @@ class _CallbackThread:
         marker = threading.Event()
         self._queue.put(marker)
         self._running()
-        return marker.wait(timeout)
+        return wait_event(marker, timeout)
 
     def _running(self) -> None:
         thread = self._thread
@@ -929,13 +935,37 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_CALLBACKS.after_fork)
 
 
+def defer_to_callbacks(pending: PendingDispatch, fn: Callable[[PendingDispatch], None]) -> None:
+    """Run ``fn(pending)`` on the callback thread, in turn with the done-callbacks.
+
+    For the driver's and backends' own follow-up work that may take time (a
+    shadow comparison and its ``on_divergence``): never on the settling
+    thread, never on the caller's.
+    """
+    _CALLBACKS.submit([fn], pending)
+
+
 def wait_for_callbacks(timeout: float | None = None) -> bool:
     """Wait until the done-callbacks queued so far have run; False if ``timeout`` passed.
 
     Returns False at once when called from a done-callback itself (the callbacks
     queued after it cannot run before it returns).
+
+    Raises:
+        InvalidProgram: ``timeout`` is not a number of seconds (any size) or None.
     """
-    return _CALLBACKS.drain(None if timeout is None else to_seconds(timeout))
+    return _CALLBACKS.drain(wait_limit(timeout))
+
+
+def wait_event(event: threading.Event, timeout: float) -> bool:
+    """``event.wait(timeout)`` for any timeout, ``math.inf`` included (no overflow)."""
+    deadline = time.monotonic() + timeout if math.isfinite(timeout) else math.inf
+    while not event.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        event.wait(min(left, _MAX_WAIT_STEP))
+    return True
 
 
 def _run_callback(fn: Callable[[PendingDispatch], None], pending: PendingDispatch) -> None:

@@ -227,8 +227,14 @@ def compile(
     """Return ``program`` compiled for ``backend`` (memory cache → disk cache → compile).
 
     Raises:
-        InvalidProgram: the program does not validate.
+        InvalidProgram: the program does not validate, or ``backend`` is not a backend.
         KernelCompileFailed: the backend's compiler rejected it.
     """
-    pipeline: CompiledPipeline = backend.compile(program, config)
+    compile_on = getattr(backend, "compile", None)
+    if not callable(compile_on):
+        raise InvalidProgram(
+            f"compile(backend, program) needs a backend first, got a {type(backend).__name__}",
+            fix='pass a backend, e.g. compile(acquire_backend("reference"), program)',
+        )
+    pipeline: CompiledPipeline = compile_on(program, config)
     return pipeline

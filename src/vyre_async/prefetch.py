@@ -20,17 +20,20 @@ reports the error itself).
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vyre_async import telemetry
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async.arguments import duration, whole_number
 from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.config import DispatchConfig
-from vyre_async.errors import InvalidProgram
 from vyre_async.ir.program import Program
+from vyre_async.pending import wait_limit
 from vyre_async.plan import LaunchGeometry
 from vyre_async.policies.shapes import (
     HIT_RATE_WINDOW,
@@ -128,14 +131,17 @@ class Prefetcher:
         max_queue: int = 4,
         idle_s: float = 2.0,
     ) -> None:
-        if max_queue < 1:
-            raise InvalidProgram(f"max_queue must be >= 1, got {max_queue}", fix="pass max_queue=4")
+        max_queue = whole_number("max_queue", max_queue, minimum=1, example="max_queue=4")
+        capacity = whole_number("capacity", capacity, minimum=1, example="capacity=16")
+        window = whole_number("window", window, minimum=1, example="window=64")
+        # (at most a day: the worker's wait must stay within what the clock can time)
+        idle_s = duration("idle_s", idle_s, positive=True, example="idle_s=2.0")
         self.store = store
         self.backend_id = store.backend.id
         self.max_queue = max_queue
-        self.idle_s = idle_s
+        self.idle_s = min(idle_s, 86_400.0)
         self._history: ShapeHistory[ShapeFingerprint] = ShapeHistory(capacity)
-        self.window = RollingHitRate(window).window  # validated
+        self.window = RollingHitRate(window).window
         self._outcomes: deque[bool] = deque(maxlen=self.window)
         self._window_hits = 0
         self._lock = threading.Lock()
@@ -292,10 +298,17 @@ class Prefetcher:
                 self._inflight.add(job.identity.digest)
                 self._queue.append(job)
                 if self._worker is None:
-                    self._worker = threading.Thread(
+                    worker = threading.Thread(
                         target=self._serve, name=f"vyre-prefetch-{self.backend_id}", daemon=True
                     )
-                    self._worker.start()
+                    try:
+                        worker.start()
+                    except BaseException:  # no thread: nothing stays queued for a dead one
+                        self._queue.pop()
+                        self._inflight.discard(job.identity.digest)
+                        self._dropped += 1
+                        raise
+                    self._worker = worker  # (set only once it runs)
                 else:
                     self._wake.notify()
         except Exception:  # pragma: no cover - e.g. no thread can be started
@@ -347,9 +360,19 @@ class Prefetcher:
 
         Returns:
             True when idle, False when ``timeout`` seconds passed first.
+
+        Raises:
+            InvalidProgram: ``timeout`` is not a number of seconds (any size) or None.
         """
+        limit = wait_limit(timeout)
+        deadline = time.monotonic() + limit if math.isfinite(limit) else math.inf
         with self._lock:
-            return self._wake.wait_for(lambda: not self._inflight, timeout)
+            while self._inflight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.wait(min(left, 86_400.0))
+            return True
 
     @property
     def predicted(self) -> ShapeFingerprint | None:

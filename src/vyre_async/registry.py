@@ -7,6 +7,7 @@ small registration record. No GPU library is imported, no device opened.
 from __future__ import annotations
 
 import importlib
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,6 +90,16 @@ class BackendRegistration:
                 f"backend {self.id!r}: factory must be a 'module:callable' path or a callable, "
                 f"got {self.factory!r}",
                 fix="pass the backend class or a function that builds it",
+            )
+        precedence = self.precedence
+        if (
+            isinstance(precedence, bool)
+            or not isinstance(precedence, int | float)
+            or (isinstance(precedence, float) and not math.isfinite(precedence))
+        ):
+            raise InvalidProgram(
+                f"backend {self.id!r}: precedence must be a finite number, got {precedence!r}",
+                fix="pass precedence=100 (lower wins among equally capable backends)",
             )
         probe = self.probe
         if probe is not None and not (callable(probe) or (isinstance(probe, str) and ":" in probe)):

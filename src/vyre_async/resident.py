@@ -123,18 +123,34 @@ def check_buffer(buffer: object, operation: str) -> ResidentBuffer:
     return buffer
 
 
-def alloc_request(dtype: object, count: object, *, max_bytes: int) -> tuple[DType, int]:
+def check_label(label: object, what: str) -> None:
+    """A resident buffer's label is a str or None (one rule for ``upload`` and ``alloc``).
+
+    Raises:
+        InvalidProgram: it is anything else.
+    """
+    if label is not None and not isinstance(label, str):
+        raise InvalidProgram(
+            f"{what} label must be a str or None, got {label!r}", fix='pass e.g. label="weights"'
+        )
+
+
+def alloc_request(
+    dtype: object, count: object, *, max_bytes: int, label: object = None
+) -> tuple[DType, int]:
     """Check ``backend.alloc`` arguments; return the dtype and the element count.
 
     Args:
         dtype: A `DType` or its name (``"u32"``).
         count: Elements, an int >= 0.
         max_bytes: The backend's ``max_storage_buffer_bytes`` (0: not reported, no limit).
+        label: The buffer's label: a str or None.
 
     Raises:
-        InvalidProgram: an unknown dtype, a count that is not an int >= 0, or a
-            buffer over ``max_bytes``.
+        InvalidProgram: an unknown dtype, a count that is not an int >= 0, a
+            buffer over ``max_bytes``, or a label that is not a str.
     """
+    check_label(label, "alloc")
     kind = as_dtype(dtype, "alloc dtype")
     elements = whole_number("alloc count", count, example="alloc('u32', 1024)")
     check_buffer_bytes(4 * elements, max_bytes, f"a buffer of {elements} elements")
@@ -159,9 +175,11 @@ def upload_request(
 
     Raises:
         InvalidProgram: an unsupported dtype or type, bytes not made of 4-byte
-            words, or data over ``max_bytes`` (checked before anything is copied).
+            words, data over ``max_bytes`` (checked before anything is copied),
+            or a label that is not a str.
         DeviceOutOfMemory: the host could not hold the copy.
     """
+    check_label(label, "upload")
     if isinstance(data, np.ndarray):
         dtype = _array_dtype(data)
         check_buffer_bytes(4 * data.size, max_bytes, "the upload")

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 import random
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +27,7 @@ from vyre_async.config import DispatchConfig
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir.ops import TRANSCENDENTAL, UnOp
 from vyre_async.ir.program import Program
-from vyre_async.pending import PendingDispatch, settle_hook
+from vyre_async.pending import PendingDispatch, defer_to_callbacks, settle_hook
 from vyre_async.pipeline import InputLike, Launch
 
 __all__ = [
@@ -178,13 +179,36 @@ def assert_conformance(
     Raises:
         Divergence: an output differs (transcendental F32 ops compared within
             ``ulp_budget``).
-        InvalidProgram: ``cases`` is empty.
+        InvalidProgram: ``cases`` holds no case (an empty list or iterator) or
+            something that is not a `ConformanceCase`, or a backend argument is
+            not a backend.
     """
-    if not cases:
+    for name, value in (("backend", backend), ("reference", reference)):
+        if not isinstance(value, VyreBackend):
+            raise InvalidProgram(
+                f"assert_conformance {name} must be a backend, got a {type(value).__name__}",
+                fix=f'pass a backend, e.g. acquire_backend("reference") as {name}',
+            )
+    given: object = cases
+    items: list[object] = (
+        [given]  # (refused just below)
+        if isinstance(given, str | bytes) or not isinstance(given, Iterable)
+        else list(given)  # (an iterator is consumed once, here: its length counts)
+    )
+    if not items:
         raise InvalidProgram(
             "assert_conformance got no cases, so it would prove nothing",
             fix="pass at least one ConformanceCase",
         )
+    checked: list[ConformanceCase] = []
+    for case in items:
+        if not isinstance(case, ConformanceCase):
+            raise InvalidProgram(
+                f"assert_conformance takes ConformanceCase items, got a {type(case).__name__}",
+                fix='pass [ConformanceCase(label="xor", program=p, inputs=[a, b]), ...]',
+            )
+        checked.append(case)
+    cases = checked
     for case in cases:
         got = backend.dispatch(case.program, case.inputs, case.config).result()
         want = reference.dispatch(case.program, case.inputs, case.config).result()
@@ -239,14 +263,21 @@ class ShadowBackend(VyreBackend):
         on_divergence: Any = None,
         seed: int | None = None,
     ) -> None:
+        given: object = sample_rate
         if (
-            isinstance(sample_rate, bool)
-            or not isinstance(sample_rate, int | float)
-            or not 0.0 <= sample_rate <= 1.0
+            isinstance(given, bool)
+            or not isinstance(given, numbers.Real)
+            or not 0.0 <= float(given) <= 1.0  # (False for NaN)
         ):
             raise InvalidProgram(
                 f"sample_rate must be a number within 0..1, got {sample_rate!r}",
                 fix="pass e.g. sample_rate=0.01 (1 % of dispatches compared)",
+            )
+        sample_rate = float(given)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
+            raise InvalidProgram(
+                f"seed must be an int or None, got {seed!r}",
+                fix="pass e.g. seed=7, or leave it out",
             )
         for name, value in (("primary", primary), ("reference", reference)):
             if not isinstance(value, VyreBackend):
@@ -265,7 +296,7 @@ class ShadowBackend(VyreBackend):
         self.sample_rate = sample_rate
         self.on_divergence = on_divergence
         self.stats = ShadowStats()
-        self._random = random.Random(seed)
+        self._random = random.Random(None if seed is None else int(seed))
         self._lock = threading.Lock()
         self.version = primary.version
 
@@ -340,8 +371,8 @@ class ShadowBackend(VyreBackend):
             with gate:
                 state["primary"] = copies
                 ready = "reference" in state
-            if ready:
-                both_done()
+            if ready:  # (compared on the callback thread: never holds up the caller)
+                defer_to_callbacks(outer, lambda _: both_done())
 
         def on_reference(p: PendingDispatch) -> None:
             try:
@@ -353,7 +384,7 @@ class ShadowBackend(VyreBackend):
                 state["reference"] = outputs
                 ready = "primary" in state
             if ready:
-                both_done()
+                defer_to_callbacks(outer, lambda _: both_done())
 
         # Inline, before the waiters wake (short, never blocking): the caller's result
         # is handed on at once, whatever user callbacks are doing.

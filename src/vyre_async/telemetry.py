@@ -58,6 +58,8 @@ __all__ = [
     "PHASES",
     "PHASE_ATTRIBUTES",
     "SECONDS_BUCKETS",
+    "SWITCH_OFF",
+    "SWITCH_ON",
     "TRACE_DETAILS",
     "is_enabled",
     "is_recording",
@@ -226,18 +228,49 @@ if _PROVIDERS_FROM_ENV:
     _load_api()
 
 
-_enabled = os.environ.get("VYRE_TELEMETRY", "on").strip().lower() not in ("0", "off", "false", "no")
+#: The values of ``VYRE_TELEMETRY`` (case-insensitive) that turn telemetry on, and off.
+SWITCH_ON = ("1", "on", "true", "yes")
+SWITCH_OFF = ("0", "off", "false", "no")
+
+
+def _switch_from_environment() -> bool:
+    raw = os.environ.get("VYRE_TELEMETRY", "on").strip().lower() or "on"
+    if raw in SWITCH_ON:
+        return True
+    if raw in SWITCH_OFF:
+        return False
+    # never fail an application's import over a variable: warn, keep the default
+    warnings.warn(
+        f"VYRE_TELEMETRY={raw!r} is neither on ({', '.join(SWITCH_ON)}) nor off "
+        f"({', '.join(SWITCH_OFF)}); telemetry stays on. Fix: set VYRE_TELEMETRY=off or on",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+    return True
+
+
+_enabled = _switch_from_environment()
 
 
 def set_enabled(enabled: bool) -> None:
     """Turn vyre-async's spans and metrics on or off for this process.
 
     Off, dispatches create no span and record no metric at all (the starting
-    value comes from ``VYRE_TELEMETRY=off``). With no SDK configured the cost is
-    already tiny; this switch exists to measure that cost and for hot loops.
+    value comes from ``VYRE_TELEMETRY``: ``off``, ``0``, ``false`` or ``no``
+    turn it off; ``on``, ``1``, ``true``, ``yes`` or unset keep it on; anything
+    else warns and keeps it on). With no SDK configured the cost is already
+    tiny; this switch exists to measure that cost and for hot loops.
+
+    Raises:
+        InvalidProgram: ``enabled`` is not a bool (``"off"`` would read as True).
     """
     global _enabled
-    _enabled = bool(enabled)
+    if not isinstance(enabled, bool):
+        raise InvalidProgram(
+            f"set_enabled takes True or False, got {enabled!r}",
+            fix="pass set_enabled(False) to turn telemetry off",
+        )
+    _enabled = enabled
 
 
 def is_enabled() -> bool:
@@ -321,7 +354,12 @@ def _sdk_installed() -> tuple[bool, bool]:
     return _tracing, _metering
 
 
-def _detail_from(value: str) -> str:
+def _detail_from(value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidProgram(
+            f"the tracing detail is a str, got {value!r}",
+            fix="pass detail='span' or detail='phases'",
+        )
     detail = value.strip().lower() or "span"
     if detail not in TRACE_DETAILS:
         raise InvalidProgram(
@@ -666,7 +704,9 @@ def _await_cancelled(pending: PendingDispatch) -> None:
         if span is not None:
             span.set_attribute("vyre.await.cancelled", True)
             span.set_status(
-                Status(StatusCode.ERROR, "await cancelled; the dispatch keeps running on the backend")
+                Status(
+                    StatusCode.ERROR, "await cancelled; the dispatch keeps running on the backend"
+                )
             )
             span.end()
     except Exception as exc:  # a span processor's bug: reported, never the awaiting task's

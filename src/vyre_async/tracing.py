@@ -136,6 +136,17 @@ def configure_tracing(
         # (backoff 1, 2, 4 s ... stops when the next wait would pass it). None
         # lets the exporter read the OTEL_* timeout variables itself.
         user_set = any(os.environ.get(name) for name in _TIMEOUT_VARIABLES)
+        for name in _TIMEOUT_VARIABLES:  # the exporter takes any number and then sends nothing
+            raw = os.environ.get(name, "").strip()
+            try:
+                good = not raw or float(raw) > 0  # (False for NaN)
+            except ValueError:
+                good = False
+            if not good:
+                raise InvalidProgram(
+                    f"{name}={raw!r} is not a timeout: every export would fail at once",
+                    fix=f"set {name} to a positive number of seconds (e.g. 10), or unset it",
+                )
         exporter = _SkipAfterFailure(
             OTLPSpanExporter(timeout=None if user_set else float(export_timeout_s)),
             pause_s=_PAUSE_AFTER_FAILURE_S,
@@ -180,9 +191,12 @@ class _SkipAfterFailure(SpanExporter):
         if result is not SpanExportResult.SUCCESS:
             with self._lock:
                 self._resume_at = time.monotonic() + self.pause_s
+                self.dropped_spans += len(spans)  # (the failed batch is lost too)
+                dropped = self.dropped_spans
             _log.warning(
-                "trace export failed; dropping span batches for the next %.0f s "
-                "(is the OTLP collector running and reachable?)",
+                "trace export failed (%d span(s) dropped so far); dropping span batches for "
+                "the next %.0f s (is the OTLP collector running and reachable?)",
+                dropped,
                 self.pause_s,
             )
         return result
@@ -264,8 +278,7 @@ class OtlpJsonFileExporter(SpanExporter):
         except (OSError, ValueError) as exc:
             raise InvalidProgram(
                 f"cannot write spans to {str(path)!r}: {type(exc).__name__}: {exc}",
-                fix="give --trace file: a path to a file in a folder you can write to, "
-                "e.g. file:traces.jsonl",
+                fix="choose a file in a folder you can write to, e.g. file:traces.jsonl",
             ) from exc
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:

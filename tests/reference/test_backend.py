@@ -32,6 +32,7 @@ from vyre_async.ir import (
     gid,
     u32,
 )
+from vyre_async.pending import wait_for_callbacks
 from vyre_async.programs import elementwise_xor, histogram
 from vyre_reference import ReferenceBackend
 
@@ -320,6 +321,7 @@ async def test_a_callback_raising_system_exit_neither_hangs_awaiters_nor_kills_t
         assert (await pending)[0].tolist() == [0] * 64
         again = await backend.dispatch(elementwise_xor(64), [a, np.zeros(64, U)])
     assert again[0].tolist() == [1] * 64  # the only worker survived
+    assert wait_for_callbacks(10)  # (callbacks run on the callback thread, after the wake-up)
     assert SystemExit in reported
     await backend.aclose()
 

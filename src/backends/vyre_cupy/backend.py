@@ -40,6 +40,7 @@ import numpy as np
 
 from vyre_async import __version__
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async.arguments import whole_number
 from vyre_async.backend import VyreBackend, poll_until
 from vyre_async.cache.disk import DiskPipelineCache
 from vyre_async.calibration import (
@@ -150,6 +151,8 @@ class CupyBackend(VyreBackend):
     copies_inputs = True
 
     def __init__(self, *, device: int = 0, streams: int = DEFAULT_STREAMS, **kwargs: Any) -> None:
+        device = whole_number("device", device, example="device=0")
+        streams = whole_number("streams", streams, minimum=1, example=f"streams={DEFAULT_STREAMS}")
         cupy, info = probe(device)  # first: a machine without CUDA fails before any set-up
         super().__init__(**kwargs)
         self.info: DeviceInfo = info
@@ -435,7 +438,7 @@ class CupyBackend(VyreBackend):
         """
         self._check_open()
         limit = self._caps.max_storage_buffer_bytes
-        kind, elements = alloc_request(dtype, count, max_bytes=limit)
+        kind, elements = alloc_request(dtype, count, max_bytes=limit, label=label)
         return self._resident_op(kind, elements, label, None)
 
     def _resident_op(

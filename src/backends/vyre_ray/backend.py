@@ -43,6 +43,7 @@ from opentelemetry import propagate, trace
 
 from vyre_async import __version__
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async.arguments import whole_number
 from vyre_async.backend import VyreBackend, poll_until
 from vyre_async.capabilities import FEATURES, BackendCapabilities
 from vyre_async.config import DispatchConfig
@@ -328,13 +329,8 @@ class RayBackend(VyreBackend):
         **kwargs: Any,
     ) -> None:
         ray = _import_ray()  # first: a machine without Ray fails before any set-up
-        if workers is not None and (
-            isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
-        ):
-            raise InvalidProgram(
-                f"workers must be a whole number >= 1, got {workers!r}",
-                fix="pass workers=2",
-            )
+        if workers is not None:
+            workers = whole_number("workers", workers, minimum=1, example="workers=2")
         _check_worker_options(num_gpus_per_worker, worker_env)
         super().__init__(**kwargs)
         self._ray = ray

@@ -473,7 +473,10 @@ class ReferenceBackend(VyreBackend):
         """
         self.check_open()
         kind, elements = alloc_request(
-            dtype, count, max_bytes=self.front.capabilities().max_storage_buffer_bytes
+            dtype,
+            count,
+            max_bytes=self.front.capabilities().max_storage_buffer_bytes,
+            label=label,
         )
         try:
             array = np.zeros(elements, kind.numpy)

@@ -395,9 +395,20 @@ class DiskPipelineCache:
         stay); ``max_bytes=0`` keeps nothing.
 
         Raises:
-            InvalidProgram: ``key`` is not 64 lowercase hex characters.
+            InvalidProgram: ``key`` is not 64 lowercase hex characters, or
+                ``payload`` is not bytes (bytes, bytearray or a contiguous
+                memoryview).
         """
         path = self.path_for(key)
+        given: object = payload
+        if not isinstance(given, bytes | bytearray | memoryview) or (
+            isinstance(given, memoryview) and not given.c_contiguous
+        ):
+            raise InvalidProgram(
+                f"a pipeline cache entry holds bytes, got a {type(given).__name__}",
+                fix="pass the bytes of the serialised pipeline",
+            )
+        payload = bytes(given)
         if len(payload) > MAX_ENTRY_BYTES:
             _warn(
                 f"pipeline of {len(payload)} bytes exceeds the {MAX_ENTRY_BYTES}-byte entry "

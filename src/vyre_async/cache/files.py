@@ -289,10 +289,18 @@ def root_directory(root: object, default: Callable[[], Path], what: str) -> Path
             fix=f'pass a path, e.g. {what}("~/.cache/vyre"), or None for the default',
         )
     text = os.fspath(root)
-    if isinstance(text, bytes) or not text or "\0" in text:
-        raise InvalidProgram(
-            f"{what} root {root!r} is not a usable directory path"
-            + (" (it holds a NUL character)" if "\0" in str(text) else ""),
-            fix=f'pass a path, e.g. {what}("~/.cache/vyre"), or None for the default',
-        )
-    return Path(text).expanduser()
+    why = ""
+    if isinstance(text, str) and text:
+        if "\0" in text:
+            why = " (it holds a NUL character)"
+        else:
+            try:
+                os.fsencode(text)
+            except UnicodeError:
+                why = " (it has no file system name: a lone surrogate)"
+            else:
+                return Path(text).expanduser()
+    raise InvalidProgram(
+        f"{what} root {root!r} is not a usable directory path{why}",
+        fix=f'pass a path, e.g. {what}("~/.cache/vyre"), or None for the default',
+    )

@@ -261,14 +261,26 @@ class Const(Expr):
                 ) from None
             _set(self, "value", f32_from_bits(f32_bits(as_float)))
         elif dtype is DType.BOOL:
-            if value not in (0, 1) or isinstance(value, float):
+            # True/False (a numpy bool too) or the ints 0/1; never a float or an array.
+            flag: object = value
+            numpy_bool = type(flag).__module__ == "numpy" and type(flag).__name__ in (
+                "bool",
+                "bool_",
+            )
+            if not (isinstance(flag, numbers.Integral) or numpy_bool) or flag not in (0, 1):
                 raise InvalidProgram(
                     f"bool constant needs True/False, got {value!r}", fix="pass True or False"
                 )
-            _set(self, "value", bool(value))
+            _set(self, "value", bool(flag))
         else:
             lo, hi = (0, 0xFFFF_FFFF) if dtype is DType.U32 else (-(2**31), 2**31 - 1)
-            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            # An int or a numpy integer (numbers.Integral), never a bool, in range.
+            whole: object = value
+            if (
+                isinstance(whole, bool)
+                or not isinstance(whole, numbers.Integral)  # (a numpy bool is not one)
+                or not lo <= int(whole) <= hi
+            ):
                 raise InvalidProgram(
                     f"{dtype.value} constant needs an integer in {lo}..{hi}, got {value!r}",
                     fix=f"pass an integer that fits {dtype.value}"
