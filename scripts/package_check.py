@@ -265,8 +265,9 @@ class Checker:
 
         def install() -> str:
             venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
-            # (hypothesis: the GPU route below collects tests/cupy, which uses it)
-            tools = ["pytest", "trio", "sybil", "hypothesis"]
+            # (hypothesis and the SDK: the GPU route below collects tests/cupy, which uses
+            # them; the GPU machine has hypothesis, and the SDK from ../shared/tools/gpu-wheels)
+            tools = ["pytest", "trio", "sybil", "hypothesis", "opentelemetry-sdk"]
             _run(
                 [python, "-m", "pip", "install", "-q", self.wheel, *tools],
                 cwd=run,

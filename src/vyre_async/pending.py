@@ -21,7 +21,7 @@ Done-callbacks (`PendingDispatch.add_done_callback`) never run on the thread
 that settles a dispatch (a backend's worker, a CUDA completion thread, Ray's
 callback thread): when a dispatch settles its waiters wake first, then its
 callbacks are queued for the one callback thread (``vyre-callbacks``), which
-runs them in the order the dispatches settled. A callback may block, wait on
+runs them in the order the dispatches finished settling. A callback may block, wait on
 its own backend (``download``, ``dispatch_sync``, ``result()``) or close it:
 the machinery that must finish that work is never the thread running it. The
 driver's and backends' own bookkeeping uses `settle_hook` instead: run inline,
@@ -38,6 +38,7 @@ import queue
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -486,15 +487,16 @@ class PendingDispatch:
         """Call ``fn(self)`` once the dispatch settles (soon, if it already has).
 
         Callbacks run on vyre-async's callback thread (``vyre-callbacks``), after
-        the dispatch's waiters woke, one at a time in the order dispatches
-        settle (or, for one settled already, were given a callback), never on
-        a backend's worker or completion thread nor on the caller's (an event
-        loop's, say): a callback may
-        block, wait on its own backend (``download``, ``dispatch_sync``,
+        the dispatch's waiters woke, one at a time in the order their dispatches
+        finished settling (each dispatch's in the order added; for one settled
+        already, when this call queues it), never on a backend's worker or
+        completion thread nor on the caller's (an event loop's, say): a callback
+        may block, wait on its own backend (``download``, ``dispatch_sync``,
         ``result()``) or close it. One that blocks delays only the callbacks
         queued after it (`wait_for_callbacks` waits for those queued so far).
-        What they raise, ``SystemExit`` included, is reported through
-        `threading.excepthook` and affects neither the dispatch nor the thread.
+        What they raise, ``SystemExit`` included, is handed to
+        `threading.excepthook` (whose default prints all but ``SystemExit``) and
+        affects neither the dispatch nor the thread.
 
         Raises:
             InvalidProgram: ``fn`` is not callable.
@@ -870,7 +872,7 @@ def settle_hook(pending: PendingDispatch, fn: Callable[[PendingDispatch], None])
 
 
 class _CallbackThread:
-    """The one daemon thread that runs done-callbacks, in the order dispatches settle.
+    """The one daemon thread that runs done-callbacks, in the order they were queued.
 
     Started on first use (and again in a forked child, or if it ever died).
     """
@@ -895,8 +897,14 @@ class _CallbackThread:
             return False  # (a callback cannot wait for the callbacks queued after it)
         marker = threading.Event()
         self._queue.put(marker)
-        self._running()
-        return wait_event(marker, timeout)
+        deadline = time.monotonic() + timeout if math.isfinite(timeout) else math.inf
+        while True:  # (in steps: a thread that died is started again, and reaches the marker)
+            self._running()
+            left = deadline - time.monotonic()
+            if wait_event(marker, min(left, 1.0)):
+                return True
+            if left <= 1.0:
+                return False
 
     def _running(self) -> None:
         thread = self._thread
@@ -909,25 +917,31 @@ class _CallbackThread:
                     self._thread.start()
 
     def _run(self) -> None:
-        get = self._queue.get
-        while True:
-            item = get()
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            callbacks, pending = item
-            for fn in callbacks:
-                try:
-                    _run_callback(fn, pending)
-                except BaseException as exc:  # SystemExit too: reported, the thread goes on
-                    _report_callback_error(exc)
-            del item, callbacks, pending
+        while self._next():  # (each item is dropped with its frame: a finished dispatch's
+            pass  # callbacks and outputs are not held while the thread waits for the next)
+
+    def _next(self) -> bool:
+        item = self._queue.get()
+        if isinstance(item, threading.Event):
+            item.set()
+        else:
+            _run_all(*item)
+        return True
 
     def after_fork(self) -> None:
         """In a forked child: a fresh queue and no thread (the parent's did not come along)."""
         self._queue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread = None
+
+
+def _run_all(callbacks: list[Callable[[PendingDispatch], None]], pending: PendingDispatch) -> None:
+    """Run one dispatch's callbacks in order; nothing a callback raises stops the others."""
+    for fn in callbacks:
+        try:
+            _run_callback(fn, pending)
+        except BaseException as exc:  # SystemExit too: reported, the thread goes on
+            _report_callback_error(exc)
 
 
 _CALLBACKS = _CallbackThread()
@@ -976,9 +990,17 @@ def _run_callback(fn: Callable[[PendingDispatch], None], pending: PendingDispatc
 
 
 def _report_callback_error(exc: BaseException) -> None:
-    """Report an exception a done-callback raised through `threading.excepthook`."""
+    """Report an exception a done-callback raised through `threading.excepthook`.
+
+    A hook that raises itself (a broken error reporter) falls back to stderr:
+    reporting must never stop the thread that reports.
+    """
     args = threading.ExceptHookArgs((type(exc), exc, exc.__traceback__, threading.current_thread()))
-    threading.excepthook(args)
+    try:
+        threading.excepthook(args)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            traceback.print_exception(exc, file=sys.__stderr__ or sys.stderr)
 
 
 def _asyncio_loop() -> asyncio.AbstractEventLoop | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import numbers
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,11 +92,11 @@ class BackendRegistration:
                 f"got {self.factory!r}",
                 fix="pass the backend class or a function that builds it",
             )
-        precedence = self.precedence
+        precedence: object = self.precedence
         if (
             isinstance(precedence, bool)
-            or not isinstance(precedence, int | float)
-            or (isinstance(precedence, float) and not math.isfinite(precedence))
+            or not isinstance(precedence, numbers.Real)
+            or not math.isfinite(precedence)
         ):
             raise InvalidProgram(
                 f"backend {self.id!r}: precedence must be a finite number, got {precedence!r}",

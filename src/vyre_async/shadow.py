@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.backend import VyreBackend, ops_used
+from vyre_async.backend import VyreBackend, ops_used, poll_until
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import InvalidProgram
@@ -298,6 +298,8 @@ class ShadowBackend(VyreBackend):
         self.stats = ShadowStats()
         self._random = random.Random(None if seed is None else int(seed))
         self._lock = threading.Lock()
+        #: Sampled dispatches whose comparison has not finished (`flush` waits for them).
+        self._comparing = 0
         self.version = primary.version
 
     def capabilities(self) -> BackendCapabilities:
@@ -342,8 +344,24 @@ class ShadowBackend(VyreBackend):
         )
         state: dict[str, Any] = {}
         gate = threading.Lock()
+        with self._lock:
+            self._comparing += 1  # (until compared, or one side failed: `flush` waits)
+
+        def end() -> None:
+            with gate:
+                if state.get("ended"):
+                    return
+                state["ended"] = True
+            with self._lock:
+                self._comparing -= 1
 
         def both_done() -> None:
+            try:
+                compare()
+            finally:
+                end()
+
+        def compare() -> None:
             got, want = state["primary"], state.get("reference")
             if want is None:
                 return
@@ -365,6 +383,7 @@ class ShadowBackend(VyreBackend):
                 outputs = p.result()
             except BaseException as exc:
                 completer.fail(exc)
+                end()  # (nothing to compare)
                 return
             copies = [o.copy() for o in outputs]
             completer.resolve(outputs, device_s=p.timing.device_s if p.timing else None)
@@ -379,6 +398,7 @@ class ShadowBackend(VyreBackend):
                 outputs = p.result()
             except BaseException as exc:
                 self._reference_failed(exc)
+                end()
                 return
             with gate:
                 state["reference"] = outputs
@@ -391,6 +411,17 @@ class ShadowBackend(VyreBackend):
         settle_hook(primary, on_primary)
         settle_hook(shadow, on_reference)
         return outer
+
+    async def flush(self) -> None:
+        """Wait until the primary's and the reference's work, and every comparison, finished.
+
+        A sampled dispatch's result reaches its caller as soon as the primary's is
+        ready; its comparison runs later, on the callback thread. After this,
+        ``stats`` counts every dispatch sampled so far.
+        """
+        await self.primary.flush()
+        await self.reference.flush()
+        await poll_until(lambda: self._comparing == 0)
 
     def _reference_failed(self, exc: BaseException) -> None:
         with self._lock:

@@ -239,12 +239,16 @@ def _switch_from_environment() -> bool:
         return True
     if raw in SWITCH_OFF:
         return False
-    # never fail an application's import over a variable: warn, keep the default
-    warnings.warn(
-        f"VYRE_TELEMETRY={raw!r} is neither on ({', '.join(SWITCH_ON)}) nor off "
-        f"({', '.join(SWITCH_OFF)}); telemetry stays on. Fix: set VYRE_TELEMETRY=off or on",
-        RuntimeWarning,
-        stacklevel=2,
+    # never fail an application's import over a variable (a warning would, under -W
+    # error): log it, keep the default
+    import logging
+
+    logging.getLogger("vyre_async.telemetry").warning(
+        "VYRE_TELEMETRY=%r is neither on (%s) nor off (%s); telemetry stays on. "
+        "Fix: set VYRE_TELEMETRY=off or on",
+        raw,
+        ", ".join(SWITCH_ON),
+        ", ".join(SWITCH_OFF),
     )
     return True
 

@@ -61,6 +61,8 @@ TRACE_CHOICES = ("none", "console", "otlp", "file:PATH")
 
 
 _TIMEOUT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+#: The longest OTLP export timeout the exporter can time (longer overflows its clock).
+_MAX_EXPORT_TIMEOUT_S = 1e6
 
 
 def configure_tracing(
@@ -136,16 +138,17 @@ def configure_tracing(
         # (backoff 1, 2, 4 s ... stops when the next wait would pass it). None
         # lets the exporter read the OTEL_* timeout variables itself.
         user_set = any(os.environ.get(name) for name in _TIMEOUT_VARIABLES)
-        for name in _TIMEOUT_VARIABLES:  # the exporter takes any number and then sends nothing
+        for name in _TIMEOUT_VARIABLES:  # numbers the exporter takes, then fails every export on
             raw = os.environ.get(name, "").strip()
             try:
-                good = not raw or float(raw) > 0  # (False for NaN)
-            except ValueError:
-                good = False
-            if not good:
+                seconds = float(raw) if raw else 10.0
+            except ValueError:  # not a number: the exporter warns and uses its default
+                continue
+            if not 0 < seconds <= _MAX_EXPORT_TIMEOUT_S:  # (False for NaN and infinity)
                 raise InvalidProgram(
-                    f"{name}={raw!r} is not a timeout: every export would fail at once",
-                    fix=f"set {name} to a positive number of seconds (e.g. 10), or unset it",
+                    f"{name}={raw!r} is not a usable timeout: every export would fail at once",
+                    fix=f"set {name} to a number of seconds in 0..{_MAX_EXPORT_TIMEOUT_S:g} "
+                    "(e.g. 10), or unset it",
                 )
         exporter = _SkipAfterFailure(
             OTLPSpanExporter(timeout=None if user_set else float(export_timeout_s)),

@@ -66,6 +66,13 @@ except DeviceLost:
 except Exception as exc:
     report["later"] = type(exc).__name__
 report["later_s"] = time.monotonic() - started
+started = time.monotonic()
+try:
+    pool.workers()
+    report["workers"] = "answered"
+except DeviceLost:
+    report["workers"] = "DeviceLost"
+report["workers_s"] = time.monotonic() - started
 report["ray_started_again"] = ray.is_initialized()
 started = time.monotonic()
 anyio.run(pool.aclose)
@@ -92,5 +99,6 @@ def test_a_pool_whose_ray_runtime_is_shut_down_fails_fast_and_starts_nothing() -
     assert report["in_flight"] == "DeviceLost" and report["fix"], report
     assert report["in_flight_s"] < 5, report
     assert report["later"] == "DeviceLost" and report["later_s"] < 1, report
+    assert report["workers"] == "DeviceLost" and report["workers_s"] < 1, report
     assert report["close_s"] < 5, report
     assert report["ray_started_again"] is False, report

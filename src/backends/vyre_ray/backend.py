@@ -410,9 +410,11 @@ class RayBackend(VyreBackend):
 
         Raises:
             BackendClosed: the backend was closed.
-            DeviceLost: a worker did not answer within 30 s, or died.
+            DeviceLost: a worker did not answer within 30 s, or died; or the
+                pool's Ray runtime was shut down.
         """
         self.check_open()
+        self._check_runtime()
         try:
             described = self._ray.get(
                 [m.handle.describe.remote() for m in self._members], timeout=30
@@ -445,8 +447,7 @@ class RayBackend(VyreBackend):
             BackendClosed: the backend was closed.
         """
         self.check_open()
-        if self._lost or not self._ray.is_initialized():
-            raise self._runtime_gone()
+        self._check_runtime()
         shape = launch.template
         shipped = None if shape is None else shape.backend_state
         if not isinstance(shipped, _Shipped):  # per launch shape: the program with its counts
@@ -457,6 +458,10 @@ class RayBackend(VyreBackend):
         inputs = [np.array(item, copy=True) for item in launch.inputs]  # (see `_Call`)
         call = _Call(launch, shipped, inputs, self._carrier(launch))
         with self._lock:
+            # (checked again with the insert, under the lock the watchdog's sweep takes:
+            # a launch is either failed by the sweep or refused here, never left behind)
+            if self._lost:
+                raise self._runtime_gone()
             self._open[id(launch)] = launch
             if self._watchdog is None:  # (holds the backend weakly: no leak if unclosed)
                 self._watchdog = threading.Thread(
@@ -470,6 +475,15 @@ class RayBackend(VyreBackend):
         else:
             self._submit(call)
         return launch.pending
+
+    def _check_runtime(self) -> None:
+        """Refuse with `DeviceLost` once the pool's Ray runtime went away (no Ray call then).
+
+        Every public path that talks to Ray checks this first: a Ray call after
+        ``ray.shutdown()`` would start a fresh, unrelated local cluster.
+        """
+        if self._lost or not self._ray.is_initialized():
+            raise self._runtime_gone()
 
     def _runtime_gone(self) -> DeviceLost:
         """The error of every dispatch once the pool's Ray runtime went away."""
@@ -485,8 +499,8 @@ class RayBackend(VyreBackend):
 
     def runtime_lost(self) -> None:
         """Fail every dispatch in flight with `DeviceLost`: the Ray runtime went away."""
-        error = self._runtime_gone()
         with self._lock:
+            error = self._runtime_gone()  # (sets the flag under the lock enqueue checks it in)
             left = list(self._open.values())
             self._running.clear()
         for launch in left:
@@ -555,6 +569,10 @@ class RayBackend(VyreBackend):
         if completer.should_stop():  # past its deadline before it went out: not sent at all
             self._unbusy(member)
             launch.pending.done()  # (settles it as timed out)
+            return
+        if self._lost or not self._ray.is_initialized():  # (an off-thread submit or a resend)
+            self._unbusy(member)
+            completer.fail(self._runtime_gone())
             return
         sent = False
         try:

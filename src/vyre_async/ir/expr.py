@@ -12,6 +12,7 @@ structural meaning: two expressions are equal when they are the same tree.
 
 from __future__ import annotations
 
+import decimal
 import math
 import numbers
 import struct
@@ -246,6 +247,10 @@ class Const(Expr):
             # Any real number but a bool (ints, floats, numpy scalars, fractions); never
             # a string: one rule for f32(...) and Const(DType.F32, ...), as for u32/i32.
             given: object = value  # (typed loosely: callers pass numpy scalars and worse)
+            if type(given).__module__ == "numpy" and getattr(given, "ndim", None) == 0:
+                given = given.item()  # type: ignore[attr-defined]  # a 0-d array: its number
+            if isinstance(given, decimal.Decimal) and given.is_finite():
+                given = float(given)
             if isinstance(given, bool) or not isinstance(given, numbers.Real):
                 raise InvalidProgram(
                     f"f32 constant needs a real number, got {value!r}",
