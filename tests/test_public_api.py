@@ -56,6 +56,8 @@ DEFERRED = (
     "vyre_async.calibration",
     "vyre_async.shadow",
     "vyre_async.cache.disk",
+    "decimal",
+    "traceback",
 )
 
 

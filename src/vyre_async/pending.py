@@ -38,7 +38,6 @@ import queue
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -1000,6 +999,8 @@ def _report_callback_error(exc: BaseException) -> None:
         threading.excepthook(args)
     except BaseException:
         with contextlib.suppress(Exception):
+            import traceback  # (rarely needed: not paid at import)
+
             traceback.print_exception(exc, file=sys.__stderr__ or sys.stderr)
 
 

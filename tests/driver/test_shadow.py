@@ -5,12 +5,14 @@ from __future__ import annotations
 import pickle
 import time
 
+import anyio
 import numpy as np
 import pytest
 
 from vyre_async import (
     ConformanceCase,
     DispatchConfig,
+    DispatchFailed,
     Divergence,
     InvalidProgram,
     Launch,
@@ -161,3 +163,46 @@ def test_shadow_backend_does_not_promise_resident_ordering() -> None:
     caps = shadow.capabilities()
     assert not caps.ordered_resident_buffers
     assert caps.max_workgroup_lanes == primary.capabilities().max_workgroup_lanes
+
+
+def test_flush_waits_for_every_sampled_comparison() -> None:
+    # The caller gets the primary's answer at once; the comparison (and a slow
+    # on_divergence within it) comes later, and flush() waits for all of it.
+    seen: list[Divergence] = []
+
+    def slow(divergence: Divergence) -> None:
+        time.sleep(0.2)
+        seen.append(divergence)
+
+    shadow = ShadowBackend(
+        _OffByOne(), ReferenceBackend(prefetch=False), sample_rate=1.0, on_divergence=slow
+    )
+    case = _xor_case()
+    for _ in range(3):
+        shadow.dispatch_sync(case.program, case.inputs)
+    anyio.run(shadow.flush)
+    assert (shadow.stats.sampled, shadow.stats.compared, shadow.stats.divergences) == (3, 3, 3)
+    assert len(seen) == 3
+
+
+def test_flush_does_not_wait_for_a_comparison_a_failed_primary_cannot_make() -> None:
+    class Failing(ReferenceBackend):
+        id = "failing"
+
+        def enqueue(self, launch: Launch) -> PendingDispatch:
+            launch.completer.fail(RuntimeError("the device fell over"))
+            return launch.pending
+
+    shadow = ShadowBackend(
+        Failing(prefetch=False), ReferenceBackend(prefetch=False), sample_rate=1.0
+    )
+    case = _xor_case()
+    with pytest.raises(DispatchFailed, match="fell over"):
+        shadow.dispatch_sync(case.program, case.inputs)
+
+    async def flush_in_time() -> None:
+        with anyio.fail_after(5):
+            await shadow.flush()
+
+    anyio.run(flush_in_time)
+    assert (shadow.stats.sampled, shadow.stats.compared) == (1, 0)

@@ -220,3 +220,31 @@ async def test_a_callback_added_to_a_settled_dispatch_never_runs_on_the_event_lo
     answer = await anyio.to_thread.run_sync(lambda: got.get(timeout=BOUND_S))
     assert answer == ("vyre-callbacks", [0] * N)
     await backend.aclose()
+
+
+def test_a_raising_excepthook_falls_back_to_stderr_and_the_callbacks_go_on(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # A broken error reporter must not take the callback thread down with it:
+    # the callback's exception goes to stderr and the next callbacks still run.
+    def broken_hook(args: threading.ExceptHookArgs) -> None:
+        raise RuntimeError("the reporter is broken")
+
+    monkeypatch.setattr(threading, "excepthook", broken_hook)
+    backend = ReferenceBackend(inline_ns=0)
+    a = np.arange(N, dtype=np.uint32)
+    ran: queue.SimpleQueue[str] = queue.SimpleQueue()
+
+    def fails(_: PendingDispatch) -> None:
+        raise ValueError("this callback fails on purpose")
+
+    for _ in range(2):  # the second dispatch's callbacks find the thread still there
+        pending = backend.dispatch(elementwise_xor(N), [a, a])
+        pending.add_done_callback(fails)
+        pending.add_done_callback(lambda _: ran.put(threading.current_thread().name))
+        _settles(pending)
+        assert ran.get(timeout=BOUND_S) == "vyre-callbacks"
+    assert wait_for_callbacks(BOUND_S)
+    err = capfd.readouterr().err
+    assert err.count("ValueError: this callback fails on purpose") == 2
+    anyio.run(backend.aclose)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,22 @@ from vyre_async.ir import Const, DType, f32, i32, u32
 
 
 @pytest.mark.parametrize(
-    "value", [None, [1], "x", "1.5", True, np.bool_(True), 10**400, -(10**400), b"1", {}]
+    "value",
+    [
+        None,
+        [1],
+        "x",
+        "1.5",
+        True,
+        np.bool_(True),
+        10**400,
+        -(10**400),
+        b"1",
+        {},
+        Decimal("NaN"),
+        Decimal("-Infinity"),
+        np.array([1.0]),
+    ],
 )
 def test_f32_refuses_what_is_not_a_real_number_with_a_fix(value: Any) -> None:
     with pytest.raises(InvalidProgram, match="Fix:"):
@@ -39,6 +55,9 @@ def test_f32_refuses_what_is_not_a_real_number_with_a_fix(value: Any) -> None:
         (np.float64(-3.0), -3.0),
         (np.int64(7), 7.0),
         (Fraction(1, 4), 0.25),
+        (Decimal("2.5"), 2.5),
+        (np.array(0.75), 0.75),  # a 0-d array: its number
+        (np.array(3, dtype=np.int32), 3.0),
         (1e300, float("inf")),  # a float beyond binary32 rounds to infinity, as documented
     ],
 )
