@@ -6,7 +6,8 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: test demo lint types pytest mutants package-check bench bench-cuda clean
 
-$(STAMP): pyproject.toml
+# hatch reads the version from src/vyre_async/_version.py: a new one needs a reinstall.
+$(STAMP): pyproject.toml src/vyre_async/_version.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'

@@ -66,92 +66,133 @@ def _module_file(names: set[str], module: str) -> bool:
     return f"{path}.py" in names or f"{path}/__init__.py" in names
 
 
+def _unreadable(path: Path, kind: str) -> str | None:
+    """Why ``path`` cannot be opened as a ``kind`` (None: it is a file)."""
+    if not path.exists():
+        return (
+            f"{path}: no such file. Fix: pass the path of a built {kind} "
+            "(`python -m build` writes the sdist and the wheel under dist/)"
+        )
+    if not path.is_file():
+        return f"{path} is not a file. Fix: pass the path of a built {kind}, not a folder"
+    return None
+
+
 def wheel_problems(wheel: Path) -> list[str]:
     """Every problem of the wheel's layout and metadata (empty: the wheel is right)."""
-    problems: list[str] = []
-    with zipfile.ZipFile(wheel) as archive:
-        names = set(archive.namelist())
-        dist_infos = {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")}
-        if len(dist_infos) != 1:
-            return [f"expected one .dist-info folder, found {sorted(dist_infos)}"]
-        (dist_info,) = dist_infos
-        top = {n.split("/")[0] for n in names} - {dist_info}
-        missing = sorted(set(PACKAGES) - top)
-        extra = sorted(top - set(PACKAGES))
-        if missing:
-            problems.append(f"top-level packages missing: {missing} (found {sorted(top)})")
-        if extra:
-            problems.append(
-                f"unexpected top-level entries {extra}: only {list(PACKAGES)} belong at the "
-                "wheel's root (a package under a folder such as backends/ cannot be imported)"
-            )
-        for package in PACKAGES:
-            if package in top:
-                for required in ("__init__.py", "py.typed"):
-                    if f"{package}/{required}" not in names:
-                        problems.append(f"{package}/{required} is missing")
-        entry_points = configparser.ConfigParser(delimiters=("=",))
-        entry_points.optionxform = str  # type: ignore[assignment,method-assign]
-        text = f"{dist_info}/entry_points.txt"
-        if text not in names:
-            problems.append("entry_points.txt is missing")
-        else:
-            entry_points.read_string(archive.read(text).decode())
-            for group in ("vyre_async.backends", "pytest11", "console_scripts"):
-                if not entry_points.has_section(group):
-                    problems.append(f"entry point group [{group}] is missing")
-                    continue
-                for name, target in entry_points.items(group):
-                    module = target.split(":")[0].strip()
-                    if not _module_file(names, module):
-                        problems.append(
-                            f"entry point {group}:{name} = {target.strip()} names module "
-                            f"{module!r}, which the wheel lacks"
-                        )
-            backends = (
-                set(dict(entry_points.items("vyre_async.backends")))
-                if entry_points.has_section("vyre_async.backends")
-                else set()
-            )
-            if backends != {"reference", "cupy", "ray"}:
-                problems.append(
-                    f"backend entry points {sorted(backends)}, expected cupy, ray, reference"
-                )
-        metadata = email.parser.Parser().parsestr(archive.read(f"{dist_info}/METADATA").decode())
-        declared: set[str] = set()
-        for line in metadata.get_all("Requires-Dist") or []:
-            if "extra ==" not in line:  # a dependency of an extra is not a dependency
-                match = re.match(r"[A-Za-z0-9_.-]+", line)
-                if match:
-                    declared.add(match[0].lower().replace("_", "-"))
-        problems += [
-            f"Requires-Dist lacks {r} (outside any extra)" for r in REQUIRES if r not in declared
+    unreadable = _unreadable(wheel, "wheel")
+    if unreadable:
+        return [unreadable]
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            return _archive_problems(archive)
+    except zipfile.BadZipFile as exc:
+        return [
+            f"{wheel} is not a wheel: not a zip archive ({exc}). Fix: rebuild it with "
+            "`python -m build --wheel`"
         ]
-        version_file = "vyre_async/_version.py"
-        if version_file in names:
-            tree = ast.parse(archive.read(version_file).decode())
-            literal = next(
-                (
-                    node.value.value
-                    for node in tree.body
-                    if isinstance(node, ast.Assign)
-                    and isinstance(node.value, ast.Constant)
-                    and any(getattr(t, "id", None) == "__version__" for t in node.targets)
-                ),
-                None,
+
+
+def _archive_problems(archive: zipfile.ZipFile) -> list[str]:
+    """`wheel_problems` of an opened wheel."""
+    problems: list[str] = []
+    names = set(archive.namelist())
+    dist_infos = {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")}
+    if len(dist_infos) != 1:
+        return [f"expected one .dist-info folder, found {sorted(dist_infos)}"]
+    (dist_info,) = dist_infos
+    top = {n.split("/")[0] for n in names} - {dist_info}
+    missing = sorted(set(PACKAGES) - top)
+    extra = sorted(top - set(PACKAGES))
+    if missing:
+        problems.append(f"top-level packages missing: {missing} (found {sorted(top)})")
+    if extra:
+        problems.append(
+            f"unexpected top-level entries {extra}: only {list(PACKAGES)} belong at the "
+            "wheel's root (a package under a folder such as backends/ cannot be imported)"
+        )
+    for package in PACKAGES:
+        if package in top:
+            for required in ("__init__.py", "py.typed"):
+                if f"{package}/{required}" not in names:
+                    problems.append(f"{package}/{required} is missing")
+    entry_points = configparser.ConfigParser(delimiters=("=",))
+    entry_points.optionxform = str  # type: ignore[assignment,method-assign]
+    text = f"{dist_info}/entry_points.txt"
+    if text not in names:
+        problems.append("entry_points.txt is missing")
+    else:
+        entry_points.read_string(archive.read(text).decode())
+        for group in ("vyre_async.backends", "pytest11", "console_scripts"):
+            if not entry_points.has_section(group):
+                problems.append(f"entry point group [{group}] is missing")
+                continue
+            for name, target in entry_points.items(group):
+                module = target.split(":")[0].strip()
+                if not _module_file(names, module):
+                    problems.append(
+                        f"entry point {group}:{name} = {target.strip()} names module "
+                        f"{module!r}, which the wheel lacks"
+                    )
+        backends = (
+            set(dict(entry_points.items("vyre_async.backends")))
+            if entry_points.has_section("vyre_async.backends")
+            else set()
+        )
+        if backends != {"reference", "cupy", "ray"}:
+            problems.append(
+                f"backend entry points {sorted(backends)}, expected cupy, ray, reference"
             )
-            if literal != metadata["Version"]:
-                problems.append(
-                    f"vyre_async.__version__ is {literal!r} but the metadata says "
-                    f"{metadata['Version']!r}"
-                )
+    if f"{dist_info}/METADATA" not in names:
+        problems.append(
+            f"{dist_info}/METADATA is missing: pip cannot install the wheel. Fix: build it "
+            "with `python -m build --wheel` (the build backend writes METADATA)"
+        )
+        return problems
+    metadata = email.parser.Parser().parsestr(archive.read(f"{dist_info}/METADATA").decode())
+    declared: set[str] = set()
+    for line in metadata.get_all("Requires-Dist") or []:
+        if "extra ==" not in line:  # a dependency of an extra is not a dependency
+            match = re.match(r"[A-Za-z0-9_.-]+", line)
+            if match:
+                declared.add(match[0].lower().replace("_", "-"))
+    problems += [
+        f"Requires-Dist lacks {r} (outside any extra)" for r in REQUIRES if r not in declared
+    ]
+    version_file = "vyre_async/_version.py"
+    if version_file in names:
+        tree = ast.parse(archive.read(version_file).decode())
+        literal = next(
+            (
+                node.value.value
+                for node in tree.body
+                if isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Constant)
+                and any(getattr(t, "id", None) == "__version__" for t in node.targets)
+            ),
+            None,
+        )
+        if literal != metadata["Version"]:
+            problems.append(
+                f"vyre_async.__version__ is {literal!r} but the metadata says "
+                f"{metadata['Version']!r}"
+            )
     return problems
 
 
 def sdist_problems(sdist: Path) -> list[str]:
     """Every file the sdist lacks to rebuild the wheel and run the tests."""
-    with tarfile.open(sdist) as archive:
-        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    unreadable = _unreadable(sdist, "sdist")
+    if unreadable:
+        return [unreadable]
+    try:
+        with tarfile.open(sdist) as archive:
+            names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    except tarfile.TarError as exc:
+        return [
+            f"{sdist} is not an sdist: not a tar archive ({exc}). Fix: rebuild it with "
+            "`python -m build --sdist`"
+        ]
     required = [
         "PKG-INFO",
         "pyproject.toml",
@@ -165,9 +206,15 @@ def sdist_problems(sdist: Path) -> list[str]:
 
 
 def _run(
-    command: Sequence[str | Path], *, cwd: Path, env: dict[str, str] | None = None, timeout: float
+    command: Sequence[str | Path],
+    *,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    timeout: float,
+    expect_rc: int = 0,
 ) -> str:
-    """Run ``command``; return its output; raise `CheckFailed` with its tail if it fails."""
+    """Run ``command``; return its output; raise `CheckFailed` with its tail unless it
+    exits ``expect_rc``."""
     done = subprocess.run(
         [str(c) for c in command],
         cwd=cwd,
@@ -178,11 +225,29 @@ def _run(
         check=False,
     )
     output = done.stdout + done.stderr
-    if done.returncode != 0:
+    if done.returncode != expect_rc:
+        expected = f" (expected {expect_rc})" if expect_rc else ""
         raise CheckFailed(
-            f"`{' '.join(str(c) for c in command)}` exited {done.returncode}:\n{output[-4000:]}"
+            f"`{' '.join(str(c) for c in command)}` exited {done.returncode}{expected}:\n"
+            f"{output[-4000:]}"
         )
     return output
+
+
+def _imported_from(
+    python: Path, modules: Sequence[str], prefix: Path, *, cwd: Path, env: dict[str, str]
+) -> list[str]:
+    """Import ``modules`` with ``python``; return their files; raise `CheckFailed` unless
+    every one lies under ``prefix`` (and none in the repository)."""
+    code = (
+        f"import importlib, json; print(json.dumps([importlib.import_module(m).__file__ "
+        f"for m in {list(modules)!r}]))"
+    )
+    where = _run([python, "-c", code], cwd=cwd, env=env, timeout=120)
+    files: list[str] = json.loads(where.strip().splitlines()[-1])
+    if any(Path(f).is_relative_to(ROOT) or not Path(f).is_relative_to(prefix) for f in files):
+        raise CheckFailed(f"{', '.join(modules)} were imported from {files}, not from {prefix}")
+    return files
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -274,20 +339,9 @@ class Checker:
                 env=env,
                 timeout=900,
             )
-            where = _run(
-                [
-                    python,
-                    "-c",
-                    "import json, vyre_async, vyre_reference; "
-                    "print(json.dumps([vyre_async.__file__, vyre_reference.__file__]))",
-                ],
-                cwd=run,
-                env=env,
-                timeout=120,
+            files = _imported_from(
+                python, ["vyre_async", "vyre_reference"], env_dir, cwd=run, env=env
             )
-            files = json.loads(where.strip().splitlines()[-1])
-            if any(str(ROOT) in f or not f.startswith(str(env_dir)) for f in files):
-                raise CheckFailed(f"vyre-async was imported from {files}, not from {env_dir}")
             return f"imports from {Path(files[0]).parent}"
 
         def info() -> str:
@@ -366,43 +420,29 @@ class Checker:
                 env=self.env,
                 timeout=300,
             )
-            where = _run(
-                [
-                    self.python,
-                    "-c",
-                    "import json, vyre_async as a, vyre_reference as r, vyre_cupy as c; "
-                    "print(json.dumps([m.__file__ for m in (a, r, c)]))",
-                ],
-                cwd=self.work,
-                env=env,
-                timeout=120,
-            )
-            files = json.loads(where.strip().splitlines()[-1])
-            if not all(f.startswith(str(target)) for f in files):
-                raise CheckFailed(f"imported from {files}, not from {target}")
-            return f"vyre_async, vyre_reference, vyre_cupy import from {target}"
+            modules = ["vyre_async", "vyre_reference", "vyre_cupy"]
+            _imported_from(self.python, modules, target, cwd=self.work, env=env)
+            return f"{', '.join(modules)} import from {target}"
 
         def gpu_check() -> str:
-            done = subprocess.run(
+            # Without a GPU, gpu-check records its failed probe and exits 1.
+            output = _run(
                 [self.python, ROOT / "scripts" / "gpu-check"],
                 cwd=ROOT,
                 env=env,
-                capture_output=True,
-                text=True,
                 timeout=300,
-                check=False,
+                expect_rc=1,
             )
-            output = done.stdout + done.stderr
             report_file = out / "gpu-check.json"
             if not report_file.exists():
                 raise CheckFailed(f"scripts/gpu-check wrote no report:\n{output[-3000:]}")
             report = json.loads(report_file.read_text())
             steps = report.get("steps", {})
-            if "Traceback" in output or done.returncode != 1 or list(steps) != ["probe"]:
+            if "Traceback" in output or list(steps) != ["probe"]:
                 raise CheckFailed(
                     "scripts/gpu-check should stop at its device probe with 'no GPU' "
-                    f"(exit 1, one step 'probe'); it exited {done.returncode} with steps "
-                    f"{list(steps)}:\n{output[-3000:]}"
+                    f"(exit 1, one step 'probe'); it left steps {list(steps)}:\n"
+                    f"{output[-3000:]}"
                 )
             if report.get("imported_from_src") or str(target) not in report.get(
                 "vyre_async_from", ""
