@@ -96,4 +96,6 @@ __getattr__, __dir__ = _lazy_exports(
     dict.fromkeys(("ConformanceCase", "Divergence", "ShadowBackend"), "shadow")
     | {"assert_conformance": "shadow", "DiskPipelineCache": "cache"},
     __all__,
+    # (imported with the package before they were deferred: still attributes)
+    submodules=("calibration", "execution", "policies", "prefetch"),
 )

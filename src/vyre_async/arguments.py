@@ -17,7 +17,7 @@ import numpy as np
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 
-__all__ = ["duration", "to_seconds", "whole_number"]
+__all__ = ["duration", "real_number", "to_seconds", "wait_seconds", "whole_number"]
 __dir__ = _public_dir(__name__)
 
 
@@ -57,6 +57,34 @@ def to_seconds(value: numbers.Real | int | float) -> float:
         return math.inf if value > 0 else -math.inf  # type: ignore[operator]
 
 
+def real_number(value: object) -> float:
+    """Return ``value`` as a float if it is a real number, else NaN.
+
+    Any real number but a bool: ints of any size (beyond a float: ``±inf``),
+    numpy scalars, fractions. The one rule for seconds, rates and precedences.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return math.nan
+    return to_seconds(value)
+
+
+def wait_seconds(timeout: object, *, example: str) -> float:
+    """Return a wait's ``timeout`` as seconds: ``inf`` for None, any size, at least 0.
+
+    Raises:
+        InvalidProgram: ``timeout`` is neither a number of seconds nor None.
+    """
+    if timeout is None:
+        return math.inf
+    seconds = real_number(timeout)
+    if math.isnan(seconds):
+        raise InvalidProgram(
+            f"a timeout must be a number of seconds or None, got {timeout!r}",
+            fix=f"pass e.g. {example}",
+        )
+    return max(0.0, seconds)
+
+
 def duration(name: str, value: object, *, example: str, positive: bool = False) -> float:
     """Return ``value`` as a finite number of seconds, ``>= 0`` (``> 0`` when ``positive``).
 
@@ -64,10 +92,7 @@ def duration(name: str, value: object, *, example: str, positive: bool = False) 
         InvalidProgram: ``value`` is not a number (bools and NaN included), is
             infinite, or is below the bound.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        seconds = math.nan  # (any real number but a bool: numpy scalars, fractions too)
-    else:
-        seconds = to_seconds(value)
+    seconds = real_number(value)
     if not (math.isfinite(seconds) and (seconds > 0 if positive else seconds >= 0)):
         bound = "above 0" if positive else ">= 0"
         raise InvalidProgram(

@@ -32,6 +32,7 @@ from vyre_async.frontend import DispatchFrontEnd, InputLike, Launch, as_config
 from vyre_async.ir.ops import AtomicOp, BinOp, UnOp
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import DType
+from vyre_async.ir.validate import validate_or_raise
 from vyre_async.pending import PendingDispatch, refuse_blocking_in_loop
 from vyre_async.pipeline import CompiledPipeline
 from vyre_async.resident import ResidentBuffer
@@ -358,8 +359,6 @@ class VyreBackend(abc.ABC):
                 program nested past the IR's limits is refused, not hashed), or
                 ``config`` is not a `DispatchConfig`.
         """
-        from vyre_async.ir.validate import validate_or_raise
-
         if not isinstance(program, Program):
             raise InvalidProgram(
                 f"pipeline_identity needs a Program, got {type(program).__name__}",

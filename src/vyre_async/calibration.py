@@ -39,6 +39,7 @@ import blake3
 import numpy as np
 
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async.arguments import real_number
 from vyre_async.cache.disk import default_cache_root
 from vyre_async.cache.files import (
     NotRegularFile,
@@ -204,12 +205,10 @@ class Calibration:
                     f"Calibration.{name} must be an int in -10000..10000 or None, got "
                     f"{value!r}\nFix: clamp the measurement to basis points"
                 )
-        try:
-            finite = not isinstance(self.measured_at, bool) and math.isfinite(self.measured_at)
-        except (TypeError, OverflowError):  # not a number; an int beyond any float
-            finite = False
-        if not finite:
+        measured_at = real_number(self.measured_at)
+        if not math.isfinite(measured_at):  # (not a number; NaN; an int beyond any float)
             raise ValueError("Calibration.measured_at must be a finite number\nFix: time.time()")
+        object.__setattr__(self, "measured_at", measured_at)  # (a float: it is saved as JSON)
 
     def key(self) -> str:
         """Return the 64-hex cache key of this record's device."""

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import math
-import numbers
+import functools
 import os
 from dataclasses import dataclass, fields
 from typing import Literal
 
-import numpy as np
-
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.arguments import to_seconds
+from vyre_async.arguments import real_number, whole_number
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir.limits import MAX_WORKGROUP_LANES
 from vyre_async.plan import normalize_axes
@@ -54,6 +51,12 @@ def default_max_output_bytes() -> int:
                 fix=f"set {MAX_OUTPUT_BYTES_ENV}=17179869184 (16 GiB, say) or unset it",
             )
         return value
+    return _half_the_host()
+
+
+@functools.cache
+def _half_the_host() -> int:
+    """Half this machine's physical memory (read once), or the fallback."""
     try:
         return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) // 2
     except (AttributeError, OSError, ValueError):  # no sysconf (Windows) or no such name
@@ -112,31 +115,19 @@ class DispatchConfig:
 
     def __post_init__(self) -> None:
         if self.ulp_budget is not None:
-            if not _is_int(self.ulp_budget) or not 0 <= self.ulp_budget <= 255:
-                raise _bad(
-                    f"ulp_budget must be an int in 0..255, got {self.ulp_budget!r}", "ulp_budget=2"
-                )
-            object.__setattr__(self, "ulp_budget", int(self.ulp_budget))
+            budget = _count("ulp_budget", self.ulp_budget, "ulp_budget=2", maximum=255)
+            object.__setattr__(self, "ulp_budget", budget)
         if self.timeout is not None:
-            given: object = self.timeout
-            # Any real number but a bool (numpy scalars and fractions too), kept as a float.
-            seconds = (
-                math.nan
-                if isinstance(given, bool) or not isinstance(given, numbers.Real)
-                else to_seconds(given)
-            )
+            seconds = real_number(self.timeout)  # (kept as a float)
             if not seconds > 0:  # False for NaN too
                 raise _bad(
-                    f"timeout must be a positive number of seconds, got {given!r}", "timeout=1.0"
+                    f"timeout must be a positive number of seconds, got {self.timeout!r}",
+                    "timeout=1.0",
                 )
             object.__setattr__(self, "timeout", seconds)
         if self.max_output_bytes is not None:
-            if not _is_int(self.max_output_bytes) or self.max_output_bytes < 0:
-                raise _bad(
-                    f"max_output_bytes must be a non-negative int, got {self.max_output_bytes!r}",
-                    "max_output_bytes=1 << 20",
-                )
-            object.__setattr__(self, "max_output_bytes", int(self.max_output_bytes))
+            limit = _count("max_output_bytes", self.max_output_bytes, "max_output_bytes=1 << 20")
+            object.__setattr__(self, "max_output_bytes", limit)
         for name in ("workgroup_override", "grid_override"):
             value = getattr(self, name)
             if value is not None:
@@ -154,13 +145,10 @@ class DispatchConfig:
                 "workgroup_override=(256, 1, 1)",
             )
         if self.fixpoint_iterations is not None:
-            if not _is_int(self.fixpoint_iterations) or self.fixpoint_iterations < 1:
-                raise _bad(
-                    "fixpoint_iterations must be None or an int >= 1, "
-                    f"got {self.fixpoint_iterations!r}",
-                    "fixpoint_iterations=None (one launch) or a positive count",
-                )
-            object.__setattr__(self, "fixpoint_iterations", int(self.fixpoint_iterations))
+            iterations = _count(
+                "fixpoint_iterations", self.fixpoint_iterations, "fixpoint_iterations=4", minimum=1
+            )
+            object.__setattr__(self, "fixpoint_iterations", iterations)
         for name in ("speculation", "persistent_thread"):
             value = getattr(self, name)
             if not isinstance(value, str) or value not in _MODES:
@@ -196,9 +184,17 @@ class DispatchConfig:
         return self.launch_shape() == other.launch_shape()
 
 
-def _is_int(value: object) -> bool:
-    """An int or a numpy integer, not a bool (one rule for every count and size)."""
-    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+def _count(
+    name: str, value: object, example: str, minimum: int = 0, maximum: int | None = None
+) -> int:
+    """A count or size of the config: an int or numpy integer (not a bool) within bounds."""
+    return whole_number(
+        f"DispatchConfig: {name}",
+        value,
+        example=f"DispatchConfig({example})",
+        minimum=minimum,
+        maximum=maximum,
+    )
 
 
 def _bad(message: str, example: str) -> InvalidProgram:

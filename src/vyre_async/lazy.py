@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from vyre_async._exports import public_dir
 
@@ -21,7 +21,10 @@ __dir__ = public_dir(__name__)
 
 
 def lazy_exports(
-    package: str, sources: Mapping[str, str], public: Sequence[str]
+    package: str,
+    sources: Mapping[str, str],
+    public: Sequence[str],
+    submodules: Iterable[str] = (),
 ) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
     """Return ``(__getattr__, __dir__)`` for ``package``.
 
@@ -29,22 +32,19 @@ def lazy_exports(
         package: The package's ``__name__``.
         sources: Public name -> the submodule (relative to ``package``) defining it.
         public: The package's ``__all__``.
+        submodules: Further submodules that ``package.submodule`` loads on first
+            access, as it did when the package imported them eagerly (those
+            in ``sources`` do anyway). Any other missing name is an
+            `AttributeError` at once: ``hasattr`` never imports anything else.
     """
+    loadable = frozenset(sources.values()) | frozenset(submodules)
 
     def __getattr__(name: str) -> object:
-        """Import and return the public ``name`` from its submodule on first access.
-
-        A submodule not imported yet is imported too (``package.submodule`` works
-        as it did when the package imported every submodule eagerly).
-        """
+        """Import and return the public ``name``, or a listed submodule, on first access."""
         source = sources.get(name)
         if source is None:
-            if not name.startswith("__"):
-                try:
-                    return importlib.import_module(f"{package}.{name}")
-                except ModuleNotFoundError as exc:
-                    if exc.name != f"{package}.{name}":
-                        raise  # the submodule exists and failed to import
+            if name in loadable:
+                return importlib.import_module(f"{package}.{name}")
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(f"{package}.{source}"), name)
         setattr(sys.modules[package], name, value)  # later lookups skip this hook

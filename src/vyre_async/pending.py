@@ -21,7 +21,7 @@ Done-callbacks (`PendingDispatch.add_done_callback`) never run on the thread
 that settles a dispatch (a backend's worker, a CUDA completion thread, Ray's
 callback thread): when a dispatch settles its waiters wake first, then its
 callbacks are queued for the one callback thread (``vyre-callbacks``), which
-runs them in the order the dispatches finished settling. A callback may block, wait on
+runs them one at a time in the order they were queued. A callback may block, wait on
 its own backend (``download``, ``dispatch_sync``, ``result()``) or close it:
 the machinery that must finish that work is never the thread running it. The
 driver's and backends' own bookkeeping uses `settle_hook` instead: run inline,
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 import os
 import queue
 import sys
@@ -45,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.arguments import to_seconds
+from vyre_async.arguments import to_seconds, wait_seconds
 from vyre_async.errors import BackendError, DispatchFailed, DispatchTimeout, InvalidProgram
 
 if TYPE_CHECKING:
@@ -60,9 +59,7 @@ __all__ = [
     "ResultAlreadyTaken",
     "defer_to_callbacks",
     "settle_hook",
-    "wait_event",
     "wait_for_callbacks",
-    "wait_limit",
 ]
 __dir__ = _public_dir(__name__)
 
@@ -369,7 +366,10 @@ class _Core:
                     except Exception as exc:  # one waiter's failure must not strand the rest
                         _report_callback_error(exc)
             if callbacks:
-                _CALLBACKS.submit(callbacks, pending)
+                try:
+                    _CALLBACKS.submit(callbacks, pending)
+                except BaseException as exc:  # no thread to be had (the interpreter exits):
+                    _report_callback_error(exc)  # settling must not fail for it
         if interrupt is not None:
             raise interrupt
         return True
@@ -486,13 +486,15 @@ class PendingDispatch:
         """Call ``fn(self)`` once the dispatch settles (soon, if it already has).
 
         Callbacks run on vyre-async's callback thread (``vyre-callbacks``), after
-        the dispatch's waiters woke, one at a time in the order their dispatches
-        finished settling (each dispatch's in the order added; for one settled
+        the dispatch's waiters woke, one at a time in the order they were queued
+        (a dispatch's when it settles, in the order added; for one settled
         already, when this call queues it), never on a backend's worker or
         completion thread nor on the caller's (an event loop's, say): a callback
         may block, wait on its own backend (``download``, ``dispatch_sync``,
-        ``result()``) or close it. One that blocks delays only the callbacks
-        queued after it (`wait_for_callbacks` waits for those queued so far).
+        ``result()``) or close it. One that blocks delays only what is queued
+        after it: other callbacks, and the driver's own deferred work, such as
+        `ShadowBackend`'s comparisons (`wait_for_callbacks` waits for what is
+        queued so far).
         What they raise, ``SystemExit`` included, is handed to
         `threading.excepthook` (whose default prints all but ``SystemExit``) and
         affects neither the dispatch nor the thread.
@@ -532,7 +534,7 @@ class PendingDispatch:
                 result is ready (that would freeze the loop).
             BackendError: the dispatch failed.
         """
-        limit = wait_limit(timeout)
+        limit = wait_seconds(timeout, example="pending.result(timeout=1.0)")
         core = self._core
         if not self.done():
             refuse_blocking_in_loop("PendingDispatch.result()", "await pending")
@@ -818,24 +820,6 @@ class DispatchCompleter:
         return core.settle(self.pending, _DONE, None, error)
 
 
-def wait_limit(timeout: object) -> float:
-    """Return a wait's ``timeout`` as seconds (inf for None; any size), or raise a clear error."""
-    if timeout is None:
-        return math.inf
-    # Any real number but a bool (numpy scalars, fractions), as DispatchConfig.timeout.
-    seconds = (
-        math.nan
-        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)
-        else to_seconds(timeout)
-    )
-    if math.isnan(seconds):
-        raise InvalidProgram(
-            f"a timeout must be a number of seconds or None, got {timeout!r}",
-            fix="pass e.g. pending.result(timeout=1.0)",
-        )
-    return max(0.0, seconds)
-
-
 def _wait(event: threading.Event, seconds: float) -> bool:
     """Wait up to ``seconds`` (inf: forever) for ``event``, in steps the platform accepts."""
     if seconds == math.inf:
@@ -896,14 +880,8 @@ class _CallbackThread:
             return False  # (a callback cannot wait for the callbacks queued after it)
         marker = threading.Event()
         self._queue.put(marker)
-        deadline = time.monotonic() + timeout if math.isfinite(timeout) else math.inf
-        while True:  # (in steps: a thread that died is started again, and reaches the marker)
-            self._running()
-            left = deadline - time.monotonic()
-            if wait_event(marker, min(left, 1.0)):
-                return True
-            if left <= 1.0:
-                return False
+        self._running()
+        return _wait(marker, timeout)
 
     def _running(self) -> None:
         thread = self._thread
@@ -916,16 +894,17 @@ class _CallbackThread:
                     self._thread.start()
 
     def _run(self) -> None:
-        while self._next():  # (each item is dropped with its frame: a finished dispatch's
-            pass  # callbacks and outputs are not held while the thread waits for the next)
+        while True:
+            self._next()
 
-    def _next(self) -> bool:
+    def _next(self) -> None:
+        # (its own frame: each item is dropped when it returns, so a finished dispatch's
+        # callbacks and outputs are not held while the thread waits for the next)
         item = self._queue.get()
         if isinstance(item, threading.Event):
             item.set()
         else:
             _run_all(*item)
-        return True
 
     def after_fork(self) -> None:
         """In a forked child: a fresh queue and no thread (the parent's did not come along)."""
@@ -967,18 +946,7 @@ def wait_for_callbacks(timeout: float | None = None) -> bool:
     Raises:
         InvalidProgram: ``timeout`` is not a number of seconds (any size) or None.
     """
-    return _CALLBACKS.drain(wait_limit(timeout))
-
-
-def wait_event(event: threading.Event, timeout: float) -> bool:
-    """``event.wait(timeout)`` for any timeout, ``math.inf`` included (no overflow)."""
-    deadline = time.monotonic() + timeout if math.isfinite(timeout) else math.inf
-    while not event.is_set():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        event.wait(min(left, _MAX_WAIT_STEP))
-    return True
+    return _CALLBACKS.drain(wait_seconds(timeout, example="wait_for_callbacks(timeout=5.0)"))
 
 
 def _run_callback(fn: Callable[[PendingDispatch], None], pending: PendingDispatch) -> None:

@@ -147,14 +147,12 @@ class CompiledPipeline:
         # (imported with the first batch: the policies stay out of `import vyre_async`)
         from vyre_async.execution import choose_execution_mode, requested_mode
 
+        cfg = config or self.config
         decision = choose_execution_mode(
-            self.backend,
-            batch_size=len(items),
-            repeats=len(items),
-            config=config or self.config,
+            self.backend, batch_size=len(items), repeats=len(items), config=cfg
         )
         if mode is not None:
-            decision = requested_mode(self.backend, decision, mode, config or self.config)
+            decision = requested_mode(self.backend, decision, mode, cfg)
         planned: list[tuple[Launch, Any]] = []
         traces: list[telemetry.DispatchTrace | None] = []
         front = self.front
@@ -180,7 +178,7 @@ class CompiledPipeline:
                 # Each dispatch's outputs fit (checked when planned); the batch's together too.
                 check_output_bytes(
                     sum(launch.plan.bytes_out for launch, _ in planned),
-                    config or self.config,
+                    cfg,
                     f"the outputs of this batch of {len(planned)} dispatches",
                 )
             except BaseException as exc:

@@ -29,11 +29,10 @@ from typing import TYPE_CHECKING
 
 from vyre_async import telemetry
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.arguments import duration, whole_number
+from vyre_async.arguments import duration, wait_seconds, whole_number
 from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.config import DispatchConfig
 from vyre_async.ir.program import Program
-from vyre_async.pending import wait_limit
 from vyre_async.plan import LaunchGeometry
 from vyre_async.policies.shapes import (
     HIT_RATE_WINDOW,
@@ -119,7 +118,8 @@ class Prefetcher:
         window: Predictions in the rolling hit rate (default 64).
         max_queue: Background compiles queued or running at most; further
             predictions are dropped (counted in ``dropped``).
-        idle_s: Seconds the worker thread waits for work before it exits.
+        idle_s: Seconds the worker thread waits for work before it exits (at most
+            a day: longer is taken as a day, the longest wait the clock can time).
     """
 
     def __init__(
@@ -134,7 +134,6 @@ class Prefetcher:
         max_queue = whole_number("max_queue", max_queue, minimum=1, example="max_queue=4")
         capacity = whole_number("capacity", capacity, minimum=1, example="capacity=16")
         window = whole_number("window", window, minimum=1, example="window=64")
-        # (at most a day: the worker's wait must stay within what the clock can time)
         idle_s = duration("idle_s", idle_s, positive=True, example="idle_s=2.0")
         self.store = store
         self.backend_id = store.backend.id
@@ -364,7 +363,7 @@ class Prefetcher:
         Raises:
             InvalidProgram: ``timeout`` is not a number of seconds (any size) or None.
         """
-        limit = wait_limit(timeout)
+        limit = wait_seconds(timeout, example="prefetcher.drain(timeout=5.0)")
         deadline = time.monotonic() + limit if math.isfinite(limit) else math.inf
         with self._lock:
             while self._inflight:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import importlib
 import math
-import numbers
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async.arguments import real_number
 from vyre_async.errors import BackendError, BackendNotFound, InvalidProgram, UnsupportedFeature
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class BackendRegistration:
 
     id: str
     factory: str | Callable[[], Any]
-    precedence: int = 100
+    precedence: float = 100
     dispatches: bool = True
     is_reference: bool = False
     remote: bool = False
@@ -92,16 +92,16 @@ class BackendRegistration:
                 f"got {self.factory!r}",
                 fix="pass the backend class or a function that builds it",
             )
-        precedence: object = self.precedence
-        if (
-            isinstance(precedence, bool)
-            or not isinstance(precedence, numbers.Real)
-            or not math.isfinite(precedence)
-        ):
+        precedence = real_number(self.precedence)
+        if not math.isfinite(precedence):
             raise InvalidProgram(
-                f"backend {self.id!r}: precedence must be a finite number, got {precedence!r}",
+                f"backend {self.id!r}: precedence must be a finite number, got {self.precedence!r}",
                 fix="pass precedence=100 (lower wins among equally capable backends)",
             )
+        # Kept as a plain int or float (numpy numbers and fractions would not print or
+        # serialise as one in `vyre-async info`).
+        plain = int(precedence) if precedence.is_integer() else precedence
+        object.__setattr__(self, "precedence", plain)
         probe = self.probe
         if probe is not None and not (callable(probe) or (isinstance(probe, str) and ":" in probe)):
             raise InvalidProgram(

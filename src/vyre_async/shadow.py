@@ -189,26 +189,25 @@ def assert_conformance(
                 f"assert_conformance {name} must be a backend, got a {type(value).__name__}",
                 fix=f'pass a backend, e.g. acquire_backend("reference") as {name}',
             )
-    given: object = cases
-    items: list[object] = (
-        [given]  # (refused just below)
-        if isinstance(given, str | bytes) or not isinstance(given, Iterable)
-        else list(given)  # (an iterator is consumed once, here: its length counts)
-    )
-    if not items:
+    bad_case_fix = 'pass [ConformanceCase(label="xor", program=p, inputs=[a, b]), ...]'
+    given: object = cases  # (typed loosely: callers pass anything)
+    if isinstance(given, str | bytes) or not isinstance(given, Iterable):
+        raise InvalidProgram(
+            f"assert_conformance takes ConformanceCase items, got a {type(given).__name__}",
+            fix=bad_case_fix,
+        )
+    cases = list(given)  # (an iterator is consumed once, here: its length counts)
+    if not cases:
         raise InvalidProgram(
             "assert_conformance got no cases, so it would prove nothing",
             fix="pass at least one ConformanceCase",
         )
-    checked: list[ConformanceCase] = []
-    for case in items:
+    for case in cases:
         if not isinstance(case, ConformanceCase):
             raise InvalidProgram(
                 f"assert_conformance takes ConformanceCase items, got a {type(case).__name__}",
-                fix='pass [ConformanceCase(label="xor", program=p, inputs=[a, b]), ...]',
+                fix=bad_case_fix,
             )
-        checked.append(case)
-    cases = checked
     for case in cases:
         got = backend.dispatch(case.program, case.inputs, case.config).result()
         want = reference.dispatch(case.program, case.inputs, case.config).result()
@@ -230,6 +229,17 @@ class ShadowStats:
     divergences: int = 0
     reference_errors: int = 0
     recent: deque[Divergence] = field(default_factory=lambda: deque(maxlen=32))
+
+
+class _Pair:
+    """One sampled dispatch: each side's outputs (None: it failed) and how many are still out."""
+
+    __slots__ = ("left", "primary", "reference")
+
+    def __init__(self) -> None:
+        self.left = 2
+        self.primary: list[np.ndarray] | None = None
+        self.reference: list[np.ndarray] | None = None
 
 
 class ShadowBackend(VyreBackend):
@@ -299,7 +309,7 @@ class ShadowBackend(VyreBackend):
         self._random = random.Random(None if seed is None else int(seed))
         self._lock = threading.Lock()
         #: Sampled dispatches whose comparison has not finished (`flush` waits for them).
-        self._comparing = 0
+        self._comparing: set[_Pair] = set()
         self.version = primary.version
 
     def capabilities(self) -> BackendCapabilities:
@@ -327,10 +337,10 @@ class ShadowBackend(VyreBackend):
         with self._lock:
             self.stats.dispatches += 1
             sampled = self._random.random() < self.sample_rate
+            if sampled:
+                self.stats.sampled += 1
         if not sampled:
             return self.primary.dispatch(program, inputs, config)
-        with self._lock:
-            self.stats.sampled += 1
         primary = self.primary.dispatch(program, inputs, config)  # checks the arguments
         kept = [np.array(x, copy=True) if isinstance(x, np.ndarray) else x for x in inputs]
         try:
@@ -342,32 +352,59 @@ class ShadowBackend(VyreBackend):
             timeout=None if config is None else config.timeout,
             label=None if config is None else config.label,
         )
-        state: dict[str, Any] = {}
-        gate = threading.Lock()
+        pair = _Pair()
         with self._lock:
-            self._comparing += 1  # (until compared, or one side failed: `flush` waits)
+            self._comparing.add(pair)  # (until compared, or one side failed: `flush` waits)
 
-        def end() -> None:
-            with gate:
-                if state.get("ended"):
-                    return
-                state["ended"] = True
+        def side_done(side: str, outputs: list[np.ndarray] | None) -> None:
             with self._lock:
-                self._comparing -= 1
-
-        def both_done() -> None:
-            try:
-                compare()
-            finally:
-                end()
-
-        def compare() -> None:
-            got, want = state["primary"], state.get("reference")
-            if want is None:
+                setattr(pair, side, outputs)
+                pair.left -= 1
+                last = pair.left == 0
+            if not last:
                 return
+            if pair.primary is None or pair.reference is None:
+                self._forget(pair)  # one side failed: nothing to compare
+            else:  # (on the callback thread: never holds up the caller)
+                defer_to_callbacks(outer, lambda _: self._compare(pair, program, kept, config))
+
+        def on_primary(p: PendingDispatch) -> None:
+            try:
+                outputs = p.result()
+            except BaseException as exc:
+                completer.fail(exc)
+                side_done("primary", None)
+                return
+            copies = [o.copy() for o in outputs]
+            completer.resolve(outputs, device_s=p.timing.device_s if p.timing else None)
+            side_done("primary", copies)
+
+        def on_reference(p: PendingDispatch) -> None:
+            try:
+                outputs = p.result()
+            except BaseException as exc:
+                self._reference_failed(exc)
+                side_done("reference", None)
+                return
+            side_done("reference", outputs)
+
+        # Inline, before the waiters wake (short, never blocking): the caller's result
+        # is handed on at once, whatever user callbacks are doing.
+        settle_hook(primary, on_primary)
+        settle_hook(shadow, on_reference)
+        return outer
+
+    def _compare(
+        self, pair: _Pair, program: Program, inputs: list[Any], config: DispatchConfig | None
+    ) -> None:
+        """Compare one sampled dispatch's outputs; record and report a divergence."""
+        try:
+            assert pair.primary is not None and pair.reference is not None
             budget = None if config is None else config.ulp_budget
             label = (config.label if config else None) or program.op_id or "dispatch"
-            divergence = compare_outputs(label, program, kept, got, want, ulp_budget=budget)
+            divergence = compare_outputs(
+                label, program, inputs, pair.primary, pair.reference, ulp_budget=budget
+            )
             with self._lock:
                 self.stats.compared += 1
                 if divergence is not None:
@@ -377,51 +414,26 @@ class ShadowBackend(VyreBackend):
                 _log.warning("shadow divergence on %s: %s", self.primary.id, divergence)
                 if self.on_divergence is not None:
                     self.on_divergence(divergence)
+        finally:
+            self._forget(pair)
 
-        def on_primary(p: PendingDispatch) -> None:
-            try:
-                outputs = p.result()
-            except BaseException as exc:
-                completer.fail(exc)
-                end()  # (nothing to compare)
-                return
-            copies = [o.copy() for o in outputs]
-            completer.resolve(outputs, device_s=p.timing.device_s if p.timing else None)
-            with gate:
-                state["primary"] = copies
-                ready = "reference" in state
-            if ready:  # (compared on the callback thread: never holds up the caller)
-                defer_to_callbacks(outer, lambda _: both_done())
-
-        def on_reference(p: PendingDispatch) -> None:
-            try:
-                outputs = p.result()
-            except BaseException as exc:
-                self._reference_failed(exc)
-                end()
-                return
-            with gate:
-                state["reference"] = outputs
-                ready = "primary" in state
-            if ready:
-                defer_to_callbacks(outer, lambda _: both_done())
-
-        # Inline, before the waiters wake (short, never blocking): the caller's result
-        # is handed on at once, whatever user callbacks are doing.
-        settle_hook(primary, on_primary)
-        settle_hook(shadow, on_reference)
-        return outer
+    def _forget(self, pair: _Pair) -> None:
+        with self._lock:
+            self._comparing.discard(pair)
 
     async def flush(self) -> None:
-        """Wait until the primary's and the reference's work, and every comparison, finished.
+        """Wait until the work and the comparisons of every dispatch made so far finished.
 
         A sampled dispatch's result reaches its caller as soon as the primary's is
-        ready; its comparison runs later, on the callback thread. After this,
-        ``stats`` counts every dispatch sampled so far.
+        ready; its comparison runs later, on the callback thread (behind any user
+        callback queued before it). After this, ``stats`` counts every dispatch
+        sampled before the call; those made meanwhile are not waited for.
         """
+        with self._lock:
+            waiting = set(self._comparing)
         await self.primary.flush()
         await self.reference.flush()
-        await poll_until(lambda: self._comparing == 0)
+        await poll_until(lambda: waiting.isdisjoint(self._comparing))
 
     def _reference_failed(self, exc: BaseException) -> None:
         with self._lock:

@@ -27,7 +27,8 @@ SDK can only be installed by code that imports ``opentelemetry`` first, so until
 ``opentelemetry.trace`` or ``opentelemetry.metrics`` is in ``sys.modules`` (or
 ``OTEL_PYTHON_TRACER_PROVIDER``/``OTEL_PYTHON_METER_PROVIDER`` names a provider)
 no dispatch can be recorded, and a process that never traces never pays the
-import (`_load_api`).
+import for its dispatches (`_load_api`). The arm graph (`vyre_async.graph`) and
+the ``ray`` backend still import the API when they load.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ import os
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -239,18 +239,22 @@ def _switch_from_environment() -> bool:
         return True
     if raw in SWITCH_OFF:
         return False
-    # never fail an application's import over a variable (a warning would, under -W
-    # error): log it, keep the default
-    import logging
-
-    logging.getLogger("vyre_async.telemetry").warning(
-        "VYRE_TELEMETRY=%r is neither on (%s) nor off (%s); telemetry stays on. "
-        "Fix: set VYRE_TELEMETRY=off or on",
-        raw,
-        ", ".join(SWITCH_ON),
-        ", ".join(SWITCH_OFF),
+    _bad_setting(
+        f"VYRE_TELEMETRY={raw!r} is neither on ({', '.join(SWITCH_ON)}) nor off "
+        f"({', '.join(SWITCH_OFF)}); telemetry stays on.\nFix: set VYRE_TELEMETRY=off or on"
     )
     return True
+
+
+def _bad_setting(message: str) -> None:
+    """Report a bad environment variable read at import, which then keeps its default.
+
+    Logged, not warned: an application's import must never fail over a variable,
+    and a warning would under ``-W error``.
+    """
+    import logging
+
+    logging.getLogger("vyre_async.telemetry").warning("%s", message)
 
 
 _enabled = _switch_from_environment()
@@ -375,8 +379,8 @@ def _detail_from(value: object) -> str:
 
 try:
     _detail = _detail_from(os.environ.get("VYRE_TRACE_DETAIL", ""))
-except InvalidProgram as _exc:  # never fail an application's import over a variable
-    warnings.warn(str(_exc), RuntimeWarning, stacklevel=1)
+except InvalidProgram as _exc:
+    _bad_setting(str(_exc))
     _detail = "span"
 
 
@@ -416,9 +420,9 @@ class DispatchTrace:
     def __init__(self, traced: bool, metered: bool = True, parent: Context | None = None) -> None:
         self.traced = traced
         self.metered = metered
+        if (traced or metered) and not _api_loaded:
+            _load_api()  # (made by hand, before any dispatch looked for an SDK)
         if traced and parent is None:
-            if not _api_loaded:  # (made by hand, before any dispatch looked for an SDK)
-                _load_api()
             parent = get_current()
         #: The caller's context (None when not traced).
         self.parent: Context | None = parent if traced else None
@@ -582,15 +586,21 @@ def _program_attributes(backend_id: str, program: Any) -> dict[str, AttributeVal
     return attributes
 
 
-def _open(started: DispatchTrace, attributes: Mapping[str, AttributeValue]) -> Span:
-    span: Span = _tracer.start_span(
-        SPAN_NAME,
-        context=started.parent,
-        attributes=attributes,
-        start_time=started.start_ns,
-        record_exception=False,
-        set_status_on_exception=False,
-    )
+def _open(started: DispatchTrace, attributes: Mapping[str, AttributeValue]) -> Span | None:
+    """Open the dispatch span; None when a span processor's ``on_start`` (or the sampler)
+    raised, which is reported: the dispatch then goes on untraced."""
+    try:
+        span: Span = _tracer.start_span(
+            SPAN_NAME,
+            context=started.parent,
+            attributes=attributes,
+            start_time=started.start_ns,
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+    except Exception as exc:
+        _report(exc)
+        return None
     return span
 
 
@@ -631,18 +641,20 @@ def _record_rejection(
             record.on_settled = None
             record.on_await_cancelled = None
             record.trace = None
-    if started.traced:
-        if span is None and record is None:  # raised before attach: open the span now
-            span = _open(started, _program_attributes(backend_id, program))
-        if span is not None and span.is_recording():
-            span.set_attribute("vyre.error.code", int(getattr(error, "code", 0)))
-            span.record_exception(error)
-            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-            span.end()
-    if started.metered:
-        op_id = getattr(program, "op_id", "") or "unnamed"
-        labels = (("vyre.backend.id", backend_id), ("vyre.program.op_id", op_id))
-        _tallies.add("vyre.dispatch.count", (*labels, ("vyre.status", "rejected")))
+    try:
+        if started.traced:
+            if span is None and record is None:  # raised before attach: open the span now
+                span = _open(started, _program_attributes(backend_id, program))
+            if span is not None and span.is_recording():
+                span.set_attribute("vyre.error.code", int(getattr(error, "code", 0)))
+                span.record_exception(error)
+                span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+                span.end()
+    finally:  # (counted even when a span processor raised)
+        if started.metered:
+            op_id = getattr(program, "op_id", "") or "unnamed"
+            labels = (("vyre.backend.id", backend_id), ("vyre.program.op_id", op_id))
+            _tallies.add("vyre.dispatch.count", (*labels, ("vyre.status", "rejected")))
 
 
 #: Guards the once-only claim of a dispatch's outcome (finish, cancelled await, rejection).
@@ -675,11 +687,7 @@ def attach(
         if extra:
             attributes = {**attributes, **extra}
             record.sent = dict(extra)
-        try:
-            span: Span | None = _open(started, attributes)
-        except Exception as exc:  # a span processor's on_start (or a sampler) raised:
-            _report(exc)  # reported like an on_end failure; the dispatch goes on untraced
-            span = None
+        span = _open(started, attributes)
         if span is not None and span.is_recording():
             record.span = span
         elif not started.metered:

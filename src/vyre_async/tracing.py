@@ -137,18 +137,21 @@ def configure_tracing(
         # The exporter's timeout is one deadline for the request and its retries
         # (backoff 1, 2, 4 s ... stops when the next wait would pass it). None
         # lets the exporter read the OTEL_* timeout variables itself.
-        user_set = any(os.environ.get(name) for name in _TIMEOUT_VARIABLES)
-        for name in _TIMEOUT_VARIABLES:  # numbers the exporter takes, then fails every export on
-            raw = os.environ.get(name, "").strip()
+        # The exporter reads the traces variable, else the general one (as here): a
+        # number it takes and then fails every export on is refused now.
+        name = next((n for n in _TIMEOUT_VARIABLES if os.environ.get(n)), None)
+        user_set = name is not None
+        if name is not None:
+            raw = os.environ[name]
             try:
-                seconds = float(raw) if raw else 10.0
+                seconds = float(raw)
             except ValueError:  # not a number: the exporter warns and uses its default
-                continue
+                seconds = 10.0
             if not 0 < seconds <= _MAX_EXPORT_TIMEOUT_S:  # (False for NaN and infinity)
                 raise InvalidProgram(
                     f"{name}={raw!r} is not a usable timeout: every export would fail at once",
-                    fix=f"set {name} to a number of seconds in 0..{_MAX_EXPORT_TIMEOUT_S:g} "
-                    "(e.g. 10), or unset it",
+                    fix=f"set {name} to a number of seconds above 0 and at most "
+                    f"{_MAX_EXPORT_TIMEOUT_S:g} (e.g. 10), or unset it",
                 )
         exporter = _SkipAfterFailure(
             OTLPSpanExporter(timeout=None if user_set else float(export_timeout_s)),

@@ -6,8 +6,11 @@ Each case raised a raw ``TypeError``, ``AttributeError``, ``ValueError`` or
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import anyio
@@ -17,11 +20,13 @@ import pytest
 from tests.driver.fakes import BytesBackend
 from vyre_async import (
     BackendError,
+    BackendRegistration,
     DispatchConfig,
     InvalidProgram,
     ShadowBackend,
     UnsupportedFeature,
 )
+from vyre_async.arguments import real_number, wait_seconds
 from vyre_async.cache.disk import DiskPipelineCache
 from vyre_async.cache.memory import MemoryPipelineCache
 from vyre_async.calibration import CalibrationStore
@@ -219,3 +224,46 @@ def test_a_strided_memoryview_input_is_copied_in_order() -> None:
     assert out.tolist() == backing[::2].tolist()
     handle = _backend().upload(strided)
     assert handle.count == 64
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (2, 2.0),
+        (np.float32(0.5), 0.5),
+        (np.int64(-3), -3.0),
+        (Fraction(1, 4), 0.25),
+        (10**400, math.inf),
+        (-(10**400), -math.inf),
+    ],
+)
+def test_real_number_takes_every_real_and_keeps_it_as_a_float(
+    value: object, expected: float
+) -> None:
+    got = real_number(value)
+    assert type(got) is float and got == expected
+
+
+@pytest.mark.parametrize("value", [True, np.bool_(False), "1", None, Decimal("1"), 1j, [1]])
+def test_real_number_is_nan_for_anything_else(value: object) -> None:
+    assert math.isnan(real_number(value))
+
+
+def test_wait_seconds_names_the_call_in_its_fix() -> None:
+    assert wait_seconds(None, example="x") == math.inf
+    assert wait_seconds(-2, example="x") == 0.0
+    assert wait_seconds(10**400, example="x") == math.inf
+    with pytest.raises(InvalidProgram, match=r"Fix: pass e\.g\. prefetcher\.drain\(timeout=5\.0\)"):
+        wait_seconds("soon", example="prefetcher.drain(timeout=5.0)")
+
+
+@pytest.mark.parametrize(
+    ("given", "kept"), [(np.float32(5), 5), (np.int64(7), 7), (Fraction(1, 2), 0.5), (2.0, 2)]
+)
+def test_a_precedence_is_kept_as_a_plain_number_that_prints_and_serialises(
+    given: object, kept: float
+) -> None:
+    registration = BackendRegistration(id="p", factory="x:y", precedence=given)  # type: ignore[arg-type]
+    assert registration.precedence == kept and type(registration.precedence) is type(kept)
+    assert json.loads(json.dumps({"p": registration.precedence})) == {"p": kept}
+    assert f"{registration.precedence:<4}"  # (the text of `vyre-async info`)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import threading
 import time
 
 import anyio
@@ -123,9 +124,7 @@ def test_shadow_serves_the_primary_and_records_divergences() -> None:
     expected = np.arange(16, dtype=U) ^ 1
     expected[3] ^= 1
     assert outputs[0].tolist() == expected.tolist()  # the primary's answer, never failed
-    deadline = time.monotonic() + 5
-    while shadow.stats.compared == 0 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    anyio.run(shadow.flush)  # (the comparison, on_divergence included, has run)
     assert (shadow.stats.dispatches, shadow.stats.sampled, shadow.stats.compared) == (1, 1, 1)
     assert shadow.stats.divergences == 1 and len(seen) == 1
     assert seen[0].label == "req" and shadow.stats.recent[0] is seen[0]
@@ -206,3 +205,42 @@ def test_flush_does_not_wait_for_a_comparison_a_failed_primary_cannot_make() -> 
 
     anyio.run(flush_in_time)
     assert (shadow.stats.sampled, shadow.stats.compared) == (1, 0)
+
+
+def test_flush_waits_for_the_dispatches_before_it_not_for_those_made_meanwhile() -> None:
+    # A comparison made after flush() began may take as long as it likes (here, one
+    # whose on_divergence is held): flush() must not wait for it, or a steady stream
+    # of sampled dispatches would keep it waiting for ever.
+    holds = {"before": threading.Event(), "later": threading.Event()}
+
+    def on_divergence(divergence: Divergence) -> None:
+        holds[divergence.label].wait(20)
+
+    shadow = ShadowBackend(
+        _OffByOne(), ReferenceBackend(prefetch=False), sample_rate=1.0, on_divergence=on_divergence
+    )
+    case = _xor_case()
+
+    async def main() -> None:
+        flushed = anyio.Event()
+
+        async def flush() -> None:
+            await shadow.flush()
+            flushed.set()
+
+        try:
+            await shadow.dispatch(case.program, case.inputs, DispatchConfig(label="before"))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(flush)
+                await anyio.sleep(0.05)  # flush waits for "before", whose comparison is held
+                assert not flushed.is_set()
+                await shadow.dispatch(case.program, case.inputs, DispatchConfig(label="later"))
+                holds["before"].set()  # "later" is compared next, and held
+                with anyio.fail_after(5):
+                    await flushed.wait()
+                assert not holds["later"].is_set()  # returned while "later" is still held
+        finally:
+            for hold in holds.values():
+                hold.set()
+
+    anyio.run(main)

@@ -15,6 +15,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -102,11 +104,20 @@ def test_json_round_trip() -> None:
         {"d2h_bytes_per_s": float("inf")},
         {"backend_id": ""},
         {"measured_at": float("nan")},
+        {"measured_at": Decimal("1.5")},  # (not a Real: it would not save as JSON)
+        {"measured_at": 10**400},
     ],
 )
 def test_invalid_records_are_rejected(change: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="Fix:"):
         replace(GPU_LIKE, **change)
+
+
+@pytest.mark.parametrize("stamp", [Fraction(3, 2), np.float32(1.5), np.int64(2), 10**3])
+def test_any_real_time_stamp_is_kept_as_a_float_that_saves(stamp: object) -> None:
+    record = replace(GPU_LIKE, measured_at=stamp)
+    assert type(record.measured_at) is float and record.measured_at == float(stamp)  # type: ignore[arg-type]
+    assert Calibration.from_json(json.loads(json.dumps(record.to_json()))) == record
 
 
 @pytest.mark.parametrize(

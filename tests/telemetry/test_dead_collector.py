@@ -117,3 +117,25 @@ def test_many_queued_batches_cost_about_one_failed_export(dead_endpoint: str) ->
     shutdown = float(json.loads(out.stdout.strip().splitlines()[-1])["shutdown_s"])
     assert shutdown < 4.0, f"provider.shutdown() took {shutdown:.2f} s"
     assert "dropping span batches" in out.stderr
+
+
+def test_only_the_timeout_variable_the_exporter_reads_is_checked(dead_endpoint: str) -> None:
+    # The exporter reads the traces variable and falls back to the general one only
+    # when it is unset: a general 0 beside a good traces value is never used.
+    shutdown, _ = _shutdown_seconds(
+        dead_endpoint,
+        {"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "0.2", "OTEL_EXPORTER_OTLP_TIMEOUT": "0"},
+    )
+    assert shutdown < 2.0, f"provider.shutdown() took {shutdown:.2f} s"
+
+
+def test_the_traces_timeout_variable_is_checked_before_the_general_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vyre_async.tracing import configure_tracing
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "0")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "5")
+    with pytest.raises(InvalidProgram, match="OTEL_EXPORTER_OTLP_TRACES_TIMEOUT='0'") as info:
+        configure_tracing("otlp")
+    assert "above 0" in str(info.value)

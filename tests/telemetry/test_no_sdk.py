@@ -133,3 +133,77 @@ def test_detection_falls_back_to_the_public_getter() -> None:
     assert telemetry._installed(no_global, "_TRACER_PROVIDER", TracerProvider, inert)
     unset = SimpleNamespace(_TRACER_PROVIDER=None)
     assert not telemetry._installed(unset, "_TRACER_PROVIDER", TracerProvider, inert)
+
+
+def test_a_dispatch_trace_made_by_hand_loads_what_it_will_use() -> None:
+    # A DispatchTrace built before any dispatch looked for an SDK: traced needs the
+    # caller's context, metered the instruments; neither needs nothing loaded.
+    code = textwrap.dedent(
+        """
+        import sys
+        from vyre_async import telemetry
+        quiet = telemetry.DispatchTrace(False, metered=False)
+        print(quiet.parent, telemetry._api_loaded)
+        metered = telemetry.DispatchTrace(False)
+        print(metered.parent, telemetry._api_loaded, telemetry._latency is not None)
+        traced = telemetry.DispatchTrace(True, metered=False)
+        print(traced.parent is not None)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:3] == ["None False", "None True True", "True"]
+
+
+_REJECTED_UNDER_A_BROKEN_PROCESSOR = """
+import threading
+import numpy as np
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from vyre_async import InvalidProgram, acquire_backend
+from vyre_async.programs import elementwise_xor
+
+class Raises(SpanProcessor):
+    def on_start(self, span, parent_context=None):
+        raise RuntimeError("on_start bug")
+    def on_end(self, span):
+        raise RuntimeError("on_end bug")
+
+reported = []
+threading.excepthook = lambda args: reported.append(str(args.exc_value))
+provider = TracerProvider()
+provider.add_span_processor(Raises())
+trace.set_tracer_provider(provider)
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+backend = acquire_backend("reference")
+try:
+    backend.dispatch(elementwise_xor(64), [np.zeros(64, np.uint32)])  # one input short
+except InvalidProgram as exc:
+    caller_error = type(exc).__name__
+data = reader.get_metrics_data()  # (None when nothing was recorded at all)
+rejected = sum(
+    point.value
+    for rm in (data.resource_metrics if data is not None else ())
+    for sm in rm.scope_metrics
+    for metric in sm.metrics if metric.name == "vyre.dispatch.count"
+    for point in metric.data.data_points
+    if dict(point.attributes).get("vyre.status") == "rejected"
+)
+print(caller_error, rejected, sorted(set(reported)))
+"""
+
+
+def test_a_rejected_dispatch_is_counted_even_when_a_span_processor_raises() -> None:
+    # The processor's fault is reported; the caller gets its own error; the
+    # rejection still counts in the metrics.
+    done = subprocess.run(
+        [sys.executable, "-c", _REJECTED_UNDER_A_BROKEN_PROCESSOR],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "InvalidProgram 1 ['on_start bug']"

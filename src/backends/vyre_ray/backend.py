@@ -50,7 +50,7 @@ from vyre_async.config import DispatchConfig
 from vyre_async.errors import BackendClosed, DeviceLost, InvalidProgram, UnsupportedFeature
 from vyre_async.frontend import Launch
 from vyre_async.ir.program import Program
-from vyre_async.pending import PendingDispatch, settle_hook
+from vyre_async.pending import PendingDispatch, defer_to_callbacks, settle_hook
 from vyre_ray.errors import UnknownProgram, cause_of, not_installed, translate
 from vyre_ray.worker import PROGRAMS_KEPT
 
@@ -461,7 +461,7 @@ class RayBackend(VyreBackend):
             # (checked again with the insert, under the lock the watchdog's sweep takes:
             # a launch is either failed by the sweep or refused here, never left behind)
             if self._lost:
-                raise self._runtime_gone()
+                raise _runtime_gone()
             self._open[id(launch)] = launch
             if self._watchdog is None:  # (holds the backend weakly: no leak if unclosed)
                 self._watchdog = threading.Thread(
@@ -476,33 +476,28 @@ class RayBackend(VyreBackend):
             self._submit(call)
         return launch.pending
 
-    def _check_runtime(self) -> None:
-        """Refuse with `DeviceLost` once the pool's Ray runtime went away (no Ray call then).
+    def _runtime_down(self) -> bool:
+        """Whether the pool's Ray runtime went away (for good: a later ``ray.init()`` is another).
 
-        Every public path that talks to Ray checks this first: a Ray call after
-        ``ray.shutdown()`` would start a fresh, unrelated local cluster.
+        Checked before every Ray call: one after ``ray.shutdown()`` would start a
+        fresh, unrelated local cluster.
         """
-        if self._lost or not self._ray.is_initialized():
-            raise self._runtime_gone()
+        if not self._lost and not self._ray.is_initialized():
+            self._lost = True
+        return self._lost
 
-    def _runtime_gone(self) -> DeviceLost:
-        """The error of every dispatch once the pool's Ray runtime went away."""
-        self._lost = True
-        return DeviceLost(
-            "the Ray runtime this 'ray' backend was connected to was shut down "
-            "(ray.shutdown() in this process); its workers are gone",
-            fix="close this backend and build a new one (acquire_backend('ray') builds a "
-            "fresh one after close), which connects again",
-            backend_id="ray",
-            cause="runtime-gone",
-        )
+    def _check_runtime(self) -> None:
+        """Refuse with `DeviceLost` once the pool's Ray runtime went away."""
+        if self._runtime_down():
+            raise _runtime_gone()
 
-    def runtime_lost(self) -> None:
+    def _runtime_lost(self) -> None:
         """Fail every dispatch in flight with `DeviceLost`: the Ray runtime went away."""
         with self._lock:
-            error = self._runtime_gone()  # (sets the flag under the lock enqueue checks it in)
+            self._lost = True  # (under the lock enqueue checks it in)
             left = list(self._open.values())
             self._running.clear()
+        error = _runtime_gone()
         for launch in left:
             launch.completer.fail(error)
 
@@ -570,9 +565,9 @@ class RayBackend(VyreBackend):
             self._unbusy(member)
             launch.pending.done()  # (settles it as timed out)
             return
-        if self._lost or not self._ray.is_initialized():  # (an off-thread submit or a resend)
+        if self._runtime_down():  # (an off-thread submit or a resend)
             self._unbusy(member)
-            completer.fail(self._runtime_gone())
+            completer.fail(_runtime_gone())
             return
         sent = False
         try:
@@ -603,14 +598,22 @@ class RayBackend(VyreBackend):
             completer.fail(translate(exc, doing="sending the dispatch to a worker"))
 
     def _cancel_if_late(self, pending: PendingDispatch, ref: Any) -> None:
-        """A dispatch that settled with an error (a timeout): cancel its remote task."""
+        """A dispatch that settled with an error (a timeout): cancel its remote task.
+
+        A settle hook: the Ray call (which may block) goes to the callback thread.
+        """
         with self._lock:
             running = ref in self._running
         if running and pending.exception() is not None:
-            try:
-                self._ray.cancel(ref)
-            except Exception:  # already finished, or its worker is gone
-                _log.debug("cancelling a late Ray task failed", exc_info=True)
+            defer_to_callbacks(pending, lambda _: self._cancel(ref))
+
+    def _cancel(self, ref: Any) -> None:
+        if self._runtime_down():
+            return
+        try:
+            self._ray.cancel(ref)
+        except Exception:  # already finished, or its worker is gone
+            _log.debug("cancelling a late Ray task failed", exc_info=True)
 
     def _settle(
         self, call: _Call, member: _Member, ref: Any, future: concurrent.futures.Future[Any]
@@ -681,7 +684,7 @@ class RayBackend(VyreBackend):
             refs = list(self._running)
             self._running.clear()
         error = _closed_error()
-        for ref in refs if self._ray.is_initialized() else ():
+        for ref in refs if not self._runtime_down() else ():
             try:
                 self._ray.cancel(ref, force=False)
             except Exception:  # it ends with its worker below anyway
@@ -693,7 +696,7 @@ class RayBackend(VyreBackend):
 
     def _stop_workers(self) -> None:
         """Let the workers export the spans they hold (2 s at most), then kill them."""
-        if self._lost or not self._ray.is_initialized():  # gone with the runtime: no Ray
+        if self._runtime_down():  # gone with the runtime: no Ray
             return  # call (one would start a fresh cluster only to kill nothing in it)
         handles = [m.handle for m in self._members]
         try:  # spans still buffered on the workers
@@ -718,8 +721,8 @@ def _watch_runtime(backend_ref: weakref.ref[RayBackend]) -> None:
         backend = backend_ref()
         if backend is None or backend.closed:
             return
-        if not backend._ray.is_initialized():  # noqa: SLF001 - the module's own class
-            backend.runtime_lost()
+        if backend._runtime_down():  # noqa: SLF001 - the module's own class
+            backend._runtime_lost()  # noqa: SLF001
             return
         del backend
 
@@ -745,6 +748,18 @@ def _check_worker_options(
             f"worker_env must map str to str, got {worker_env!r}",
             fix='pass strings, e.g. worker_env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://..."}',
         )
+
+
+def _runtime_gone() -> DeviceLost:
+    """The error of every dispatch once the pool's Ray runtime went away."""
+    return DeviceLost(
+        "the Ray runtime this 'ray' backend was connected to was shut down "
+        "(ray.shutdown() in this process); its workers are gone",
+        fix="close this backend and build a new one (acquire_backend('ray') builds a "
+        "fresh one after close), which connects again",
+        backend_id="ray",
+        cause="runtime-gone",
+    )
 
 
 def _closed_error() -> BackendClosed:

@@ -32,4 +32,5 @@ __getattr__, __dir__ = _lazy_exports(
         ("DiskCacheInfo", "DiskPipelineCache", "PipelineCacheWarning", "default_cache_root"), "disk"
     ),
     __all__,
+    submodules=("files",),
 )

@@ -265,7 +265,7 @@ async def test_cancelling_waiters_leaves_everything_else_intact(vyre_backend: Vy
     await vyre_backend.dispatch(xor, [np.zeros(256, np.uint32)] * 2)
     # Victims must still be running when their waiters are cancelled. 200 000 turns
     # take the reference engine about a second but an H100 well under a millisecond
-    # (there, 99 of 100 victims had finished): scale the count to ~50 ms per victim.
+    # (there, 99 of 100 victims had finished): at least 200 000 turns and at least ~50 ms.
     turns = await _turns_lasting(vyre_backend, 0.05, 200_000)
     await vyre_backend.flush()
     await anyio.to_thread.run_sync(gc.collect)  # anyio keeps one idle worker thread cached
