@@ -39,6 +39,22 @@ def _session_processes_end(request: pytest.FixtureRequest) -> Iterator[None]:
         orphan_guard.stop(guard)
 
 
+@pytest.fixture
+def isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A registry of the test's own: no entry points, no local registrations, no instances.
+
+    Backends a test registers or builds are gone after it, and the installed
+    ones (the reference, Ray) do not show up in what it lists or acquires.
+    """
+    from vyre_async import registry
+
+    monkeypatch.setattr(registry, "entry_points", lambda *, group: [])
+    monkeypatch.setattr(registry, "_local", {})
+    registry._forget_instances()
+    yield
+    registry._forget_instances()
+
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)

@@ -14,14 +14,11 @@ import pytest
 import vyre_async
 from vyre_async import (
     BackendRegistration,
-    InvalidProgram,
     UnsupportedFeature,
     register_backend,
-    registry,
 )
 from vyre_async.cache import DiskPipelineCache
 from vyre_async.cli import main
-from vyre_async.registry import probe_backend
 
 KEY = blake3.blake3(b"cli").hexdigest()
 
@@ -42,13 +39,13 @@ def test_info_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert by_id["reference"]["usable"] is True and by_id["reference"]["fix"] is None
 
 
+@pytest.mark.usefixtures("isolated")
 def test_info_says_whether_each_backend_can_start_and_how_to_fix_it(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     def no_device() -> None:
         raise UnsupportedFeature("no CUDA device is visible", fix="check nvidia-smi")
 
-    monkeypatch.setattr(registry, "_local", {})
     register_backend(BackendRegistration(id="gpuish", factory=_never_built, probe=no_device))
     register_backend(
         BackendRegistration(id="broken", factory="no_such_module_vyre:factory", precedence=5)
@@ -69,18 +66,6 @@ def test_info_says_whether_each_backend_can_start_and_how_to_fix_it(
 
 def _never_built() -> None:
     raise AssertionError("info must not build a backend to probe it")
-
-
-def test_probe_backend_verdicts() -> None:
-    def refuses() -> None:
-        raise UnsupportedFeature("no GPU here", fix="get one")
-
-    verdict = probe_backend(BackendRegistration(id="x", factory=_never_built, probe=refuses))
-    assert (verdict.usable, verdict.reason, verdict.fix) == (False, "no GPU here", "get one")
-    ok = probe_backend(BackendRegistration(id="y", factory=_never_built))
-    assert ok.usable and ok.reason is None
-    with pytest.raises(InvalidProgram, match="probe"):
-        BackendRegistration(id="z", factory=_never_built, probe="no colon")
 
 
 def test_console_script_runs() -> None:

@@ -78,15 +78,13 @@ def test_real_entry_point_group_is_queried() -> None:
 
 # Acquisition --------------------------------------------------------------------
 
-from collections.abc import Iterator  # noqa: E402
-
 from tests.driver.fakes import BytesBackend  # noqa: E402
-from vyre_async import BackendNotFound, ErrorCode, UnsupportedFeature  # noqa: E402
+from vyre_async import BackendNotFound, ErrorCode, InvalidProgram, UnsupportedFeature  # noqa: E402
 from vyre_async.capabilities import BackendCapabilities  # noqa: E402
 from vyre_async.registry import (  # noqa: E402
-    _forget_instances,
     acquire_backend,
     acquire_preferred_backend,
+    probe_backend,
     register_backend,
 )
 
@@ -110,15 +108,6 @@ def _broken() -> BytesBackend:
 
 def _refuses() -> BytesBackend:
     raise UnsupportedFeature("no CUDA device is visible", fix="check nvidia-smi")
-
-
-@pytest.fixture
-def isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(registry, "entry_points", lambda *, group: [])
-    monkeypatch.setattr(registry, "_local", {})
-    _forget_instances()
-    yield
-    _forget_instances()
 
 
 @pytest.mark.usefixtures("isolated")
@@ -218,3 +207,19 @@ def test_preferred_with_nothing_installed() -> None:
     # No failure is listed, so the Fix names what to install instead of pointing above.
     assert "listed above" not in str(info.value)
     assert "pip install 'vyre-async[cuda]'" in str(info.value)
+
+
+def _never_built() -> None:
+    raise AssertionError("a probe must not build the backend")
+
+
+def test_probe_backend_verdicts() -> None:
+    def refuses() -> None:
+        raise UnsupportedFeature("no GPU here", fix="get one")
+
+    verdict = probe_backend(BackendRegistration(id="x", factory=_never_built, probe=refuses))
+    assert (verdict.usable, verdict.reason, verdict.fix) == (False, "no GPU here", "get one")
+    ok = probe_backend(BackendRegistration(id="y", factory=_never_built))
+    assert ok.usable and ok.reason is None
+    with pytest.raises(InvalidProgram, match="probe"):
+        BackendRegistration(id="z", factory=_never_built, probe="no colon")

@@ -7,8 +7,6 @@ only, never strings or bools.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -18,6 +16,7 @@ import numpy as np
 import pytest
 
 from vyre_async import DiskPipelineCache, InvalidProgram, acquire_backend
+from vyre_async.cli import main
 from vyre_async.ir import Const, DType, f32, i32, u32
 
 
@@ -85,17 +84,15 @@ def test_a_backend_id_that_is_not_a_string_is_refused_with_a_fix(backend_id: Any
 
 @pytest.mark.parametrize("flag", ["--tasks", "--per-task"])
 @pytest.mark.parametrize("value", ["0", "-3", "abc"])
-def test_demo_sizes_below_one_are_usage_errors(flag: str, value: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "vyre_async.cli", "demo", flag, value],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 2, done.stderr
-    assert "needs a whole number >= 1" in done.stderr
-    assert "Traceback" not in done.stderr
+def test_demo_sizes_below_one_are_usage_errors(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["demo", flag, value])
+    err = capsys.readouterr().err
+    assert info.value.code == 2, err
+    assert "needs a whole number >= 1" in err
+    assert "Traceback" not in err
 
 
 def test_a_bad_batch_processor_setting_is_an_invalid_program(

@@ -22,30 +22,21 @@ CODE = r"""
 import json, threading, time
 import anyio, numpy as np, ray
 from vyre_async import DeviceLost
-from vyre_async.ir import (
-    Access, Assign, BufferDecl, DType, Let, Load, Loop, Program, Store, Var, u32,
-)
 from vyre_async.programs import elementwise_xor
+from vyre_async.testing.test_contract import spin
 from vyre_ray import RayBackend
 
-spin = Program(
-    [
-        BufferDecl("n", 0, Access.UNIFORM, DType.U32, 1),
-        BufferDecl("out", 1, Access.WRITE, DType.U32, 1),
-    ],
-    1,
-    [
-        Let("acc", u32(0)),
-        Loop("i", u32(0), Load("n", u32(0)), [Assign("acc", Var("acc") + Var("i"))]),
-        Store("out", u32(0), Var("acc")),
-    ],
-)
 report = {}
 pool = RayBackend.local(workers=1)
 a = np.arange(8, dtype=np.uint32)
 assert pool.dispatch_sync(elementwise_xor(8), [a, a])[0].tolist() == [0] * 8
-running = pool.dispatch(spin, [np.array([4_000_000_000], np.uint32)])  # runs for long
-time.sleep(1.0)
+running = pool.dispatch(spin(), [np.array([4_000_000_000], np.uint32)])  # runs for long
+# Shut Ray down once the dispatch runs on its worker (the reported case), which
+# the worker says, rather than after a sleep guessed long enough to get there.
+deadline = time.monotonic() + 60
+while not any(w.in_flight for w in pool.workers()):
+    assert time.monotonic() < deadline, "the dispatch never started on its worker"
+    time.sleep(0.01)
 ray.shutdown()
 started = time.monotonic()
 try:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from vyre_async.cli import main
 from vyre_async.timeline import read_otlp_json, to_trace_events, write_timeline
 
 
@@ -90,18 +91,14 @@ def test_a_chain_of_thousands_of_nested_spans_converts() -> None:
     assert not skipped and sum(e["ph"] == "X" for e in events) == 5_000
 
 
-def test_the_command_reports_what_it_skipped_and_looped(tmp_path: Path) -> None:
+def test_the_command_reports_what_it_skipped_and_looped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = tmp_path / "trace.jsonl"
     trace.write_text("\n".join(LINES) + "\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "vyre_async.cli", "trace", "timeline", str(trace), "-o",
-         str(tmp_path / "timeline.json")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert "skipped 3 line(s)" in done.stderr and "2, 3, 5" in done.stderr
-    assert "3 span(s) name a parent chain that loops" in done.stderr
-    assert "Traceback" not in done.stderr
+    status = main(["trace", "timeline", str(trace), "-o", str(tmp_path / "timeline.json")])
+    err = capsys.readouterr().err
+    assert status == 0, err
+    assert "skipped 3 line(s)" in err and "2, 3, 5" in err
+    assert "3 span(s) name a parent chain that loops" in err
+    assert "Traceback" not in err

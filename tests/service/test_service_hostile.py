@@ -3,8 +3,9 @@
 Against the real server (uvicorn in a subprocess, as in ``test_service.py``):
 a body nested 100 000 deep, unknown routes and methods, ``true`` as a number,
 empty arrays sent as JSON and as raw bytes, and new ``Host`` values meant to
-grow ``/metrics``. And the service's settings: a value that is not a whole
-number >= 1 stops the start with a message and a Fix, not a traceback.
+grow ``/metrics``. And the service's settings: a size that is not a whole
+number >= 1, a backend that is not installed, a trace spec it cannot read or
+write to: each stops the start with a message and a Fix, not a traceback.
 """
 
 from __future__ import annotations
@@ -97,16 +98,21 @@ def test_no_client_can_add_metric_series_through_the_host_header(server: Server)
 
 
 @pytest.mark.parametrize(
-    ("name", "value"),
+    ("name", "value", "says"),
     [
-        ("VYRE_SERVICE_MAX_ELEMENTS", "abc"),
-        ("VYRE_SERVICE_MAX_ELEMENTS", "-1"),
-        ("VYRE_SERVICE_MAX_ELEMENTS", "0"),
-        ("VYRE_SERVICE_MAX_BODY_BYTES", "1e6"),
-        ("VYRE_SERVICE_MAX_BODY_BYTES", "-5"),
+        ("VYRE_SERVICE_MAX_ELEMENTS", "abc", None),
+        ("VYRE_SERVICE_MAX_ELEMENTS", "-1", None),
+        ("VYRE_SERVICE_MAX_ELEMENTS", "0", None),
+        ("VYRE_SERVICE_MAX_BODY_BYTES", "1e6", None),
+        ("VYRE_SERVICE_MAX_BODY_BYTES", "-5", None),
+        ("VYRE_BACKEND", "nope", "is not an installed backend"),
+        ("VYRE_SERVICE_TRACE", "bogus", "is not a trace spec"),
+        ("VYRE_SERVICE_TRACE", "file:/proc/nope/x", "cannot write spans"),
     ],
 )
-def test_a_bad_setting_stops_the_start_with_a_message_and_a_fix(name: str, value: str) -> None:
+def test_a_bad_setting_stops_the_start_with_a_message_and_a_fix(
+    name: str, value: str, says: str | None
+) -> None:
     done = subprocess.run(
         [
             sys.executable,
@@ -119,6 +125,10 @@ def test_a_bad_setting_stops_the_start_with_a_message_and_a_fix(name: str, value
         check=False,
         env={**os.environ, name: value},
     )
-    assert done.returncode == 1
-    assert f"{name} must be a whole number >= 1, got {value!r}" in done.stderr
-    assert "Fix: set" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 1, done.stderr[-2000:]
+    if says is None:  # a size: the one message of every size setting, and what to set
+        says, fix = f"{name} must be a whole number >= 1, got {value!r}", "Fix: set"
+    else:
+        fix = "Fix:"
+    assert says in done.stderr and fix in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
