@@ -81,19 +81,19 @@ def test_a_goal_is_marked_by_its_figure(report: dict[str, Any]) -> None:
 
 
 def test_a_goal_comes_from_the_report_where_it_carries_one(report: dict[str, Any]) -> None:
-    assert "| 1.46× faster | ≥ 1.4× | met |" in _with(
+    assert "| 1.92× faster | ≥ 1.4× | met |" in _with(
         report, "policy_benchmark", "arm_concurrency", target=1.4
     )
-    assert "| overlap fraction 0.57 | ≥ 0.5 | met |" in _with(
+    assert "| overlap fraction 0.58 | ≥ 0.5 | met |" in _with(
         report, "policy_benchmark", "copy_overlap", target=0.5
     )
-    assert "| 0.454× | ≤ 0.5× | met |" in _with(
+    assert "| 0.198× | ≤ 0.5× | met |" in _with(
         report, "benchmark", "compile", target_ratio_hit_over_cold=0.5
     )
-    assert "| 6.643× | ≤ 7.0× | met |" in _with(report, "benchmark", "round_trip", target_ratio=7.0)
+    assert "| 5.347× | ≤ 7.0× | met |" in _with(report, "benchmark", "round_trip", target_ratio=7.0)
     # The committed report carries no goal for these two; a report that does is read.
     assert "≥ 10,000/s | met |" in _with(report, "benchmark", "throughput_tiny", target=10_000)
-    assert "| 1.435× | ≤ 1.5× | met |" in _with(
+    assert "| 1.192× | ≤ 1.5× | met |" in _with(
         report, "policy_benchmark", "launch_host_cost", target_replay_over_plain=1.5
     )
 
@@ -116,7 +116,7 @@ def test_a_report_without_its_test_steps_renders(report: dict[str, Any]) -> None
     assert _rows(tables, "| contract_on_cupy") == [
         "| contract_on_cupy | step missing | — | — | — |"
     ]
-    assert "| 1.46× faster | ≥ 2.5× | **missed** |" in tables and "step failed" not in tables
+    assert "| 1.92× faster | ≥ 2.5× | **missed** |" in tables and "step failed" not in tables
     assert sorted(set(_columns(tables))) == [2, 5, 6]
 
 
@@ -182,7 +182,7 @@ def test_a_failed_benchmark_leaves_the_other_ones_figures(report: dict[str, Any]
     report["steps"]["benchmark"] = {"ok": False, "error": "no GPU"}
     tables = gpu_report.render(report)
     assert tables.count("step failed: no GPU") == 1
-    assert "| 1.46× faster | ≥ 2.5× | **missed** |" in tables
+    assert "| 1.92× faster | ≥ 2.5× | **missed** |" in tables
     assert "| the policy's verdict for that batch | `persistent` |" in tables
     assert "round trip" not in tables and "saxpy" not in tables
 
