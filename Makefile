@@ -21,7 +21,7 @@ lint: $(STAMP)
 
 types: $(STAMP)
 	$(BIN)/mypy
-	$(BIN)/mypy --strict scripts/mutants.py scripts/package_check.py
+	$(BIN)/mypy --strict scripts/mutants.py scripts/package_check.py scripts/mutation.py
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q

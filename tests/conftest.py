@@ -12,9 +12,28 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests import orphan_guard, ray_cluster
 from tests.otlp_receiver import receiver  # noqa: F401 - an in-test OTLP receiver fixture
+
+# Property tests run the same examples on every run ("ci", the default): a bug a
+# test can find is found every time, never by luck. "explore" draws new examples
+# each run, to look for bugs nobody has a case for yet (make explore); each one
+# it finds becomes an @example or a test of its own. "mutation" is "ci" without
+# deadlines, for mutmut's forked runs (scripts/mutation.py).
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile(
+    "explore", derandomize=False, max_examples=1000, print_blob=True, deadline=None
+)
+settings.register_profile(
+    "mutation",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("VYRE_HYPOTHESIS_PROFILE", "ci"))
 
 if importlib.util.find_spec("ray") is not None and not os.environ.get("RAY_ADDRESS"):
     # acquire_backend("ray") (the contract tests) starts one local cluster on first use.

@@ -1,0 +1,347 @@
+#!/usr/bin/env python3
+"""Mutation testing with mutmut: per-package scores, survivors, and the triage.
+
+mutmut (https://github.com/boxed/mutmut) rewrites every function of the code
+it mutates into a set of mutants (an operator swapped, a constant changed, an
+argument dropped, ...) and runs, for each mutant, the tests that reached that
+function in a first, clean run. A mutant that no test notices *survived*.
+
+The project's layout is one mutmut cannot take as it is (the backends live
+under ``src/backends/`` and are imported as top-level packages), so this script
+builds a work folder (``build/mutation/PACKAGE``) with every package flat under
+``src/``, the tests and what they read, writes mutmut's settings there, runs
+mutmut, and reports::
+
+    .venv/bin/python scripts/mutation.py config              # one package
+    .venv/bin/python scripts/mutation.py config cache plan   # several, one after the other
+    .venv/bin/python scripts/mutation.py --list              # the packages and their tests
+    .venv/bin/python scripts/mutation.py config --survivors  # print each survivor's diff
+
+Each package's result is written to ``build/mutation/PACKAGE/result.json`` and
+summarised on stdout as JSON (a line per package). Mutants judged equivalent
+(no behaviour a user can observe changes) are listed with a one-line reason in
+``scripts/mutation_equivalent/PACKAGE.toml`` (``"mutant name" = "reason"``); the
+score counts them with the killed ones and says how many there were.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "build" / "mutation"
+EQUIVALENT = ROOT / "scripts" / "mutation_equivalent"
+
+# What the tests read besides the code (copied into mutmut's "mutants" folder).
+ALSO_COPY = [
+    "tests",
+    "README.md",
+    "docs",
+    "examples",
+    "scripts",
+    "benchmarks",
+    "pyproject.toml",
+    "CHANGELOG.md",
+    "Makefile",
+]
+
+# Tests that cannot run inside mutmut's forked runner or that only reach the
+# code through other processes (a mutant there is invisible to them anyway).
+DESELECT_ALWAYS = [
+    "--deselect=tests/test_soak.py",
+    "--ignore=tests/service",
+    "--ignore=tests/ray",
+    "--ignore=tests/test_packaging.py",
+    "--ignore=tests/test_orphan_guard.py",
+    "--ignore=tests/test_testing_plugin.py",
+    "--ignore=tests/test_soak.py",
+    "--ignore=tests/test_docs_need_sybil.py",
+]
+
+
+@dataclass(frozen=True)
+class Package:
+    """A unit of the mutation report: the files mutated and the tests run on them."""
+
+    name: str
+    paths: tuple[str, ...]  # relative to the flat src/ (globs allowed by mutmut's only_mutate)
+    tests: tuple[str, ...]
+    note: str = ""
+
+
+PACKAGES: dict[str, Package] = {
+    p.name: p
+    for p in [
+        Package(
+            "config",
+            ("vyre_async/config.py", "vyre_async/arguments.py"),
+            ("tests/driver", "tests/test_cli.py"),
+        ),
+        Package(
+            "cache", ("vyre_async/cache/*",), ("tests/driver", "tests/policies/test_calibration.py")
+        ),
+        Package(
+            "plan",
+            ("vyre_async/plan.py",),
+            ("tests/test_plan.py", "tests/policies", "tests/reference"),
+        ),
+        Package(
+            "registry",
+            ("vyre_async/registry.py",),
+            ("tests/test_registry.py", "tests/driver", "tests/test_cli.py"),
+        ),
+        Package("pending", ("vyre_async/pending.py",), ("tests/driver", "tests/reliability")),
+        Package("policies", ("vyre_async/policies/*",), ("tests/policies",)),
+        Package("ir", ("vyre_async/ir/*",), ("tests/ir", "tests/reference")),
+        Package(
+            "telemetry",
+            ("vyre_async/telemetry.py", "vyre_async/tracing.py"),
+            ("tests/telemetry", "tests/policies/test_spans.py"),
+        ),
+        Package(
+            "timeline", ("vyre_async/timeline.py",), ("tests/test_timeline.py", "tests/test_cli.py")
+        ),
+        Package(
+            "testing", ("vyre_async/testing/*",), ("tests/contract", "tests/test_testing_plugin.py")
+        ),
+        Package(
+            "reference",
+            ("vyre_reference/*",),
+            ("tests/reference", "tests/contract", "tests/driver"),
+        ),
+        Package(
+            "ray", ("vyre_ray/*",), ("tests/ray",), note="runs on the session's local Ray cluster"
+        ),
+        Package(
+            "cupy",
+            (
+                "vyre_cupy/codegen.py",
+                "vyre_cupy/prelude.py",
+                "vyre_cupy/layout.py",
+                "vyre_cupy/batch.py",
+                "vyre_cupy/launch.py",
+            ),
+            ("tests/cupy",),
+            note="CUDA host side and codegen: nvcc, the emulator, the fake device",
+        ),
+    ]
+}
+
+STATUS = {
+    1: "killed",
+    3: "killed",
+    0: "survived",
+    5: "no tests",
+    33: "no tests",
+    34: "skipped",
+    36: "timeout",
+    37: "caught by type check",
+    24: "timeout",
+    -24: "timeout",
+    152: "timeout",
+    255: "timeout",
+    -11: "segfault",
+    -9: "segfault",
+    None: "not checked",
+}
+
+
+def _flat_tree(dest: Path) -> None:
+    """Copy the repository to ``dest`` with every package directly under ``src/``."""
+    ignore = shutil.ignore_patterns(
+        ".git",
+        ".venv",
+        "build",
+        "dist",
+        "mutants",
+        "__pycache__",
+        ".hypothesis",
+        ".pytest_cache",
+        ".mypy_cache",
+        ".ruff_cache",
+        ".whl",
+        "*.egg-info",
+    )
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(ROOT, dest, ignore=ignore)
+    backends = dest / "src" / "backends"
+    for package in sorted(backends.iterdir()):
+        if package.is_dir():
+            shutil.move(str(package), dest / "src" / package.name)
+    shutil.rmtree(backends)
+
+
+def _settings(package: Package, max_children: int) -> str:
+    tests = list(package.tests)
+    selection = [*tests, *DESELECT_ALWAYS]
+    lines = [
+        "",
+        "[tool.mutmut]",
+        'source_paths = ["src"]',
+        f"only_mutate = {json.dumps(['src/' + p for p in package.paths])}",
+        f"also_copy = {json.dumps(ALSO_COPY)}",
+        f"pytest_add_cli_args_test_selection = {json.dumps(selection)}",
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "--hypothesis-profile=mutation"]',
+        'process_isolation = "forkserver"',
+        "use_git_change_detection = false",
+        "track_dependencies = false",
+        "timeout_multiplier = 5.0",
+        "timeout_constant = 10.0",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _equivalent(package: str) -> dict[str, str]:
+    """The mutants of ``package`` judged equivalent, each with its reason."""
+    path = EQUIVALENT / f"{package}.toml"
+    if not path.exists():
+        return {}
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    return {str(m): str(r) for m, r in data.items()}
+
+
+def _results(work: Path) -> dict[str, int | None]:
+    """Every mutant's exit code, from the .meta files mutmut leaves next to each mutated file."""
+    codes: dict[str, int | None] = {}
+    for meta in (work / "mutants").rglob("*.meta"):
+        data = json.loads(meta.read_text(encoding="utf-8"))
+        codes.update(data.get("exit_code_by_key", {}))
+    return codes
+
+
+def _diff(work: Path, mutant: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "mutmut", "show", mutant],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() or done.stderr.strip()
+
+
+def run_package(
+    package: Package, *, max_children: int, survivors: bool, reuse: bool
+) -> dict[str, Any]:
+    work = WORK / package.name
+    if not (reuse and (work / "mutants").exists()):
+        _flat_tree(work)
+        with (work / "pyproject.toml").open("a", encoding="utf-8") as f:
+            f.write(_settings(package, max_children))
+    started = time.monotonic()
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env["VYRE_MUTATION"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    seconds = round(time.monotonic() - started, 1)
+    (work / "mutmut.log").write_text(done.stdout + "\n" + done.stderr, encoding="utf-8")
+    codes = _results(work)
+    by_status: dict[str, list[str]] = {}
+    for name, code in sorted(codes.items()):
+        by_status.setdefault(STATUS.get(code, "suspicious"), []).append(name)
+    equivalent = _equivalent(package.name)
+    survived = by_status.get("survived", [])
+    justified = [m for m in survived if m in equivalent]
+    open_survivors = [m for m in survived if m not in equivalent]
+    caught = sum(
+        len(by_status.get(s, [])) for s in ("killed", "timeout", "segfault", "caught by type check")
+    )
+    total = len(codes)
+    judged = total - len(by_status.get("not checked", [])) - len(by_status.get("skipped", []))
+    score = (caught + len(justified)) / judged if judged else 0.0
+    result: dict[str, Any] = {
+        "package": package.name,
+        "files": list(package.paths),
+        "tests": list(package.tests),
+        "mutants": total,
+        "killed": caught,
+        "equivalent": len(justified),
+        "survived": len(open_survivors),
+        "no_tests": len(by_status.get("no tests", [])),
+        "other": {
+            s: len(v)
+            for s, v in by_status.items()
+            if s not in ("killed", "survived", "no tests", "timeout")
+        },
+        "timeouts": len(by_status.get("timeout", [])),
+        "score": round(score, 4),
+        "seconds": seconds,
+        "mutmut_exit": done.returncode,
+        "survivors": open_survivors,
+        "no_test_mutants": by_status.get("no tests", []),
+        "stale_equivalents": sorted(set(equivalent) - set(codes)),
+    }
+    (work / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if survivors:
+        for mutant in open_survivors + by_status.get("no tests", []):
+            print(f"--- {mutant}\n{_diff(work, mutant)}\n", file=sys.stderr)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("packages", nargs="*", help="packages to mutate (default: all)")
+    parser.add_argument("--list", action="store_true", help="print the packages and their tests")
+    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    parser.add_argument(
+        "--survivors", action="store_true", help="print each survivor's diff on stderr"
+    )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the work folder and mutmut's results (rerun only what changed)",
+    )
+    args = parser.parse_args(argv)
+    if args.list:
+        for p in PACKAGES.values():
+            print(
+                f"{p.name:10} {' '.join(p.paths)}  <- {' '.join(p.tests)}"
+                + (f"  ({p.note})" if p.note else "")
+            )
+        return 0
+    unknown = [n for n in args.packages if n not in PACKAGES]
+    if unknown:
+        print(
+            f"unknown package(s): {', '.join(unknown)}\nFix: choose from {', '.join(PACKAGES)}",
+            file=sys.stderr,
+        )
+        return 2
+    ok = True
+    for name in args.packages or list(PACKAGES):
+        result = run_package(
+            PACKAGES[name],
+            max_children=args.max_children,
+            survivors=args.survivors,
+            reuse=args.reuse,
+        )
+        print(
+            json.dumps(
+                {k: v for k, v in result.items() if k not in ("survivors", "no_test_mutants")}
+            )
+        )
+        ok = ok and result["score"] >= 0.9
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
