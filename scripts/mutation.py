@@ -27,6 +27,8 @@ score counts them with the killed ones and says how many there were.
 from __future__ import annotations
 
 import argparse
+import ast
+import difflib
 import json
 import os
 import shutil
@@ -202,6 +204,18 @@ def _settings(package: Package, max_children: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _changed_sources(work: Path) -> list[str]:
+    """Source files that differ between the repository and the work folder's copy."""
+    changed = []
+    for package in (ROOT / "src").glob("**/*.py"):
+        relative = package.relative_to(ROOT / "src")
+        flat = relative.relative_to("backends") if relative.parts[0] == "backends" else relative
+        copy = work / "src" / flat
+        if not copy.exists() or copy.read_bytes() != package.read_bytes():
+            changed.append(str(relative))
+    return changed
+
+
 def _equivalent(package: str) -> dict[str, str]:
     """The mutants of ``package`` judged equivalent, each with its reason."""
     path = EQUIVALENT / f"{package}.toml"
@@ -220,22 +234,72 @@ def _results(work: Path) -> dict[str, int | None]:
     return codes
 
 
-def _diff(work: Path, mutant: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "mutmut", "show", mutant],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return done.stdout.strip() or done.stderr.strip()
+def _functions(path: Path) -> dict[str, str]:
+    """Every function of a mutmut-rewritten file by name (the original and each mutant)."""
+    source = path.read_text(encoding="utf-8")
+    found: dict[str, str] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and "__mutmut_" in node.name:
+            found[node.name] = ast.get_source_segment(source, node) or ""
+    return found
+
+
+def survivor_diffs(work: Path, mutants: list[str]) -> str:
+    """A unified diff per mutant: the original function against the mutant, from mutmut's files."""
+    by_file: dict[Path, list[str]] = {}
+    for mutant in mutants:
+        parts = mutant.split(".")
+        index = next(i for i, part in enumerate(parts) if part.startswith(("x_", "xǁ")))
+        module = "/".join(parts[:index])
+        candidates = [
+            work / "mutants" / "src" / f"{module}.py",
+            work / "mutants" / "src" / module / "__init__.py",
+        ]
+        path = next((c for c in candidates if c.exists()), candidates[0])
+        by_file.setdefault(path, []).append(mutant)
+    out: list[str] = []
+    for path, names in sorted(by_file.items()):
+        functions = _functions(path)
+        for mutant in names:
+            local = mutant.split(".")[-1]
+            original = functions.get(local.rpartition("__mutmut_")[0] + "__mutmut_orig", "")
+            changed = functions.get(local, "")
+            diff = difflib.unified_diff(
+                original.replace(
+                    local.rpartition("__mutmut_")[0] + "__mutmut_orig", "f"
+                ).splitlines(),
+                changed.replace(local, "f").splitlines(),
+                lineterm="",
+                n=1,
+            )
+            body = [line for line in diff if not line.startswith(("---", "+++"))]
+            out.append(f"=== {mutant}\n" + "\n".join(body))
+    return "\n".join(out) + "\n"
 
 
 def run_package(
     package: Package, *, max_children: int, survivors: bool, reuse: bool
 ) -> dict[str, Any]:
     work = WORK / package.name
-    if not (reuse and (work / "mutants").exists()):
+    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
+    previous = work / "result.json"
+    if reuse and previous.exists():
+        changed = _changed_sources(work)
+        if changed:
+            raise SystemExit(
+                f"{package.name}: the code changed since the last run ({', '.join(changed[:3])}); "
+                "--reuse reruns survivors against new tests only\n"
+                f"Fix: run scripts/mutation.py {package.name} without --reuse"
+            )
+        for name in ALSO_COPY:  # the tests as they are now (mutmut copies them on)
+            source = ROOT / name
+            if source.is_dir():
+                shutil.copytree(source, work / name, dirs_exist_ok=True)
+            elif name != "pyproject.toml":
+                shutil.copy2(source, work / name)
+        last = json.loads(previous.read_text(encoding="utf-8"))
+        command += last["survivors"] + last["no_test_mutants"]
+    else:
         _flat_tree(work)
         with (work / "pyproject.toml").open("a", encoding="utf-8") as f:
             f.write(_settings(package, max_children))
@@ -244,7 +308,7 @@ def run_package(
     env.pop("PYTHONPATH", None)
     env["VYRE_MUTATION"] = "1"
     done = subprocess.run(
-        [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)],
+        command,
         cwd=work,
         env=env,
         capture_output=True,
@@ -290,9 +354,11 @@ def run_package(
         "stale_equivalents": sorted(set(equivalent) - set(codes)),
     }
     (work / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (work / "survivors.txt").write_text(
+        survivor_diffs(work, open_survivors + by_status.get("no tests", [])), encoding="utf-8"
+    )
     if survivors:
-        for mutant in open_survivors + by_status.get("no tests", []):
-            print(f"--- {mutant}\n{_diff(work, mutant)}\n", file=sys.stderr)
+        print((work / "survivors.txt").read_text(encoding="utf-8"), file=sys.stderr)
     return result
 
 
@@ -304,12 +370,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the packages and their tests")
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     parser.add_argument(
-        "--survivors", action="store_true", help="print each survivor's diff on stderr"
+        "--survivors",
+        action="store_true",
+        help="also print each survivor's diff on stderr (always written to survivors.txt)",
     )
     parser.add_argument(
         "--reuse",
         action="store_true",
-        help="keep the work folder and mutmut's results (rerun only what changed)",
+        help="rerun only the last run's survivors, against the tests as they are now",
     )
     args = parser.parse_args(argv)
     if args.list:
