@@ -90,7 +90,9 @@ PACKAGES: dict[str, Package] = {
             ("tests/driver", "tests/test_cli.py"),
         ),
         Package(
-            "cache", ("vyre_async/cache/*",), ("tests/driver", "tests/policies/test_calibration.py")
+            "cache",
+            ("vyre_async/cache/*",),
+            ("tests/driver", "tests/policies/test_calibration.py", "tests/reliability"),
         ),
         Package(
             "plan",
