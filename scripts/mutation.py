@@ -297,8 +297,10 @@ def run_package(
             source = ROOT / name
             if source.is_dir():
                 shutil.copytree(source, work / name, dirs_exist_ok=True)
-            elif name != "pyproject.toml":
+            else:
                 shutil.copy2(source, work / name)
+        with (work / "pyproject.toml").open("a", encoding="utf-8") as f:
+            f.write(_settings(package, max_children))
         last = json.loads(previous.read_text(encoding="utf-8"))
         command += last["survivors"] + last["no_test_mutants"]
     else:
