@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo lint types pytest mutants package-check bench bench-cuda clean
+.PHONY: test demo lint types pytest mutants mutation explore package-check bench bench-cuda clean
 
 # hatch reads the version from src/vyre_async/_version.py: a new one needs a reinstall.
 $(STAMP): pyproject.toml src/vyre_async/_version.py
@@ -34,6 +34,15 @@ package-check: $(STAMP)
 # Plants each known bug of scripts/mutants.py in a copy of the tree; every one must be caught.
 mutants: $(STAMP)
 	$(BIN)/python scripts/mutants.py > /dev/null
+
+# mutmut over every package of scripts/mutation.py (long: run it before a release, not in CI);
+# PACKAGES="config cache" for some of them. Scores and survivors under build/mutation/.
+mutation: $(STAMP)
+	$(BIN)/python scripts/mutation.py $(PACKAGES)
+
+# Property tests with fresh random examples (CI always runs the same ones: the "ci" profile).
+explore: $(STAMP)
+	VYRE_HYPOTHESIS_PROFILE=explore $(BIN)/python -m pytest -q tests/reference tests/ir tests/policies tests/cupy
 
 demo: $(STAMP)
 	$(BIN)/vyre-async demo
