@@ -81,6 +81,9 @@ test_gpu_timing_and_one_completion_thread = (
 )
 test_gpu_resident_buffers = gpu_tests.test_resident_buffers
 test_gpu_limits = gpu_tests.test_limits_are_checked_before_launch
+test_gpu_callbacks_and_shadow = (
+    gpu_tests.test_done_callbacks_and_shadow_comparisons_on_the_callback_thread
+)
 
 
 @pytest.fixture(scope="module")

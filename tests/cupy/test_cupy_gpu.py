@@ -208,3 +208,59 @@ def test_large_persistent_batch_loops_its_blocks_over_every_task(gpu: CupyBacken
         for (a, b), pending in zip(batch, pendings, strict=True):
             np.testing.assert_array_equal(pending.result()[0], a ^ b)
             assert pending.record.attributes["vyre.batch.mode"] == mode
+
+
+def test_done_callbacks_and_shadow_comparisons_on_the_callback_thread(gpu: CupyBackend) -> None:
+    """Done-callbacks of 512 GPU dispatches run once each, in order, on ``vyre-callbacks``;
+    a callback may wait on the GPU itself; a shadow comparing every dispatch with the
+    reference finds no divergence."""
+    import anyio
+
+    from vyre_async import ShadowBackend
+    from vyre_async.pending import wait_for_callbacks
+    from vyre_async.programs import elementwise_xor
+    from vyre_reference import ReferenceBackend
+
+    program = elementwise_xor(1024)
+    rng = np.random.default_rng(11)
+    seen: list[tuple[int, str, bool]] = []
+    nested: list[bool] = []
+    all_ran = threading.Event()
+
+    def record(index: int, a: np.ndarray, b: np.ndarray) -> object:
+        def callback(pending: object) -> None:
+            out = pending.result()[0]  # type: ignore[attr-defined]
+            if index == 0:  # a callback may wait on its own backend
+                again = gpu.dispatch_sync(program, [a, b])[0]
+                nested.append(bool((again == a ^ b).all()))
+            seen.append((index, threading.current_thread().name, bool((out == a ^ b).all())))
+            if len(seen) == 512:
+                all_ran.set()
+
+        return callback
+
+    pendings = []
+    for index in range(512):
+        a, b = (rng.integers(0, 2**32, 1024, dtype=np.uint32) for _ in range(2))
+        pending = gpu.dispatch(program, [a, b])
+        pending.add_done_callback(record(index, a, b))
+        pendings.append(pending)
+    assert all_ran.wait(timeout=60.0), f"{len(seen)} of 512 callbacks ran"
+    assert wait_for_callbacks(timeout=60.0)
+    assert sorted(i for i, _, _ in seen) == list(
+        range(512)
+    )  # each once, any order
+    assert all(ok and name == "vyre-callbacks" for _, name, ok in seen)
+    assert nested == [True]
+
+    shadow = ShadowBackend(gpu, ReferenceBackend(), sample_rate=1.0, seed=1)
+
+    async def main() -> None:
+        for _ in range(64):
+            a, b = (rng.integers(0, 2**32, 1024, dtype=np.uint32) for _ in range(2))
+            (out,) = await shadow.dispatch(program, [a, b])
+            np.testing.assert_array_equal(out, a ^ b)
+        await shadow.flush()
+
+    anyio.run(main)
+    assert shadow.stats.compared == 64 and shadow.stats.divergences == 0
