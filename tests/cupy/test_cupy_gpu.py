@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -217,7 +218,7 @@ def test_done_callbacks_and_shadow_comparisons_on_the_callback_thread(gpu: CupyB
     import anyio
 
     from vyre_async import ShadowBackend
-    from vyre_async.pending import wait_for_callbacks
+    from vyre_async.pending import PendingDispatch, wait_for_callbacks
     from vyre_async.programs import elementwise_xor
     from vyre_reference import ReferenceBackend
 
@@ -227,9 +228,9 @@ def test_done_callbacks_and_shadow_comparisons_on_the_callback_thread(gpu: CupyB
     nested: list[bool] = []
     all_ran = threading.Event()
 
-    def record(index: int, a: np.ndarray, b: np.ndarray) -> object:
-        def callback(pending: object) -> None:
-            out = pending.result()[0]  # type: ignore[attr-defined]
+    def record(index: int, a: np.ndarray, b: np.ndarray) -> Callable[[PendingDispatch], None]:
+        def callback(pending: PendingDispatch) -> None:
+            out = pending.result()[0]
             if index == 0:  # a callback may wait on its own backend
                 again = gpu.dispatch_sync(program, [a, b])[0]
                 nested.append(bool((again == a ^ b).all()))
@@ -247,9 +248,7 @@ def test_done_callbacks_and_shadow_comparisons_on_the_callback_thread(gpu: CupyB
         pendings.append(pending)
     assert all_ran.wait(timeout=60.0), f"{len(seen)} of 512 callbacks ran"
     assert wait_for_callbacks(timeout=60.0)
-    assert sorted(i for i, _, _ in seen) == list(
-        range(512)
-    )  # each once, any order
+    assert sorted(i for i, _, _ in seen) == list(range(512))  # each once, any order
     assert all(ok and name == "vyre-callbacks" for _, name, ok in seen)
     assert nested == [True]
 
