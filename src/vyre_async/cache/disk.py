@@ -206,14 +206,17 @@ def _unlink_owned(path: Path, owned: Callable[[bytes], bool]) -> bool:
     return st is not None and unlink_unchanged(path, st)
 
 
-def _list(directory: str | Path) -> list[os.DirEntry[str]]:
+def _list(directory: str | Path, stacklevel: int) -> list[os.DirEntry[str]]:
     try:
         with os.scandir(directory) as it:
             return list(it)
     except (FileNotFoundError, NotADirectoryError):
         return []
     except OSError as exc:
-        _warn(f"pipeline cache directory {directory} could not be listed ({exc}); skipping it", 4)
+        _warn(
+            f"pipeline cache directory {directory} could not be listed ({exc}); skipping it",
+            stacklevel,
+        )
         return []
 
 
@@ -374,9 +377,11 @@ class DiskPipelineCache:
             return "was written for another key"
         if length > MAX_ENTRY_BYTES:
             return f"claims {length} bytes (limit {MAX_ENTRY_BYTES})"
-        payload = fh.read(length + 1)
-        if len(payload) != length:
+        payload = fh.read(length + 1)  # one byte more tells a longer file from an exact one
+        if len(payload) < length:
             return f"holds {len(payload)} payload bytes, its header says {length}"
+        if len(payload) > length:
+            return f"holds more payload bytes than the {length} its header says"
         if blake3.blake3(payload).digest() != checksum:
             return "failed its checksum"
         return bytes(payload)
@@ -470,18 +475,23 @@ class DiskPipelineCache:
         return True
 
     # Ownership ------------------------------------------------------------------
-    def _scan(self) -> tuple[list[_Owned], list[_Owned]]:
-        """Return the entries and temp files the cache owns; call with the lock held."""
+    def _scan(self, stacklevel: int) -> tuple[list[_Owned], list[_Owned]]:
+        """Return the entries and temp files the cache owns; call with the lock held.
+
+        ``stacklevel`` is that of the warning about a directory that cannot be
+        listed, counted from `_warn`: 5 points at the caller of `info` or
+        `clear`, 6 at the caller of `put` (through `_evict`).
+        """
         entries: list[_Owned] = []
         temps: list[_Owned] = []
         verified: dict[Path, tuple[int, int]] = {}
-        for sub in _list(self.root):
+        for sub in _list(self.root, stacklevel):
             try:
                 if not _SUBDIR_NAME.fullmatch(sub.name) or not sub.is_dir(follow_symlinks=False):
                     continue
             except OSError:
                 continue
-            for item in _list(sub.path):
+            for item in _list(sub.path, stacklevel):
                 try:
                     if not item.is_file(follow_symlinks=False):
                         continue
@@ -520,7 +530,7 @@ class DiskPipelineCache:
 
     def _evict(self) -> None:
         with self._lock:
-            entries, temps = self._scan()
+            entries, temps = self._scan(6)
             temps = self._reclaim(temps)
             total = sum(e.size for e in entries) + sum(t.size for t in temps)
             for entry in sorted(entries, key=lambda e: e.mtime):
@@ -537,7 +547,7 @@ class DiskPipelineCache:
         nothing is deleted. ``total_bytes`` includes the temp files.
         """
         with self._lock:
-            entries, temps = self._scan()
+            entries, temps = self._scan(5)
         temp_bytes = sum(t.size for t in temps)
         return DiskCacheInfo(
             root=self.root,
@@ -555,6 +565,6 @@ class DiskPipelineCache:
         the cache does not own, and directories, are never deleted.
         """
         with self._lock:
-            entries, temps = self._scan()
+            entries, temps = self._scan(5)
             self._reclaim(temps)
             return sum(1 for e in entries if _unlink_owned(e.path, _is_entry_header(e.path.stem)))
