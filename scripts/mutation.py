@@ -8,9 +8,9 @@ function in a first, clean run. A mutant that no test notices *survived*.
 
 The project's layout is one mutmut cannot take as it is (the backends live
 under ``src/backends/`` and are imported as top-level packages), so this script
-builds a work folder (``build/mutation/PACKAGE``) with every package flat under
-``src/``, the tests and what they read, writes mutmut's settings there, runs
-mutmut, and reports::
+builds a work folder (``build/mutation/PACKAGE``) from the committed tree
+(``git archive HEAD``) with every package flat under ``src/``, writes mutmut's
+settings there, runs mutmut, and reports::
 
     .venv/bin/python scripts/mutation.py config              # one package
     .venv/bin/python scripts/mutation.py config cache plan   # several, one after the other
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import fnmatch
 import json
 import os
 import shutil
@@ -161,24 +162,18 @@ STATUS = {
 
 
 def _flat_tree(dest: Path) -> None:
-    """Copy the repository to ``dest`` with every package directly under ``src/``."""
-    ignore = shutil.ignore_patterns(
-        ".git",
-        ".venv",
-        "build",
-        "dist",
-        "mutants",
-        "__pycache__",
-        ".hypothesis",
-        ".pytest_cache",
-        ".mypy_cache",
-        ".ruff_cache",
-        ".whl",
-        "*.egg-info",
-    )
+    """Unpack the committed tree (``git archive HEAD``) to ``dest``, every package under ``src/``.
+
+    The committed tree, not the working one: a run measures a commit, and edits
+    in progress (a test half written) cannot fail its clean run.
+    """
     if dest.exists():
         shutil.rmtree(dest)
-    shutil.copytree(ROOT, dest, ignore=ignore)
+    dest.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", "HEAD"], cwd=ROOT, capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
     backends = dest / "src" / "backends"
     for package in sorted(backends.iterdir()):
         if package.is_dir():
@@ -206,14 +201,16 @@ def _settings(package: Package, max_children: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _changed_sources(work: Path) -> list[str]:
-    """Source files that differ between the repository and the work folder's copy."""
+def _changed_sources(work: Path, package: Package) -> list[str]:
+    """The package's files that differ between the working tree and the work folder's copy."""
     changed = []
-    for package in (ROOT / "src").glob("**/*.py"):
-        relative = package.relative_to(ROOT / "src")
+    for source in (ROOT / "src").glob("**/*.py"):
+        relative = source.relative_to(ROOT / "src")
         flat = relative.relative_to("backends") if relative.parts[0] == "backends" else relative
+        if not any(fnmatch.fnmatch(str(flat), pattern) for pattern in package.paths):
+            continue
         copy = work / "src" / flat
-        if not copy.exists() or copy.read_bytes() != package.read_bytes():
+        if not copy.exists() or copy.read_bytes() != source.read_bytes():
             changed.append(str(relative))
     return changed
 
@@ -286,9 +283,9 @@ def run_package(
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
     previous = work / "result.json"
     if reuse and previous.exists():
-        changed = _changed_sources(work)
+        changed = _changed_sources(work, package)
         if changed:
-            raise SystemExit(
+            raise SystemExit(  # the survivors' names may no longer mean the same mutants
                 f"{package.name}: the code changed since the last run ({', '.join(changed[:3])}); "
                 "--reuse reruns survivors against new tests only\n"
                 f"Fix: run scripts/mutation.py {package.name} without --reuse"
@@ -321,6 +318,12 @@ def run_package(
     )
     seconds = round(time.monotonic() - started, 1)
     (work / "mutmut.log").write_text(done.stdout + "\n" + done.stderr, encoding="utf-8")
+    if "failed to collect stats" in done.stdout:
+        print(
+            f"{package.name}: a test failed in mutmut's clean run, so no mutant was checked\n"
+            f"Fix: make `pytest {' '.join(package.tests)}` pass at HEAD ({work / 'mutmut.log'})",
+            file=sys.stderr,
+        )
     codes = _results(work)
     by_status: dict[str, list[str]] = {}
     for name, code in sorted(codes.items()):
