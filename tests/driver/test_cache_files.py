@@ -122,7 +122,7 @@ def test_read_prefix_stops_at_the_end_of_a_file(tmp_path: Path) -> None:
 
 
 @posix_only
-@pytest.mark.parametrize("umask", [0o022, 0o002])
+@pytest.mark.parametrize("umask", [0o022, 0o002], ids=["umask022", "umask002"])
 def test_directories_are_private_from_creation_even_where_chmod_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, umask: int
 ) -> None:
