@@ -103,7 +103,12 @@ PACKAGES: dict[str, Package] = {
         Package(
             "registry",
             ("vyre_async/registry.py",),
-            ("tests/test_registry.py", "tests/driver", "tests/test_cli.py"),
+            (
+                "tests/test_registry.py",
+                "tests/test_registry_mutants.py",
+                "tests/driver",
+                "tests/test_cli.py",
+            ),
         ),
         Package("pending", ("vyre_async/pending.py",), ("tests/driver", "tests/reliability")),
         Package("policies", ("vyre_async/policies/*",), ("tests/policies",)),
