@@ -336,4 +336,6 @@ _GID_LIMIT = 1 << 32
 def _axes_key(value: int | Sequence[int] | None) -> object:
     if value is None or isinstance(value, int | np.integer):
         return value
-    return tuple(value)
+    if isinstance(value, tuple | list) and all(isinstance(a, int | np.integer) for a in value):
+        return tuple(value)
+    return object()  # not ints (1.5, [[1]]): a key no plan has; normalize_axes refuses it below
