@@ -98,7 +98,12 @@ PACKAGES: dict[str, Package] = {
         Package(
             "plan",
             ("vyre_async/plan.py",),
-            ("tests/test_plan.py", "tests/policies", "tests/reference"),
+            (
+                "tests/test_plan.py",
+                "tests/test_plan_mutants.py",
+                "tests/policies",
+                "tests/reference",
+            ),
         ),
         Package(
             "registry",
