@@ -126,7 +126,7 @@ def fake_device_programs() -> list[Program]:
     """Programs the fake-device tests dispatch: the corpus, the contract's, and their own."""
     from benchmarks.cuda_policies import benchmark_programs
 
-    from tests.contract.test_contract import resident_order_programs, spin
+    from tests.contract.test_contract import lane_ids, resident_order_programs, spin
     from tests.cupy.device_programs import extra_programs
     from vyre_async.calibration import (
         RESIDENT_GAIN_PROBE_ELEMENTS,
@@ -136,6 +136,7 @@ def fake_device_programs() -> list[Program]:
 
     programs = [c.program for c in cases() if c.error is None]
     programs += [spin(), elementwise_xor(64), *resident_order_programs()]
+    programs += [lane_ids((1024, 1, 1)), lane_ids((1, 1024, 1)), lane_ids((1, 1, 64))]
     programs += benchmark_programs()
     programs += [launch_probe_program(), elementwise_xor(1024)]  # CupyBackend.calibrate
     programs += [  # its resident-gain probe

@@ -53,12 +53,27 @@ pytestmark = pytest.mark.anyio
 test_corpus_byte_for_byte = contract.test_corpus_byte_for_byte
 test_errors_before_launch_carry_a_fix = contract.test_errors_before_launch_carry_a_fix
 test_a_result_is_taken_once = contract.test_a_result_is_taken_once
+test_dispatches_settle_as_soon_as_their_work_ends = (
+    contract.test_dispatches_settle_as_soon_as_their_work_ends
+)
+test_done_callbacks_run_once_on_the_callback_thread = (
+    contract.test_done_callbacks_run_once_on_the_callback_thread
+)
+test_outputs_belong_to_the_caller = contract.test_outputs_belong_to_the_caller
+test_the_reported_workgroup_limits_are_honoured = (
+    contract.test_the_reported_workgroup_limits_are_honoured
+)
 test_many_dispatches_in_flight_complete_correctly = (
     contract.test_many_dispatches_in_flight_complete_correctly
 )
 test_timeout_raises_promptly_and_the_backend_recovers = (
     contract.test_timeout_raises_promptly_and_the_backend_recovers
 )
+test_dispatch_returns_before_the_work_ends = contract.test_dispatch_returns_before_the_work_ends
+test_claimed_concurrency_is_real = contract.test_claimed_concurrency_is_real
+# Not contract.test_closing_ends_a_dispatch_that_would_run_for_hours: it closes the backend
+# the module shares, and its runaway kernels would keep the emulator busy for seconds each;
+# test_closing_gives_up_on_a_kernel_it_cannot_stop below holds a kernel with a flag instead.
 # Not contract.test_cancelling_waiters_leaves_everything_else_intact: it assumes a
 # spin(200_000) dispatch outlasts the dispatching of 200 tasks, which a fast device (this
 # fake one, or a GPU) does not, so some victims finish before they are cancelled. The

@@ -6,11 +6,15 @@ pytest plugin: ``python -m pytest --pyargs vyre_async.testing --vyre-backend=ID`
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import gc
 import os
+import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -35,7 +39,10 @@ from vyre_async import (
     VyreBackend,
     acquire_backend,
 )
-from vyre_async.ir import Assign, Expr, If, Let, Load, Loop, Stmt, Store, Var, gid, u32
+from vyre_async.backend import poll_until
+from vyre_async.ir import Assign, Expr, If, Let, Load, Loop, Stmt, Store, Var, gid, lid, u32
+from vyre_async.ir.limits import MAX_WORKGROUP_LANES
+from vyre_async.pending import wait_for_callbacks
 from vyre_async.programs import elementwise_xor, standard_workloads
 from vyre_async.shadow import compare_outputs
 from vyre_async.testing.corpus import Case, cases
@@ -49,6 +56,59 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     if request.param == "trio":
         pytest.importorskip("trio", reason="trio is not installed: the trio half is skipped")
     return str(request.param)
+
+
+#: Longest any contract test may run. A backend that never settles a dispatch then
+#: fails the test (TimeoutError) instead of hanging the run; tests bound their own
+#: waits more tightly where the contract says how soon something must happen.
+TEST_LIMIT_S = 120.0
+
+_Test = TypeVar("_Test", bound=Callable[..., Awaitable[None]])
+
+
+def bounded(seconds: float = TEST_LIMIT_S) -> Callable[[_Test], _Test]:
+    """Fail the decorated async test with TimeoutError once it has run ``seconds``."""
+
+    def wrap(test: _Test) -> _Test:
+        @functools.wraps(test)
+        async def run(*args: Any, **kwargs: Any) -> None:
+            with anyio.fail_after(seconds):
+                await test(*args, **kwargs)
+
+        return run  # type: ignore[return-value]
+
+    return wrap
+
+
+_T = TypeVar("_T")
+
+
+async def _off_the_loop(call: Callable[[], _T], seconds: float = 30.0) -> _T:
+    """Return ``call()``, run on a daemon thread of its own; fail once it took ``seconds``.
+
+    For dispatches of work that runs for hours: a backend whose ``dispatch()`` runs
+    the work itself then fails the test, instead of blocking the event loop, or (in an
+    abandoned worker thread, which asyncio's are not daemons) the interpreter's exit.
+    """
+    returned: list[tuple[bool, object]] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            returned.append((True, call()))
+        except BaseException as exc:
+            returned.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="vyre-contract-dispatch", daemon=True).start()
+    with anyio.fail_after(seconds):
+        await poll_until(done.is_set)
+    ok, value = returned[0]
+    if not ok:
+        assert isinstance(value, BaseException)
+        raise value
+    return value  # type: ignore[return-value]
 
 
 CASES = cases()
@@ -71,6 +131,24 @@ def spin(workgroup: int = 1) -> Program:
     )
 
 
+@bounded()
+async def test_dispatches_settle_as_soon_as_their_work_ends(vyre_backend: VyreBackend) -> None:
+    """A tiny dispatch settles within milliseconds, not at a backend's next coarse poll."""
+    xor = elementwise_xor(64)
+    a = np.arange(64, dtype=np.uint32)
+    vyre_backend.compile(xor)
+    walls = []
+    for k in range(5):
+        pending = vyre_backend.dispatch(xor, [a, np.full(64, k, np.uint32)])
+        with anyio.fail_after(30):
+            await pending
+        assert pending.timing is not None and pending.timing.wall_s is not None
+        walls.append(pending.timing.wall_s)  # from dispatch() to settling
+    # Microseconds on a GPU, milliseconds over Ray: 0.25 s is 100 times what it needs.
+    assert statistics.median(walls) < 0.25, walls
+
+
+@bounded()
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 async def test_corpus_byte_for_byte(vyre_backend: VyreBackend, case: Case) -> None:
     if case.error is not None:
@@ -78,7 +156,11 @@ async def test_corpus_byte_for_byte(vyre_backend: VyreBackend, case: Case) -> No
             await vyre_backend.dispatch(case.program, case.inputs, case.config())
         assert "Fix:" in str(info.value)
         return
-    outputs = await vyre_backend.dispatch(case.program, case.inputs, case.config())
+    # Copies: a backend that writes its inputs must not poison the case for the next backend.
+    inputs = [np.array(array, copy=True) for array in case.inputs]
+    outputs = await vyre_backend.dispatch(case.program, inputs, case.config())
+    for index, (now, then) in enumerate(zip(inputs, case.inputs, strict=True)):
+        assert now.tobytes() == then.tobytes(), f"the dispatch changed the caller's input {index}"
     divergence = compare_outputs(
         case.name, case.program, case.inputs, outputs, case.expected, ulp_budget=case.ulp_budget
     )
@@ -87,6 +169,7 @@ async def test_corpus_byte_for_byte(vyre_backend: VyreBackend, case: Case) -> No
         assert got.dtype == np.asarray(want).dtype
 
 
+@bounded()
 async def test_errors_before_launch_carry_a_fix(vyre_backend: VyreBackend) -> None:
     program = elementwise_xor(8)
     ok = [np.zeros(8, np.uint32), np.zeros(8, np.uint32)]
@@ -112,6 +195,7 @@ async def test_errors_before_launch_carry_a_fix(vyre_backend: VyreBackend) -> No
     assert (await vyre_backend.dispatch(program, ok))[0].tolist() == [0] * 8
 
 
+@bounded()
 async def test_a_result_is_taken_once(vyre_backend: VyreBackend) -> None:
     pending = vyre_backend.dispatch(elementwise_xor(4), [np.ones(4, np.uint32)] * 2)
     await pending
@@ -119,6 +203,55 @@ async def test_a_result_is_taken_once(vyre_backend: VyreBackend) -> None:
         await pending
 
 
+@bounded()
+async def test_dispatch_returns_before_the_work_ends(vyre_backend: VyreBackend) -> None:
+    """``dispatch()`` starts the work and returns; it never runs the work itself."""
+    runaway = spin()
+    vyre_backend.compile(runaway)
+    config = DispatchConfig(timeout=0.25, label="runaway")
+    hours = [np.array([2_000_000_000], np.uint32)]
+    pending = await _off_the_loop(lambda: vyre_backend.dispatch(runaway, hours, config))
+    # It runs for hours, and its deadline is 0.25 s after dispatch(): had it settled already,
+    # dispatch() would have run the work itself, until that deadline.
+    assert not pending.done(), "dispatch() returned only once the work had ended"
+    with anyio.fail_after(2), pytest.raises(DispatchTimeout):  # its deadline: 0.25 s
+        await pending
+
+
+@bounded()
+async def test_done_callbacks_run_once_on_the_callback_thread(vyre_backend: VyreBackend) -> None:
+    """Each done-callback runs exactly once, on vyre-async's callback thread, after settling."""
+    seen: list[tuple[str, bool, BaseException | None]] = []
+
+    def callback(pending: PendingDispatch) -> None:
+        seen.append((threading.current_thread().name, pending.done(), pending.exception()))
+
+    a = np.arange(64, dtype=np.uint32)
+    pending = vyre_backend.dispatch(elementwise_xor(64), [a, a])
+    pending.add_done_callback(callback)
+    with anyio.fail_after(30):
+        assert (await pending)[0].tolist() == [0] * 64
+    pending.add_done_callback(callback)  # settled already: queued at once
+    with anyio.fail_after(30):
+        assert await anyio.to_thread.run_sync(wait_for_callbacks, 25.0)
+    assert seen == [("vyre-callbacks", True, None)] * 2
+
+
+@bounded()
+async def test_outputs_belong_to_the_caller(vyre_backend: VyreBackend) -> None:
+    """Outputs are new arrays: not the caller's inputs, not reused by a later dispatch."""
+    triple = _rw_program("triple", 64, Load("x", gid()) * u32(3))
+    x = np.arange(64, dtype=np.uint32)
+    first = (await vyre_backend.dispatch(triple, [x]))[0]
+    assert x.tolist() == list(range(64)), "the dispatch wrote the caller's input"
+    assert first.tolist() == [3 * i for i in range(64)]
+    second = (await vyre_backend.dispatch(triple, [first]))[0]  # the same launch shape
+    assert second.tolist() == [9 * i for i in range(64)]
+    assert first.tolist() == [3 * i for i in range(64)], "a later dispatch changed these outputs"
+    assert not np.shares_memory(first, x) and not np.shares_memory(first, second)
+
+
+@bounded()
 async def test_many_dispatches_in_flight_complete_correctly(vyre_backend: VyreBackend) -> None:
     workloads = standard_workloads()
     jobs = []
@@ -135,6 +268,55 @@ async def test_many_dispatches_in_flight_complete_correctly(vyre_backend: VyreBa
     for w, expected, pending in jobs:
         outputs = await pending
         assert compare_outputs(w.name, w.program, [], outputs, expected) is None
+
+
+def lane_ids(shape: tuple[int, int, int]) -> Program:
+    """``out[l] = l + 1`` for each lane ``l`` of one workgroup of ``shape`` (x fastest)."""
+    wx, wy, _ = shape
+    linear = lid(0) + lid(1) * u32(wx) + lid(2) * u32(wx * wy)
+    return Program(
+        [BufferDecl("out", 0, Access.WRITE, DType.U32, shape[0] * shape[1] * shape[2])],
+        shape,
+        [Store("out", linear, linear + u32(1))],
+        op_id="test.lane_ids",
+    )
+
+
+@bounded()
+async def test_the_reported_workgroup_limits_are_honoured(vyre_backend: VyreBackend) -> None:
+    """A workgroup as long as ``max_workgroup_size`` reports, on each axis, runs every lane."""
+    caps = vyre_backend.capabilities()
+    if caps.max_workgroup_lanes <= 1:
+        pytest.skip(f"backend {vyre_backend.id!r} reports no workgroup limits")
+    lanes = min(caps.max_workgroup_lanes, MAX_WORKGROUP_LANES)
+    for axis in range(3):
+        length = min(caps.max_workgroup_size[axis], lanes)
+        shape = (length if axis == 0 else 1, length if axis == 1 else 1, length if axis == 2 else 1)
+        outputs = await vyre_backend.dispatch(
+            lane_ids(shape), [], DispatchConfig(grid_override=(1, 1, 1))
+        )
+        assert outputs[0].tolist() == list(range(1, length + 1)), shape
+
+
+@bounded()
+async def test_claimed_concurrency_is_real(vyre_backend: VyreBackend) -> None:
+    """A backend reporting ``async_compute`` runs a short dispatch while a long one runs."""
+    if not vyre_backend.capabilities().async_compute:
+        pytest.skip(f"backend {vyre_backend.id!r} does not report async_compute")
+    runaway, xor = spin(), elementwise_xor(64)
+    vyre_backend.compile(runaway)
+    vyre_backend.compile(xor)
+    a = np.arange(64, dtype=np.uint32)
+    hours = [np.array([2_000_000_000], np.uint32)]
+    long = vyre_backend.dispatch(runaway, hours, DispatchConfig(timeout=1.0, label="runaway"))
+    with anyio.fail_after(30):
+        outputs = await vyre_backend.dispatch(xor, [a, a + 1])
+    # Run one after the other, the short one would end only once the long one had (here, at
+    # its deadline 1 s after dispatch()).
+    assert not long.done(), "the short dispatch waited for the long one"
+    assert outputs[0].tolist() == (a ^ (a + 1)).tolist()
+    with anyio.fail_after(30), contextlib.suppress(DispatchTimeout):  # (a GPU may finish it)
+        await long
 
 
 def _rw_program(name: str, lanes: int, value: Expr, *, spin_input: bool = False) -> Program:
@@ -190,6 +372,7 @@ def _resident_setup(
     return x0, x, programs
 
 
+@bounded()
 async def test_dispatches_sharing_a_resident_buffer_take_effect_in_submission_order(
     vyre_backend: VyreBackend,
 ) -> None:
@@ -221,6 +404,7 @@ async def test_dispatches_sharing_a_resident_buffer_take_effect_in_submission_or
     assert (await g)[0].tolist() == ((x0 + 1) * 3 + 2).tolist()
 
 
+@bounded()
 async def test_a_timed_out_dispatch_keeps_the_order_of_those_behind_it(
     vyre_backend: VyreBackend,
 ) -> None:
@@ -244,18 +428,104 @@ async def test_a_timed_out_dispatch_keeps_the_order_of_those_behind_it(
     vyre_backend.free(x)
 
 
+@bounded()
 async def test_timeout_raises_promptly_and_the_backend_recovers(vyre_backend: VyreBackend) -> None:
     n = np.array([2_000_000_000], np.uint32)
     start = time.monotonic()
-    with pytest.raises(DispatchTimeout) as info:
+    with anyio.fail_after(5), pytest.raises(DispatchTimeout) as info:
         await vyre_backend.dispatch(spin(), [n], DispatchConfig(timeout=0.05, label="spin"))
     waited = time.monotonic() - start
     assert 0.04 <= waited < 1.5, waited  # prompt, with room for a loaded CI machine
     assert isinstance(info.value, TimeoutError)
-    outputs = await vyre_backend.dispatch(spin(), [np.array([100], np.uint32)])
+    with anyio.fail_after(30):  # the timed-out dispatch does not hold the backend
+        outputs = await vyre_backend.dispatch(spin(), [np.array([100], np.uint32)])
     assert outputs[0][0] == sum(range(100))
 
 
+@bounded()
+async def test_a_closed_backend_refuses_every_operation(vyre_backend: VyreBackend) -> None:
+    """0.1.0 raised InvalidProgram (a program error) and still uploaded after close."""
+    xor = elementwise_xor(64)
+    a = np.arange(64, dtype=np.uint32)
+    pipeline = vyre_backend.compile(xor)
+    assert (await vyre_backend.dispatch(xor, [a, a]))[0].tolist() == [0] * 64
+    try:
+        resident: ResidentBuffer | None = vyre_backend.upload(a)
+    except UnsupportedFeature:
+        resident = None
+    await vyre_backend.aclose()
+    assert vyre_backend.closed
+    operations: dict[str, Callable[[], object]] = {
+        "dispatch": lambda: vyre_backend.dispatch(xor, [a, a]),
+        "pipeline.dispatch": lambda: pipeline.dispatch([a, a]),
+        "dispatch_batch": lambda: pipeline.dispatch_batch([[a, a]]),
+        "compile": lambda: vyre_backend.compile(elementwise_xor(32)),
+        "upload": lambda: vyre_backend.upload(a),
+        "alloc": lambda: vyre_backend.alloc("u32", 4),
+    }
+    if resident is not None:
+        operations["download"] = lambda: vyre_backend.download(resident)
+    for name, operation in operations.items():
+        with pytest.raises(BackendClosed) as info:
+            operation()
+        assert info.value.code == 1011, name
+        assert "\nFix: " in str(info.value), name
+    with pytest.raises(BackendClosed):
+        await vyre_backend.compile_async(xor)
+    await vyre_backend.aclose()  # closing twice is harmless
+    if resident is not None:
+        vyre_backend.free(resident)  # releasing after close is allowed
+    fresh = acquire_backend(vyre_backend.id)  # the Fix works: a new instance
+    assert fresh is not vyre_backend and not fresh.closed
+    assert (await fresh.dispatch(xor, [a, a]))[0].tolist() == [0] * 64
+
+
+@bounded()
+async def test_a_resident_buffer_of_another_instance_is_refused(vyre_backend: VyreBackend) -> None:
+    a = np.arange(64, dtype=np.uint32)
+    try:
+        mine = vyre_backend.upload(a)
+    except UnsupportedFeature:
+        pytest.skip(f"backend {vyre_backend.id!r} has no resident buffers")
+    other = type(vyre_backend)()
+    try:
+        with pytest.raises(InvalidProgram, match="another instance") as info:
+            other.dispatch(_copy_program(64), [mine])
+        assert "\nFix: " in str(info.value)
+        with pytest.raises(InvalidProgram, match="another instance"):
+            other.download(mine)
+    finally:
+        await other.aclose()
+
+
+@bounded()
+async def test_closing_ends_a_dispatch_that_would_run_for_hours(vyre_backend: VyreBackend) -> None:
+    """A runaway kernel kept aclose() waiting forever on 0.1.0.
+
+    Several: more than a small pool runs at once, so some are still queued at close.
+    """
+    vyre_backend.close_timeout = 1.0
+    runaway = spin()
+    vyre_backend.compile(runaway)
+    hours = [np.array([0xFFFF_FFFF], np.uint32)]
+    pendings = await _off_the_loop(
+        lambda: [vyre_backend.dispatch(runaway, hours) for _ in range(4)]
+    )
+    await anyio.sleep(0.05)
+    with anyio.fail_after(vyre_backend.close_timeout + 20):
+        await vyre_backend.aclose()
+    # aclose() returns once every dispatch has ended: none is left to wait forever.
+    assert [p.done() for p in pendings] == [True] * len(pendings)
+    for pending in pendings:
+        with pytest.raises(BackendClosed) as info:
+            await pending
+        assert "\nFix: " in str(info.value)
+
+
+# The two longest tests come last: a backend that fails a quick check fails fast.
+
+
+@bounded()
 async def test_cancelling_waiters_leaves_everything_else_intact(vyre_backend: VyreBackend) -> None:
     xor = elementwise_xor(256)
     # Warm every pool to its bounded size first, so a leak shows as growth.
@@ -347,6 +617,7 @@ def _rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@bounded()
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc for RSS")
 async def test_load_10000_dispatches_from_200_tasks(vyre_backend: VyreBackend) -> None:
     xor = elementwise_xor(64)
@@ -377,71 +648,3 @@ async def test_load_10000_dispatches_from_200_tasks(vyre_backend: VyreBackend) -
         f"peak RSS growth {growth / 2**20:.1f} MiB"
     )
     assert growth < 256 * 2**20
-
-
-async def test_a_closed_backend_refuses_every_operation(vyre_backend: VyreBackend) -> None:
-    """0.1.0 raised InvalidProgram (a program error) and still uploaded after close."""
-    xor = elementwise_xor(64)
-    a = np.arange(64, dtype=np.uint32)
-    pipeline = vyre_backend.compile(xor)
-    assert (await vyre_backend.dispatch(xor, [a, a]))[0].tolist() == [0] * 64
-    try:
-        resident: ResidentBuffer | None = vyre_backend.upload(a)
-    except UnsupportedFeature:
-        resident = None
-    await vyre_backend.aclose()
-    assert vyre_backend.closed
-    operations: dict[str, Callable[[], object]] = {
-        "dispatch": lambda: vyre_backend.dispatch(xor, [a, a]),
-        "pipeline.dispatch": lambda: pipeline.dispatch([a, a]),
-        "dispatch_batch": lambda: pipeline.dispatch_batch([[a, a]]),
-        "compile": lambda: vyre_backend.compile(elementwise_xor(32)),
-        "upload": lambda: vyre_backend.upload(a),
-        "alloc": lambda: vyre_backend.alloc("u32", 4),
-    }
-    if resident is not None:
-        operations["download"] = lambda: vyre_backend.download(resident)
-    for name, operation in operations.items():
-        with pytest.raises(BackendClosed) as info:
-            operation()
-        assert info.value.code == 1011, name
-        assert "\nFix: " in str(info.value), name
-    with pytest.raises(BackendClosed):
-        await vyre_backend.compile_async(xor)
-    await vyre_backend.aclose()  # closing twice is harmless
-    if resident is not None:
-        vyre_backend.free(resident)  # releasing after close is allowed
-    fresh = acquire_backend(vyre_backend.id)  # the Fix works: a new instance
-    assert fresh is not vyre_backend and not fresh.closed
-    assert (await fresh.dispatch(xor, [a, a]))[0].tolist() == [0] * 64
-
-
-async def test_a_resident_buffer_of_another_instance_is_refused(vyre_backend: VyreBackend) -> None:
-    a = np.arange(64, dtype=np.uint32)
-    try:
-        mine = vyre_backend.upload(a)
-    except UnsupportedFeature:
-        pytest.skip(f"backend {vyre_backend.id!r} has no resident buffers")
-    other = type(vyre_backend)()
-    try:
-        with pytest.raises(InvalidProgram, match="another instance") as info:
-            other.dispatch(_copy_program(64), [mine])
-        assert "\nFix: " in str(info.value)
-        with pytest.raises(InvalidProgram, match="another instance"):
-            other.download(mine)
-    finally:
-        await other.aclose()
-
-
-async def test_closing_ends_a_dispatch_that_would_run_for_hours(vyre_backend: VyreBackend) -> None:
-    """A runaway kernel kept aclose() waiting forever on 0.1.0."""
-    vyre_backend.close_timeout = 1.0
-    runaway = spin()
-    vyre_backend.compile(runaway)
-    pending = vyre_backend.dispatch(runaway, [np.array([0xFFFF_FFFF], np.uint32)])
-    await anyio.sleep(0.05)
-    with anyio.fail_after(vyre_backend.close_timeout + 20):
-        await vyre_backend.aclose()
-        with pytest.raises(BackendClosed) as info:
-            await pending
-    assert "\nFix: " in str(info.value)
