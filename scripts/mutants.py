@@ -58,6 +58,8 @@ V = "tests/ir/test_validate.py::"
 ID = "tests/driver/test_identity.py::"
 P = "tests/driver/test_pending.py::"
 PF = "tests/policies/test_prefetch.py::"
+PROM = "tests/telemetry/test_prometheus_exposition.py::"
+TIMELINE = "tests/test_timeline.py::test_any_trace_becomes_a_timeline_perfetto_nests_as_meant"
 TABLE = "tests/telemetry/test_attribute_table.py::test_every_documented_attribute_is_on_a_span_and_no_other[asyncio]"  # noqa: E501
 
 #: The operator edge cases (runtime and constant shift counts) and the corpus, in the
@@ -453,6 +455,71 @@ MUTANTS: tuple[Mutant, ...] = (
         "return value.c if value.is_uniform else None",
         ("tests/reference/test_fast_paths.py",),
         "a constant reached by wrapping bounds a comparison unwrapped",
+    ),
+    # 9. Formats read back by real parsers (issue 28): Prometheus text, OTLP/JSON, Perfetto.
+    Mutant(
+        "prometheus-buckets-not-cumulative",
+        "src/vyre_async/telemetry.py",
+        "running += count",
+        "running = count",
+        (PROM + "test_dispatch_metrics_parse_with_several_metrics_and_label_sets[asyncio]",),
+        "each bucket held its own count, not the running total (survived before issue 28)",
+    ),
+    Mutant(
+        "prometheus-backslash-unescaped",
+        "src/vyre_async/telemetry.py",
+        'return value.replace("\\\\", "\\\\\\\\")',
+        "return value",
+        (PROM + "test_dispatch_metrics_parse_with_several_metrics_and_label_sets[asyncio]",),
+        "a backslash in a label value (a program's op_id) written as is",
+    ),
+    Mutant(
+        "prometheus-colliding-labels-repeated",
+        "src/vyre_async/telemetry.py",
+        'items = [(k, ";".join(v)) for k, v in merged.items()]',
+        "items = [(k, x) for k, v in merged.items() for x in v]",
+        (PROM + "test_label_names_that_collide_or_are_reserved_give_valid_text",),
+        "attributes a.b and a_b became two a_b labels: the parser refuses the line",
+    ),
+    Mutant(
+        "otlp-json-ids-base64",
+        "src/vyre_async/tracing.py",
+        "                _hex_ids(span)\n",
+        "                pass\n",
+        ("tests/telemetry/test_export.py::test_file_export_is_valid_otlp_json",),
+        "span ids written as protobuf's base64, not OTLP/JSON's hex",
+    ),
+    Mutant(
+        "otlp-json-enum-names",
+        "src/vyre_async/tracing.py",
+        "use_integers_for_enums=True",
+        "use_integers_for_enums=False",
+        ("tests/telemetry/test_export.py::test_file_export_is_valid_otlp_json",),
+        "span kinds written by name: OTLP/JSON requires integers",
+    ),
+    Mutant(
+        "timeline-child-overflows-its-parent",
+        "src/vyre_async/timeline.py",
+        "inside = child.end_ns <= end and (child.start_ns < end or start == end)",
+        "inside = child.start_ns < end or start == end",
+        (TIMELINE,),
+        "a child ending after its parent shares its track: Perfetto drops the slice",
+    ),
+    Mutant(
+        "timeline-zero-length-phase-kept",
+        "src/vyre_async/timeline.py",
+        "if p_start == p_end:",
+        "if False:",
+        (TIMELINE,),
+        "a zero-length phase nests under a neighbouring phase or leaves its dispatch",
+    ),
+    Mutant(
+        "timeline-lane-reused-at-a-zero-length-slice",
+        "src/vyre_async/timeline.py",
+        "if busy_until < start_ns or (busy_until == start_ns and not zero):",
+        "if busy_until <= start_ns:",
+        (TIMELINE,),
+        "two zero-length slices at one instant on one lane: Perfetto nests one in the other",
     ),
 )
 

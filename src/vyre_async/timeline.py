@@ -14,9 +14,15 @@ writes and writes a trace-event file that https://ui.perfetto.dev and
   nested inside: the phase child spans when the trace has them (the
   ``phases`` detail), else slices laid out from the ``vyre.phase.*_s``
   durations (compile and wait from the start, upload, launch and readback
-  ending at the end; marked ``approximate``);
+  ending at the end; marked ``approximate``); zero-length phases are left out;
 - ``vyre.graph`` spans on a track of their own, other spans (requests) on
   lanes of their own, their children nested inside.
+
+Slices share a track only where Perfetto's importer nests them as meant:
+inside the slice they belong to or after it, never across its end; a
+zero-length slice at its parent's end, or at another zero-length slice's
+instant, would be nested elsewhere and goes to a lane of its own, as does a
+slice that would nest 255 deep (Perfetto drops deeper ones).
 
 Only the standard library is used: no SDK is needed to convert a file.
 """
@@ -85,6 +91,9 @@ class TimelineReport:
 _DAMAGE = (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError)
 #: Times outside this many nanoseconds since the epoch are damage, not times.
 _MAX_NS = 1 << 63
+#: Slices nested this deep on one track are dropped by Perfetto's importer (older ones
+#: keep the depth in a byte): a span that would nest deeper starts a lane of its own.
+_MAX_DEPTH = 255
 
 
 def _value(raw: Mapping[str, Any]) -> Any:
@@ -151,17 +160,24 @@ def _spans_of(document: Mapping[str, Any], bad: list[bool]) -> Iterator[Span]:
 
 
 class _Lanes:
-    """Lanes of one track group: a slice goes to the first lane free at its start."""
+    """Lanes of one track group: a slice goes to the first lane free at its start.
+
+    A lane is free when its last slice ended before ``start_ns``, or ended at it
+    and was not zero-length: Perfetto closes a slice where it ends (intervals
+    are closed on the left and open on the right) but puts a slice that starts
+    at a zero-length slice's instant on top of it, nested.
+    """
 
     def __init__(self) -> None:
-        self.ends: list[int] = []
+        self.ends: list[tuple[int, bool]] = []  # (end, zero-length) of each lane's last slice
 
     def place(self, start_ns: int, end_ns: int) -> int:
-        for lane, busy_until in enumerate(self.ends):
-            if busy_until <= start_ns:
-                self.ends[lane] = end_ns
+        last = (end_ns, start_ns == end_ns)
+        for lane, (busy_until, zero) in enumerate(self.ends):
+            if busy_until < start_ns or (busy_until == start_ns and not zero):
+                self.ends[lane] = last
                 return lane
-        self.ends.append(end_ns)
+        self.ends.append(last)
         return len(self.ends) - 1
 
 
@@ -351,6 +367,8 @@ def to_trace_events(spans: Iterable[Span]) -> dict[str, Any]:
         )
         if span.name == "vyre.dispatch":
             for name, p_start, p_end, approximate in _phase_slices(span):
+                if p_start == p_end:  # (Perfetto would nest it under a neighbour, or outside)
+                    continue
                 events.append(
                     {
                         "ph": "X",
@@ -368,29 +386,38 @@ def to_trace_events(spans: Iterable[Span]) -> dict[str, Any]:
     def emit(root: Span, pid: int, group: str, tid: int, lo: int, hi: int) -> None:
         """Emit a tree of spans depth first, without recursion (a file may nest deeply).
 
-        Each frame: the children still to place, the cursor (the end of the last
-        child nested on the track), the parent's end and its track.
+        Each frame: the children still to place, the cursor (the end of the
+        last child nested on the track, and whether it was zero-length), the
+        parent's interval, its track and its depth there. A child nests on the
+        parent's track where Perfetto nests it under that parent: inside it (a
+        zero-length child at a longer parent's end is after it), after the last
+        nested child (not at a zero-length child's instant, where it would nest
+        under that child), and not past Perfetto's depth limit.
         """
-        frames: list[tuple[Iterator[Span], list[int], int, int]] = []
+        frames: list[tuple[Iterator[Span], list[Any], int, int, int, int]] = []
 
-        def open_(span: Span, tid: int, lo: int, hi: int) -> None:
+        def open_(span: Span, tid: int, lo: int, hi: int, depth: int) -> None:
             start, end = slice_of(span, pid, tid, lo, hi)
             if span.name != "vyre.dispatch" and span.children:
                 children = iter(sorted(span.children, key=lambda c: c.start_ns))
-                frames.append((children, [start], end, tid))
+                frames.append((children, [start, False], start, end, tid, depth))
 
-        open_(root, tid, lo, hi)
+        open_(root, tid, lo, hi, 0)
         while frames:
-            children, cursor, end, track = frames[-1]
+            children, cursor, start, end, track, depth = frames[-1]
             child = next(children, None)
             if child is None:
                 frames.pop()
-            elif child.start_ns >= cursor[0] and child.end_ns <= end:  # nests: on this track
-                cursor[0] = child.end_ns
-                open_(child, track, child.start_ns, child.end_ns)
+                continue
+            zero = child.start_ns == child.end_ns
+            inside = child.end_ns <= end and (child.start_ns < end or start == end)
+            after = child.start_ns > cursor[0] or (child.start_ns == cursor[0] and not cursor[1])
+            if inside and after and depth + 1 < _MAX_DEPTH:  # nests: on this track
+                cursor[:] = [child.end_ns, zero]
+                open_(child, track, child.start_ns, child.end_ns, depth + 1)
             else:  # overlaps a sibling (concurrent children) or its parent's end: a lane
                 lane = lanes.setdefault((pid, group), _Lanes()).place(child.start_ns, child.end_ns)
-                open_(child, tid_for(pid, group, lane), child.start_ns, child.end_ns)
+                open_(child, tid_for(pid, group, lane), child.start_ns, child.end_ns, 0)
 
     for service in services:
         pid = pid_of[service]

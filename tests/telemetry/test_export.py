@@ -6,7 +6,6 @@ be installed once per process.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,8 +14,9 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.otlp_receiver import Receiver
+from tests.otlp_receiver import Receiver, parse_otlp_json
 from vyre_async.errors import ErrorCode, InvalidProgram
 
 SERVICE = textwrap.dedent(
@@ -106,25 +106,24 @@ def test_file_export_is_valid_otlp_json(tmp_path: Path) -> None:
     lines = target.read_text().splitlines()
     assert lines
     spans = []
-    for line in lines:
-        document = json.loads(line)
-        for rs in document["resourceSpans"]:
-            attrs = {a["key"]: a["value"] for a in rs["resource"]["attributes"]}
-            assert attrs["service.name"] == {"stringValue": "vyre-file"}
-            for ss in rs["scopeSpans"]:
-                spans += ss["spans"]
-    dispatches = [s for s in spans if s["name"] == "vyre.dispatch"]
+    for line in lines:  # each line a whole OTLP/JSON export, proto-exact (see parse_otlp_json)
+        for rs in parse_otlp_json(line).resource_spans:
+            attrs = {a.key: a.value for a in rs.resource.attributes}
+            assert attrs["service.name"].string_value == "vyre-file"
+            for ss in rs.scope_spans:
+                spans += ss.spans
+    dispatches = [s for s in spans if s.name == "vyre.dispatch"]
     assert len(dispatches) == 5
     for s in spans:
-        assert len(s["traceId"]) == 32 and int(s["traceId"], 16)  # hex, not base64
-        assert len(s["spanId"]) == 16 and int(s["spanId"], 16)
-        assert isinstance(s["kind"], int)
-        assert int(s["endTimeUnixNano"]) >= int(s["startTimeUnixNano"])
-    by_id = {s["spanId"]: s for s in spans}
+        assert len(s.trace_id) == 16 and any(s.trace_id)  # (hex in the file: 16 bytes)
+        assert len(s.span_id) == 8 and any(s.span_id)
+        assert s.kind == Span.SPAN_KIND_INTERNAL
+        assert s.end_time_unix_nano >= s.start_time_unix_nano > 0
+    by_id = {s.span_id: s for s in spans}
     for d in dispatches:
-        parent = by_id[d["parentSpanId"]]
-        assert parent["name"].startswith("request-") and parent["traceId"] == d["traceId"]
-        keys = {a["key"] for a in d["attributes"]}
+        parent = by_id[d.parent_span_id]
+        assert parent.name.startswith("request-") and parent.trace_id == d.trace_id
+        keys = {a.key for a in d.attributes}
         assert {"vyre.backend.id", "vyre.program.fingerprint", "vyre.device.time_s"} <= keys
 
 
@@ -149,11 +148,11 @@ def test_cli_demo_writes_a_trace_file(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     names = [
-        s["name"]
+        s.name
         for line in target.read_text().splitlines()
-        for rs in json.loads(line)["resourceSpans"]
-        for ss in rs["scopeSpans"]
-        for s in ss["spans"]
+        for rs in parse_otlp_json(line).resource_spans
+        for ss in rs.scope_spans
+        for s in ss.spans
     ]
     assert names.count("vyre.dispatch") == 6
 
