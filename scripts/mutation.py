@@ -164,7 +164,7 @@ STATUS = {
     24: "timeout",
     -24: "timeout",
     152: "timeout",
-    255: "timeout",
+    255: "suspicious",  # mutmut says timeout; a runner that could not start a test says 255 too
     -11: "segfault",
     -9: "segfault",
     None: "not checked",
@@ -335,6 +335,12 @@ def run_package(
             file=sys.stderr,
         )
     codes = _results(work)
+    kept = work / "codes.json"  # every mutant's last verdict: a --reuse run checks only some
+    if reuse and kept.exists():
+        for name, code in json.loads(kept.read_text(encoding="utf-8")).items():
+            if codes.get(name) is None:
+                codes[name] = code
+    kept.write_text(json.dumps(codes, indent=0, sort_keys=True) + "\n", encoding="utf-8")
     by_status: dict[str, list[str]] = {}
     for name, code in sorted(codes.items()):
         by_status.setdefault(STATUS.get(code, "suspicious"), []).append(name)
@@ -346,7 +352,7 @@ def run_package(
         len(by_status.get(s, [])) for s in ("killed", "timeout", "segfault", "caught by type check")
     )
     total = len(codes)
-    judged = total - len(by_status.get("not checked", [])) - len(by_status.get("skipped", []))
+    judged = total - len(by_status.get("skipped", []))  # a mutant not checked is not caught
     score = (caught + len(justified)) / judged if judged else 0.0
     result: dict[str, Any] = {
         "package": package.name,
