@@ -225,6 +225,19 @@ def _changed_sources(work: Path, package: Package) -> list[str]:
     return changed
 
 
+def _to_rerun(work: Path, package: Package) -> list[str]:
+    """The mutants of the last run that were not caught and are not listed as equivalent."""
+    kept = work / "codes.json"
+    codes = json.loads(kept.read_text(encoding="utf-8")) if kept.exists() else _results(work)
+    caught = {"killed", "timeout", "segfault", "caught by type check"}
+    equivalent = _equivalent(package.name)
+    return sorted(
+        name
+        for name, code in codes.items()
+        if STATUS.get(code, "suspicious") not in caught and name not in equivalent
+    )
+
+
 def _equivalent(package: str) -> dict[str, str]:
     """The mutants of ``package`` judged equivalent, each with its reason."""
     path = EQUIVALENT / f"{package}.toml"
@@ -292,6 +305,7 @@ def run_package(
     work = WORK / package.name
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
     previous = work / "result.json"
+    run_mutmut = True
     if reuse and previous.exists():
         changed = _changed_sources(work, package)
         if changed:
@@ -308,8 +322,9 @@ def run_package(
                 shutil.copy2(source, work / name)
         with (work / "pyproject.toml").open("a", encoding="utf-8") as f:
             f.write(_settings(package, max_children))
-        last = json.loads(previous.read_text(encoding="utf-8"))
-        command += last["survivors"] + last["no_test_mutants"]
+        rerun = _to_rerun(work, package)
+        run_mutmut = bool(rerun)  # none left: only the verdicts are read again
+        command += rerun
     else:
         _flat_tree(work)
         with (work / "pyproject.toml").open("a", encoding="utf-8") as f:
@@ -317,14 +332,10 @@ def run_package(
     started = time.monotonic()
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
-    env["VYRE_MUTATION"] = "1"
-    done = subprocess.run(
-        command,
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
+    done = (
+        subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, check=False)
+        if run_mutmut
+        else subprocess.CompletedProcess(command, 0, "", "")
     )
     seconds = round(time.monotonic() - started, 1)
     (work / "mutmut.log").write_text(done.stdout + "\n" + done.stderr, encoding="utf-8")

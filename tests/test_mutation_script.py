@@ -1,0 +1,104 @@
+"""`scripts/mutation.py` without running mutmut: diffs, reruns, scores, refusals."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("mutation_script", ROOT / "scripts/mutation.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mutation_script"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+mutation = _load()
+
+# What mutmut writes for a module `pkg/mod.py` with one function `f`: the original,
+# two mutants, and the verdicts in a .meta file next to it.
+MUTATED = """
+def x_f__mutmut_orig(a):
+    if a > 0:
+        return a + 1
+    return 0
+
+
+def x_f__mutmut_1(a):
+    if a >= 0:
+        return a + 1
+    return 0
+
+
+def x_f__mutmut_2(a):
+    if a > 0:
+        return a - 1
+    return 0
+"""
+
+
+@pytest.fixture
+def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    source = tmp_path / "mutants" / "src" / "pkg"
+    source.mkdir(parents=True)
+    (source / "mod.py").write_text(MUTATED, encoding="utf-8")
+    meta = {"exit_code_by_key": {"pkg.mod.x_f__mutmut_1": 0, "pkg.mod.x_f__mutmut_2": 1}}
+    (source / "mod.py.meta").write_text(json.dumps(meta), encoding="utf-8")
+    monkeypatch.setattr(mutation, "EQUIVALENT", tmp_path / "equivalent")
+    return tmp_path
+
+
+def test_survivor_diffs_show_the_changed_line_of_each_mutant(work: Path) -> None:
+    text = mutation.survivor_diffs(work, ["pkg.mod.x_f__mutmut_1", "pkg.mod.x_f__mutmut_2"])
+    first, second = text.split("=== ")[1:]
+    assert first.startswith("pkg.mod.x_f__mutmut_1\n")
+    assert "-    if a > 0:\n+    if a >= 0:" in first
+    assert "-        return a + 1\n+        return a - 1" in second
+    assert "mutmut_orig" not in text
+
+
+def test_results_read_every_verdict(work: Path) -> None:
+    assert mutation._results(work) == {"pkg.mod.x_f__mutmut_1": 0, "pkg.mod.x_f__mutmut_2": 1}
+
+
+def test_rerun_takes_what_was_not_caught_and_not_equivalent(work: Path) -> None:
+    package = mutation.Package("demo", ("pkg/*",), ("tests",))
+    assert mutation._to_rerun(work, package) == ["pkg.mod.x_f__mutmut_1"]
+    (work / "equivalent").mkdir()
+    (work / "equivalent" / "demo.toml").write_text(
+        '"pkg.mod.x_f__mutmut_1" = "a is never 0"\n', encoding="utf-8"
+    )
+    assert mutation._equivalent("demo") == {"pkg.mod.x_f__mutmut_1": "a is never 0"}
+    assert mutation._to_rerun(work, package) == []
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [(0, "survived"), (1, "killed"), (-24, "timeout"), (255, "suspicious"), (None, "not checked")],
+)
+def test_verdicts(code: int | None, status: str) -> None:
+    assert mutation.STATUS.get(code, "suspicious") == status
+
+
+def test_an_unknown_package_is_refused_with_a_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    assert mutation.main(["nonesuch"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown package(s): nonesuch" in err and "Fix: choose from config, cache" in err
+
+
+def test_every_package_names_files_and_tests_that_exist() -> None:
+    for package in mutation.PACKAGES.values():
+        for test in package.tests:
+            assert (ROOT / test).exists(), (package.name, test)
+        for pattern in package.paths:
+            flat = [ROOT / "src" / pattern, ROOT / "src" / "backends" / pattern]
+            assert any(p.parent.exists() for p in flat), (package.name, pattern)
