@@ -40,9 +40,10 @@ mutants: $(STAMP)
 mutation: $(STAMP)
 	$(BIN)/python scripts/mutation.py $(PACKAGES)
 
-# Property tests with fresh random examples (CI always runs the same ones: the "ci" profile).
+# Property tests with fresh random examples (CI always runs the same ones: the "ci" profile);
+# a test's own @settings(max_examples=...) still sets its count.
 explore: $(STAMP)
-	VYRE_HYPOTHESIS_PROFILE=explore $(BIN)/python -m pytest -q tests/reference tests/ir tests/policies tests/cupy
+	VYRE_HYPOTHESIS_PROFILE=explore $(BIN)/python -m pytest -q tests/reference tests/ir tests/policies tests/cupy tests/telemetry tests/test_timeline.py
 
 demo: $(STAMP)
 	$(BIN)/vyre-async demo

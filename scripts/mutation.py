@@ -306,7 +306,12 @@ def run_package(
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
     previous = work / "result.json"
     run_mutmut = True
-    if reuse and previous.exists():
+    if reuse and not previous.exists():
+        raise SystemExit(
+            f"{package.name}: --reuse needs a previous run in {work}\n"
+            f"Fix: run scripts/mutation.py {package.name} without --reuse first"
+        )
+    if reuse:
         changed = _changed_sources(work, package)
         if changed:
             raise SystemExit(  # the survivors' names may no longer mean the same mutants
@@ -338,12 +343,17 @@ def run_package(
         else subprocess.CompletedProcess(command, 0, "", "")
     )
     seconds = round(time.monotonic() - started, 1)
-    (work / "mutmut.log").write_text(done.stdout + "\n" + done.stderr, encoding="utf-8")
-    if "failed to collect stats" in done.stdout:
-        print(
-            f"{package.name}: a test failed in mutmut's clean run, so no mutant was checked\n"
-            f"Fix: make `pytest {' '.join(package.tests)}` pass at HEAD ({work / 'mutmut.log'})",
-            file=sys.stderr,
+    if run_mutmut:
+        (work / "mutmut.log").write_text(done.stdout + "\n" + done.stderr, encoding="utf-8")
+    if done.returncode != 0:  # a failed clean run, a crash: no verdict of this run is kept
+        why = (
+            "a test failed in mutmut's clean run, so no mutant was checked"
+            if "failed to collect stats" in done.stdout
+            else f"mutmut exited with status {done.returncode}"
+        )
+        raise SystemExit(
+            f"{package.name}: {why} (see {work / 'mutmut.log'})\n"
+            f"Fix: make `pytest {' '.join(package.tests)}` pass at HEAD, then run it again"
         )
     codes = _results(work)
     kept = work / "codes.json"  # every mutant's last verdict: a --reuse run checks only some
@@ -411,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reuse",
         action="store_true",
-        help="rerun only the last run's survivors, against the tests as they are now",
+        help="rerun the last run's mutants not caught and not equivalent, against today's tests",
     )
     args = parser.parse_args(argv)
     if args.list:

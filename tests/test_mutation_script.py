@@ -100,5 +100,17 @@ def test_every_package_names_files_and_tests_that_exist() -> None:
         for test in package.tests:
             assert (ROOT / test).exists(), (package.name, test)
         for pattern in package.paths:
-            flat = [ROOT / "src" / pattern, ROOT / "src" / "backends" / pattern]
-            assert any(p.parent.exists() for p in flat), (package.name, pattern)
+            found = [*(ROOT / "src").glob(pattern), *(ROOT / "src" / "backends").glob(pattern)]
+            assert found, (package.name, pattern)
+
+
+def test_reuse_without_a_previous_run_is_refused_with_a_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mutation, "WORK", tmp_path)
+    with pytest.raises(SystemExit) as info:
+        mutation.run_package(
+            mutation.PACKAGES["config"], max_children=1, survivors=False, reuse=True
+        )
+    assert "--reuse needs a previous run" in str(info.value)
+    assert "Fix: run scripts/mutation.py config without --reuse first" in str(info.value)

@@ -274,8 +274,9 @@ def plan_dispatch(
         workgroup_override: Replaces the program's workgroup shape when given.
 
     Raises:
-        InvalidProgram: wrong number of inputs, a grid that cannot be inferred, or
-            more than 2**32 lanes on an axis (``gid`` is a u32).
+        InvalidProgram: wrong number of inputs, a grid that cannot be inferred, a
+            ``grid_override`` or ``workgroup_override`` that is not 1 to 3
+            non-negative ints, or more than 2**32 lanes on an axis (``gid`` is a u32).
     """
     memo_key = (
         "plan",

@@ -212,7 +212,7 @@ def test_large_persistent_batch_loops_its_blocks_over_every_task(gpu: CupyBacken
 
 
 def test_done_callbacks_and_shadow_comparisons_on_the_callback_thread(gpu: CupyBackend) -> None:
-    """Done-callbacks of 512 GPU dispatches run once each, in order, on ``vyre-callbacks``;
+    """Done-callbacks of 512 GPU dispatches run once each on ``vyre-callbacks``;
     a callback may wait on the GPU itself; a shadow comparing every dispatch with the
     reference finds no divergence."""
     import anyio
