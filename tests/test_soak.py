@@ -378,7 +378,11 @@ async def _soak(
     if service_url is not None:  # (httpx is the service extra's: absent without it)
         import httpx
 
-        client = httpx.AsyncClient(timeout=30)
+        # Idle connections end on the client's side first: uvicorn closes a keep-alive
+        # connection after 5 s, httpx's pool keeps one 5 s too, and a request sent on a
+        # connection the server is closing fails with RemoteProtocolError (seen once
+        # in CI at the end of issue 28).
+        client = httpx.AsyncClient(timeout=30, limits=httpx.Limits(keepalive_expiry=1.0))
     exporter = otel_sdk.install()[0]
     await soak.closed.aclose()
     deadline = time.monotonic() + seconds
