@@ -80,6 +80,8 @@ class Package:
     paths: tuple[str, ...]  # relative to the flat src/ (globs allowed by mutmut's only_mutate)
     tests: tuple[str, ...]
     note: str = ""
+    # Tests that cannot pass on any mutmut-rewritten copy of the package, with the reason.
+    deselect: tuple[str, ...] = ()
 
 
 PACKAGES: dict[str, Package] = {
@@ -116,7 +118,14 @@ PACKAGES: dict[str, Package] = {
             ),
         ),
         Package("pending", ("vyre_async/pending.py",), ("tests/driver", "tests/reliability")),
-        Package("policies", ("vyre_async/policies/*",), ("tests/policies",)),
+        Package(
+            "policies",
+            ("vyre_async/policies/*",),
+            ("tests/policies",),
+            # mutmut's rewrite of __init__.py adds `MutantDict` to the package's
+            # names; this test asserts the names are exactly __all__.
+            deselect=("tests/policies/test_annotations_api.py::test_public_names_are_exactly_all",),
+        ),
         Package("ir", ("vyre_async/ir/*",), ("tests/ir", "tests/reference")),
         Package(
             "telemetry",
@@ -193,7 +202,7 @@ def _flat_tree(dest: Path) -> None:
 
 def _settings(package: Package, max_children: int) -> str:
     tests = list(package.tests)
-    selection = [*tests, *DESELECT_ALWAYS]
+    selection = [*tests, *DESELECT_ALWAYS, *(f"--deselect={t}" for t in package.deselect)]
     lines = [
         "",
         "[tool.mutmut]",
