@@ -883,3 +883,40 @@ def test_without_o_nofollow_a_symlinked_entry_is_still_refused(
     assert cache.info().entries == 0
     assert cache.put(OTHER, b"regular")
     assert cache.get(OTHER) == b"regular"
+
+
+# The scan's memo: a large cache is not re-read on every put -----------------------------
+
+
+def test_a_second_scan_reads_no_header_of_an_unchanged_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every put scans the cache to evict; an entry verified by the last scan and
+    # unchanged since (same inode and size) is not opened again. An entry
+    # replaced in between (a new inode) is read again, and a damaged one is
+    # still refused.
+    cache = DiskPipelineCache(tmp_path)
+    keys = [_key("ab", n) for n in range(5)]
+    for n, key in enumerate(keys):
+        assert cache.put(key, b"payload %d" % n)
+    assert cache.info().entries == 5  # the first scan reads each header once
+    opened: list[Path] = []
+    real = disk._owned_stat
+
+    def counting(path: Path, owned: Callable[[bytes], bool]) -> os.stat_result | None:
+        opened.append(path)
+        return real(path, owned)
+
+    monkeypatch.setattr(disk, "_owned_stat", counting)
+    assert cache.info().entries == 5
+    assert opened == []
+    replaced = cache.path_for(keys[0])
+    fresh = replaced.with_name(replaced.name + ".new")
+    fresh.write_bytes(_entry(keys[0], b"payload 0, again"))
+    os.replace(fresh, replaced)
+    assert cache.info().entries == 5
+    assert opened == [replaced]
+    opened.clear()
+    replaced.write_bytes(b"not an entry at all")  # same inode, another size
+    assert cache.info().entries == 4
+    assert opened == [replaced]
