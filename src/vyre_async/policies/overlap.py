@@ -43,6 +43,10 @@ class CopyVerdict:
             )
         if (self.kind == "serialize") != (self.reason is not None):
             raise ValueError("CopyVerdict: a reason is given exactly when kind is 'serialize'")
+        if self.reason is not None and self.reason not in COPY_REASONS:
+            raise ValueError(
+                f"CopyVerdict.reason must be one of {COPY_REASONS}, not {self.reason!r}"
+            )
 
 
 _OVERLAP = CopyVerdict(kind="overlap")
