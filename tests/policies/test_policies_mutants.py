@@ -314,11 +314,10 @@ def test_a_residency_verdict_refuses_a_reason_of_the_other_kind() -> None:
 
 # --- Shapes --------------------------------------------------------------------------
 
-# Left alive on purpose (both differ from the code only where the code contradicts
-# its docstring, so a test could only pin the contradiction):
-# ShapeHistory.push 1, 2, 4, 15 (capacity 1: push returns a repeat, record +
-# predict_next give None) and ShapeHistory.record 5, 6 (when the payloads are pruned:
-# a shape that left the window and comes back without a payload gets its old one).
+# ShapeHistory.push 1, 2, 4, 15 and ShapeHistory.record 5, 6 showed two bugs, both
+# fixed with the tests below: push at capacity 1 returned a repeat where record +
+# predict_next give None, and a shape that left the window and came back without a
+# payload got its old one back (payloads were pruned only past 2 x capacity).
 
 
 @pytest.mark.parametrize(("make", "name"), [(ShapeHistory, "capacity"), (RollingHitRate, "window")])
@@ -333,25 +332,28 @@ def test_shape_windows_take_any_size_from_one(make: Callable[[Any], Any], name: 
 
 
 def test_a_history_of_one_keeps_the_latest_shape_and_its_payload() -> None:
-    # shapes._capacity 4, 5 (through the public class). push is not checked at
-    # capacity 1: there it returns a repeat where record + predict_next give None.
+    # shapes._capacity 4, 5 (through the public class); at capacity 1 no pattern
+    # exists, so a repeat predicts nothing (push said the repeat before its fix).
     history: ShapeHistory[str] = ShapeHistory(1)
     history.record("a", 1)
     history.record("b", 2)
     assert history.entries == ("b",)
     assert history.predict_next() is None
     assert (history.payload_for("a"), history.payload_for("b")) == (None, 2)
+    assert history.push("b") is None
+    assert history.push("b", 3) is None and history.payload_for("b") == 3
 
 
 @settings(max_examples=60)
 @given(
-    capacity=st.integers(min_value=2, max_value=4),
+    capacity=st.integers(min_value=1, max_value=4),
     steps=st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from([None, 1, 2])), max_size=12),
 )
 def test_push_is_record_then_predict_next(
     capacity: int, steps: list[tuple[str, int | None]]
 ) -> None:
-    # The documented equivalence of the hot path (capacity >= 2; see the note above).
+    # The documented equivalence of the hot path, at every capacity (ShapeHistory.push 1,
+    # 2, 4, 15 at capacity 1).
     pushed: ShapeHistory[str] = ShapeHistory(capacity)
     recorded: ShapeHistory[str] = ShapeHistory(capacity)
     for fp, payload in steps:
@@ -360,6 +362,40 @@ def test_push_is_record_then_predict_next(
         assert pushed.entries == recorded.entries
         for known in "abc":
             assert pushed.payload_for(known) == recorded.payload_for(known)
+
+
+@settings(max_examples=80)
+@given(
+    capacity=st.integers(min_value=1, max_value=3),
+    steps=st.lists(st.tuples(st.sampled_from("abcd"), st.sampled_from([None, 1, 2])), max_size=16),
+)
+def test_a_payload_is_kept_only_while_its_shape_is_in_the_window(
+    capacity: int, steps: list[tuple[str, int | None]]
+) -> None:
+    # ShapeHistory.record 5, 6: a model of the documented rule. A payload recorded
+    # with a shape is served while that shape stays in the window; once the shape
+    # has left, it comes back without its old payload.
+    history: ShapeHistory[str] = ShapeHistory(capacity)
+    ring: list[str] = []
+    payloads: dict[str, int] = {}
+    for fp, payload in steps:
+        history.push(fp, payload) if payload is None else history.record(fp, payload)
+        ring.append(fp)
+        if payload is not None:
+            payloads[fp] = payload
+        del ring[:-capacity]
+        payloads = {k: v for k, v in payloads.items() if k in ring}
+        for known in "abcd":
+            assert history.payload_for(known) == payloads.get(known), (known, steps)
+
+
+def test_a_shape_back_in_the_window_has_no_payload_from_before() -> None:
+    history: ShapeHistory[str] = ShapeHistory(2)
+    for fp, payload in [("a", "pa"), ("b", "pb"), ("c", "pc")]:
+        history.record(fp, payload)
+    history.record("a")
+    assert history.entries == ("c", "a")
+    assert (history.payload_for("a"), history.payload_for("c")) == (None, "pc")
 
 
 @settings(max_examples=60)

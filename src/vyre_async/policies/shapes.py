@@ -64,15 +64,21 @@ class ShapeHistory(Generic[F]):
             fp: The fingerprint of the dispatch just enqueued.
             payload: What is needed to compile this shape (the driver stores the
                 program and config). ``None`` keeps a payload recorded earlier.
-                Payloads are kept only while their fingerprint is in the window.
+                Payloads are kept only while their fingerprint is in the window:
+                one that left it and comes back without a payload has none.
         """
-        self._ring.append(fp)
-        if payload is not None:
-            payloads = self._payloads
-            payloads[fp] = payload
-            if len(payloads) > 2 * self.capacity:  # drop payloads that left the window
-                kept = set(self._ring)
-                self._payloads = {k: v for k, v in payloads.items() if k in kept}
+        ring = self._ring
+        if payload is None:
+            if fp not in ring:  # back after leaving the window: its old payload left with it
+                self._payloads.pop(fp, None)
+            ring.append(fp)
+            return
+        ring.append(fp)
+        payloads = self._payloads
+        payloads[fp] = payload
+        if len(payloads) > 2 * self.capacity:  # bound the memory of payloads out of the window
+            kept = set(ring)
+            self._payloads = {k: v for k, v in payloads.items() if k in kept}
 
     def push(self, fp: F, payload: Any = None) -> F | None:
         """`record` ``fp`` and return `predict_next` in one call (the driver's hot path).
@@ -81,7 +87,8 @@ class ShapeHistory(Generic[F]):
         cut for a repeat of the latest entry.
         """
         ring = self._ring
-        repeat = bool(ring) and ring[-1] == fp
+        # A repeat of the latest predicts itself, except at capacity 1 (one entry: no pattern).
+        repeat = bool(ring) and ring[-1] == fp and self.capacity > 1
         if payload is None and repeat:
             ring.append(fp)
             return fp
