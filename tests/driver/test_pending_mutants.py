@@ -1,0 +1,575 @@
+"""PendingDispatch: the behaviour mutation testing (issue 28) found unchecked.
+
+Exact error texts and what a dispatch's hooks and callbacks are handed; the
+deadline at its exact instant and the polling backoff (both on an injected
+clock: ``time`` inside `vyre_async.pending` is replaced, nothing sleeps for
+them); how asyncio and trio waiters are woken or left alone; where a broken
+error reporter's output goes; and the callback thread in a fresh interpreter
+and after it died. Orders are made by events, loop turns and trio's
+``wait_all_tasks_blocked``; the only timed checks have margins of 50x or more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import numpy as np
+import pytest
+import trio
+import trio.testing
+
+import vyre_async.pending as pending_module
+from vyre_async import DispatchFailed, DispatchTimeout, InvalidProgram
+from vyre_async.pending import (
+    PendingDispatch,
+    defer_to_callbacks,
+    settle_hook,
+    wait_for_callbacks,
+)
+
+OUT = [np.arange(4, dtype=np.uint32)]
+BOUND_S = 10.0  # an upper bound for what happens at once (reached only when a test fails)
+
+
+class Clock:
+    """Stands in for the `time` module inside `vyre_async.pending`: a clock the test moves.
+
+    ``monotonic`` and ``perf_counter`` read the same value; the steps used are
+    binary fractions, so sums land exactly on deadlines and budget marks.
+    """
+
+    def __init__(self, now: float = 1024.0) -> None:
+        self.now = now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(pending_module, "time", fake)
+    return fake
+
+
+@pytest.fixture
+def reported(monkeypatch: pytest.MonkeyPatch) -> list[BaseException | None]:
+    """What `threading.excepthook` was handed while the test ran."""
+    seen: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_value))
+    return seen
+
+
+async def _await(pending: PendingDispatch) -> list[np.ndarray]:
+    return await pending
+
+
+# What errors say -------------------------------------------------------------------
+# Kills: xǁ_Coreǁdescribe__mutmut_1..4.
+def test_repr_names_the_label_or_a_distinct_address() -> None:
+    labelled, _ = PendingDispatch.create(label="job")
+    assert repr(labelled) == "<PendingDispatch 'job' pending>"
+    a, _ = PendingDispatch.create()
+    b, _ = PendingDispatch.create()
+    assert re.fullmatch(r"<PendingDispatch at 0x[0-9a-f]+ pending>", repr(a))
+    assert repr(a) != repr(b)  # two live dispatches, two addresses
+
+
+# Kills: xǁDispatchCompleterǁfail__mutmut_7, 9, 10, 11, 12, 15, 16.
+def test_a_foreign_error_is_wrapped_with_its_type_and_fix_and_hooks_get_the_dispatch() -> None:
+    pending, completer = PendingDispatch.create(label="job")
+    hooked: list[PendingDispatch] = []
+    called_back: list[PendingDispatch] = []
+    settle_hook(pending, hooked.append)
+    pending.add_done_callback(called_back.append)
+    cause = ZeroDivisionError("boom")
+    assert completer.fail(cause) is True
+    assert repr(pending) == "<PendingDispatch 'job' done>"
+    error = pending.exception()
+    assert isinstance(error, DispatchFailed) and error.__cause__ is cause
+    assert str(error) == (
+        "dispatch 'job' failed: ZeroDivisionError: boom\n"
+        "Fix: inspect the chained exception; check inputs and backend health"
+    )
+    assert hooked == [pending]
+    assert wait_for_callbacks(BOUND_S)
+    assert called_back == [pending]
+
+
+# Kills: xǁDispatchCompleterǁfail__mutmut_2, 3; xǁ_Coreǁexpire__mutmut_4, 7, 8, 9, 10, 11.
+def test_failing_past_the_deadline_is_a_timeout_that_names_the_timeout_and_fix() -> None:
+    pending, completer = PendingDispatch.create(
+        timeout=1.5, label="late", created=time.monotonic() - 10.0
+    )
+    called_back: list[PendingDispatch] = []
+    pending.add_done_callback(called_back.append)
+    assert completer.fail(ZeroDivisionError("boom")) is False  # too late: not its outcome
+    error = pending.exception()
+    assert isinstance(error, DispatchTimeout)
+    assert error.timeout == 1.5  # type: ignore[attr-defined]  # (set from its context)
+    assert str(error) == (
+        "dispatch 'late' did not finish within its timeout of 1.5 s (counted from dispatch())\n"
+        "Fix: raise DispatchConfig.timeout or split the work into smaller dispatches"
+    )
+    assert wait_for_callbacks(BOUND_S)
+    assert called_back == [pending]
+
+
+# Kills: xǁPendingDispatchǁadd_done_callback__mutmut_4, 6, 7, 8, 9.
+def test_a_done_callback_that_is_not_callable_is_refused_with_the_fix() -> None:
+    pending, _ = PendingDispatch.create()
+    with pytest.raises(InvalidProgram) as info:
+        pending.add_done_callback(42)  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "add_done_callback needs a callable, got 42\n"
+        "Fix: pass a function taking the PendingDispatch"
+    )
+
+
+# Kills: x_wait_for_callbacks__mutmut_3, 6, 7.
+def test_wait_for_callbacks_refuses_a_timeout_that_is_not_seconds_with_an_example() -> None:
+    with pytest.raises(InvalidProgram) as info:
+        wait_for_callbacks(float("nan"))
+    assert str(info.value).endswith("\nFix: pass e.g. wait_for_callbacks(timeout=5.0)")
+
+
+# Kills: x__running_library__mutmut_2, 3.
+def test_result_inside_a_running_asyncio_loop_is_refused_naming_asyncio() -> None:
+    async def main() -> str:
+        pending, _ = PendingDispatch.create()
+        with pytest.raises(RuntimeError) as info:
+            pending.result()
+        return str(info.value)
+
+    assert asyncio.run(main()) == (
+        "PendingDispatch.result() would block the running asyncio event loop\n"
+        "Fix: use `await pending` inside async code "
+        "(or PendingDispatch.result() from a worker thread)"
+    )
+
+
+# Kills: xǁPendingDispatchǁ_wait_trio__mutmut_6..12.
+def test_awaiting_outside_asyncio_and_trio_says_how_to_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(sys.modules, "trio")  # (restored after the test)
+    pending, _ = PendingDispatch.create()
+    coroutine = _await(pending)
+    with pytest.raises(RuntimeError) as info:
+        coroutine.send(None)  # no event loop runs this coroutine
+    coroutine.close()
+    assert str(info.value) == (
+        "a PendingDispatch can only be awaited inside an asyncio or trio event loop\n"
+        "Fix: await it from async code, or call pending.result() from plain code"
+    )
+
+
+# Kills: x__wait__mutmut_16.
+def test_result_with_a_short_timeout_gives_up_after_about_that_long() -> None:
+    pending, _ = PendingDispatch.create(label="slow")
+    started = time.monotonic()
+    with pytest.raises(TimeoutError) as info:
+        pending.result(timeout=0.01)
+    assert time.monotonic() - started < 0.9  # not a second-long minimum wait
+    assert type(info.value) is TimeoutError  # the dispatch's own deadline did not pass
+    assert str(info.value) == (
+        "dispatch 'slow' not finished after 0.01 s of waiting; "
+        "it keeps running and its result can still be taken"
+    )
+
+
+# The record: annotations, phases, hooks ---------------------------------------------
+# Kills: xǁDispatchCompleterǁannotate__mutmut_2, 3, 4; xǁDispatchCompleterǁrecord_phase__mutmut_3.
+def test_annotations_and_phases_accumulate_on_the_record() -> None:
+    pending, completer = PendingDispatch.create()
+    completer.annotate("vyre.stream", 3)
+    completer.annotate("vyre.policy.order", "kept")
+    completer.record_phase("vyre.compile", 1, 2)
+    completer.record_phase("vyre.launch", 3, 4)
+    assert pending.record.attributes == {"vyre.stream": 3, "vyre.policy.order": "kept"}
+    assert pending.record.phases == [("vyre.compile", 1, 2), ("vyre.launch", 3, 4)]
+
+
+# Kills: x_settle_hook__mutmut_5.
+def test_every_settle_hook_runs_in_order_with_the_dispatch(
+    reported: list[BaseException | None],
+) -> None:
+    pending, completer = PendingDispatch.create()
+    ran: list[tuple[str, PendingDispatch]] = []
+    settle_hook(pending, lambda p: ran.append(("first", p)))
+    settle_hook(pending, lambda p: ran.append(("second", p)))
+    assert completer.resolve(OUT)
+    assert ran == [("first", pending), ("second", pending)]
+    assert reported == []
+
+
+# Kills: x_defer_to_callbacks__mutmut_2; xǁ_CallbackThreadǁ_running__mutmut_11, 14, 17.
+def test_deferred_work_runs_on_the_daemon_callback_thread_with_its_dispatch() -> None:
+    pending, _ = PendingDispatch.create()
+    got: list[tuple[PendingDispatch, str, bool]] = []
+
+    def work(p: PendingDispatch) -> None:
+        thread = threading.current_thread()
+        got.append((p, thread.name, thread.daemon))
+
+    defer_to_callbacks(pending, work)
+    assert wait_for_callbacks(BOUND_S)
+    # A daemon: a callback that blocks never keeps the interpreter from exiting.
+    assert got == [(pending, "vyre-callbacks", True)]
+
+
+# Deadlines --------------------------------------------------------------------------
+# Kills: xǁDispatchCompleterǁshould_stop__mutmut_4, xǁ_StopFlagǁis_set__mutmut_4,
+# xǁ_Coreǁpast_deadline__mutmut_3 (and the same boundary in done() and resolve()).
+def test_a_dispatch_is_past_its_deadline_from_the_deadline_instant_on(clock: Clock) -> None:
+    pending, completer = PendingDispatch.create(timeout=2.0, created=clock.now)
+    flagged, flagged_completer = PendingDispatch.create(timeout=2.0, created=clock.now)
+    flag = flagged_completer.stop_requested  # made before the deadline: it reads the clock
+    clock.now += 1.75
+    assert not completer.should_stop() and not flag.is_set() and not pending.done()
+    clock.now += 0.25  # exactly the deadline
+    assert completer.should_stop()  # (no stop flag was made for this one)
+    assert flag.is_set() and flagged.stop_requested.is_set()
+    assert completer.fail(ZeroDivisionError("boom")) is False
+    assert isinstance(pending.exception(), DispatchTimeout)
+
+    resolved, completer = PendingDispatch.create(timeout=0.5, created=clock.now - 0.5)
+    assert completer.resolve(OUT) is False
+    assert isinstance(resolved.exception(), DispatchTimeout)
+    looked_at, _ = PendingDispatch.create(timeout=0.5, created=clock.now - 0.5)
+    assert looked_at.done()
+
+
+# Kills: xǁPendingDispatchǁ_wait_asyncio__mutmut_22, xǁPendingDispatchǁ_wait_trio__mutmut_31.
+@pytest.mark.anyio
+async def test_a_deadline_that_fires_while_awaiting_hands_callbacks_the_dispatch() -> None:
+    pending, _ = PendingDispatch.create(timeout=0.2, label="slow")
+    called_back: list[PendingDispatch] = []
+    pending.add_done_callback(called_back.append)
+    with pytest.raises(DispatchTimeout):
+        await pending  # parks at once; the deadline wakes it
+    assert await anyio.to_thread.run_sync(wait_for_callbacks, BOUND_S)
+    assert called_back == [pending]
+
+
+# Cancelled awaiters -----------------------------------------------------------------
+# Kills: xǁPendingDispatchǁ_await_cancelled__mutmut_3, 5, 7, 8, 9, 10.
+@pytest.mark.anyio
+async def test_cancelling_a_parked_awaiter_tells_the_record_once_with_the_dispatch(
+    reported: list[BaseException | None],
+) -> None:
+    pending, completer = PendingDispatch.create()
+    told: list[PendingDispatch] = []
+    pending.record.on_await_cancelled = told.append
+    with anyio.move_on_after(0.05):
+        await pending
+    assert told == [pending] and not pending.done()
+    assert completer.resolve(OUT)
+    assert (await pending)[0].tolist() == [0, 1, 2, 3]
+    assert told == [pending] and reported == []
+
+
+# Kills: xǁPendingDispatchǁ_poll_turns__mutmut_14, 16, 18, 19, 20, 21.
+def test_cancelling_a_polling_awaiter_stops_the_poll_and_tells_the_record(
+    reported: list[BaseException | None],
+) -> None:
+    pending, completer = PendingDispatch.create()
+    told: list[PendingDispatch] = []
+    pending.record.on_await_cancelled = told.append
+    gave_up: list[int] = []
+    calls = 0
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+
+        def check() -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 3:  # the awaiting task is polling between its turns
+                task.cancel()
+
+        completer.poll_with(check, budget_s=60.0, give_up=lambda: gave_up.append(calls))
+        with pytest.raises(asyncio.CancelledError):
+            await pending
+
+    asyncio.run(main())
+    assert told == [pending] and gave_up == [3] and reported == []
+    assert completer.resolve(OUT) and pending.result()[0].tolist() == [0, 1, 2, 3]
+
+
+# Polling ----------------------------------------------------------------------------
+def _poll_schedule(clock: Clock, *, budget_s: float, step_s: float) -> tuple[list[int], int]:
+    """The loop turns at which an awaiting asyncio task polled, and the turn it gave up.
+
+    Each poll moves the clock on by ``step_s``; a sibling task counts the turns
+    and settles the dispatch once the awaiting task gave up polling.
+    """
+    pending, completer = PendingDispatch.create()
+    turn = 0
+    polled_at: list[int] = []
+    gave_up: list[int] = []
+
+    def check() -> None:
+        polled_at.append(turn)
+        clock.now += step_s
+
+    completer.poll_with(check, budget_s=budget_s, give_up=lambda: gave_up.append(turn))
+
+    async def turns() -> None:
+        nonlocal turn
+        while not gave_up:
+            turn += 1
+            await asyncio.sleep(0)
+        completer.resolve(OUT)
+
+    async def main() -> None:
+        ticker = asyncio.create_task(turns())
+        await pending
+        await ticker
+
+    asyncio.run(main())
+    assert len(gave_up) == 1
+    return polled_at, gave_up[0]
+
+
+# Kills: xǁPendingDispatchǁ_poll_turns__mutmut_8, 9, 10, 24, 25, 30, 34, 36, 41, 42, 44.
+def test_an_awaiting_task_polls_every_turn_for_half_the_budget_then_every_2_then_4(
+    clock: Clock,
+) -> None:
+    polled_at, gave_up_at = _poll_schedule(clock, budget_s=1.0, step_s=0.125)
+    # done() looks once before the first turn (turn 0); the budget runs from there.
+    # Turns 1-4 poll each turn; at 0.5 s (half the budget, exactly) the gaps grow
+    # to 2, then 4; the poll at 1.0 s (the budget, exactly) is the last.
+    assert polled_at == [0, 1, 2, 3, 4, 6, 10, 14, 18]
+    assert gave_up_at == 18
+
+
+# Kills: xǁPendingDispatchǁ_poll_turns__mutmut_33.
+def test_polling_stops_at_the_deadline_instant(clock: Clock) -> None:
+    pending, completer = PendingDispatch.create(timeout=1.0, created=clock.now)
+    calls = 0
+    gave_up: list[int] = []
+
+    def check() -> None:
+        nonlocal calls
+        calls += 1
+        clock.now += 0.25  # the fourth poll lands on the deadline exactly
+
+    completer.poll_with(check, budget_s=60.0, give_up=lambda: gave_up.append(calls))
+
+    async def main() -> None:
+        with pytest.raises(DispatchTimeout):
+            await pending
+
+    asyncio.run(main())
+    assert gave_up == [4]
+
+
+# Waking waiters ---------------------------------------------------------------------
+# Kills: xǁ_AsyncioWaiterǁ__init____mutmut_3.
+def test_a_dispatch_settled_on_the_loop_thread_wakes_its_awaiter_without_an_extra_turn() -> None:
+    async def main() -> list[str]:
+        pending, completer = PendingDispatch.create()
+        order: list[str] = []
+
+        async def waiter() -> None:
+            await pending
+            order.append("awaiter resumed")
+
+        task = asyncio.create_task(waiter())
+        await asyncio.sleep(0)  # the waiter parks on its future
+        completer.resolve(OUT)  # on the loop's own thread: the future is set directly
+        await asyncio.sleep(0)
+        order.append("settler's next turn")
+        await task
+        return order
+
+    assert asyncio.run(main()) == ["awaiter resumed", "settler's next turn"]
+
+
+# Kills: xǁPendingDispatchǁ_wait_trio__mutmut_22.
+def test_a_trio_awaiter_cancelled_as_the_dispatch_settles_is_woken_once() -> None:
+    async def main() -> list[np.ndarray]:
+        pending, completer = PendingDispatch.create()
+        scope = trio.CancelScope()
+
+        async def waiter() -> None:
+            with scope:
+                await pending
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            scope.cancel()  # the waiter is rescheduled with Cancelled, still registered
+            assert completer.resolve(OUT)  # and is woken by the settle
+        return await pending  # (the cancelled await took nothing)
+
+    assert trio.run(main)[0].tolist() == [0, 1, 2, 3]
+
+
+# Kills: xǁ_TrioWaiterǁwake__mutmut_4.
+def test_settling_after_the_awaiting_trio_run_ended_reports_nothing(
+    reported: list[BaseException | None],
+) -> None:
+    pending, completer = PendingDispatch.create()
+    parked = threading.Event()
+    started: list[tuple[Any, trio.CancelScope]] = []
+
+    async def main() -> None:
+        async def waiter() -> None:
+            with trio.CancelScope() as scope:
+                started.append((trio.lowlevel.current_trio_token(), scope))
+                await pending
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            parked.set()
+
+    run = threading.Thread(target=trio.run, args=(main,))
+    run.start()
+    assert parked.wait(BOUND_S)
+
+    def end_the_run(_: PendingDispatch) -> None:
+        # Inline in settle, after it took the waiters and before it wakes them.
+        token, scope = started[0]
+        token.run_sync_soon(scope.cancel)
+        run.join(BOUND_S)
+
+    settle_hook(pending, end_the_run)
+    assert completer.resolve(OUT)
+    assert not run.is_alive()
+    assert reported == []  # waking a waiter whose run is over is no error
+
+
+# A broken error reporter, the callback thread -------------------------------------
+class _Unwritable(io.StringIO):
+    def __init__(self, error: type[BaseException]) -> None:
+        super().__init__()
+        self.error = error
+
+    def write(self, s: str) -> int:
+        raise self.error("this stream is broken on purpose")
+
+
+def _break_excepthook(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(args: threading.ExceptHookArgs) -> None:
+        raise RuntimeError("the reporter is broken on purpose")
+
+    monkeypatch.setattr(threading, "excepthook", broken)
+
+
+def _fails(_: PendingDispatch) -> None:
+    raise ValueError("this callback fails on purpose")
+
+
+# Kills: x__report_callback_error__mutmut_7, 9, 10.
+def test_a_broken_excepthook_falls_back_to_the_process_stderr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _break_excepthook(monkeypatch)
+    real, replaced = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "__stderr__", real)
+    monkeypatch.setattr(sys, "stderr", replaced)
+    pending, completer = PendingDispatch.create()
+    pending.add_done_callback(_fails)
+    completer.resolve(OUT)
+    assert wait_for_callbacks(BOUND_S)
+    assert "ValueError: this callback fails on purpose" in real.getvalue()
+    assert replaced.getvalue() == ""
+
+
+# Kills: x__report_callback_error__mutmut_5.
+def test_a_broken_excepthook_and_stderr_stop_neither_settling_nor_the_next_callbacks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _break_excepthook(monkeypatch)
+    monkeypatch.setattr(sys, "__stderr__", _Unwritable(OSError))
+    pending, completer = PendingDispatch.create()
+    ran: list[PendingDispatch] = []
+    settle_hook(pending, _fails)
+    pending.add_done_callback(_fails)
+    pending.add_done_callback(ran.append)
+    assert completer.resolve(OUT)  # the hook's error is lost, never raised here
+    assert wait_for_callbacks(BOUND_S)
+    assert ran == [pending]
+
+
+# Kills: xǁ_CallbackThreadǁ_running__mutmut_4, 7.
+def test_the_callback_thread_is_started_again_after_it_died(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Reporting a callback's error through a broken hook onto a stream that raises
+    # a BaseException is what can end the thread; the next callbacks still run.
+    _break_excepthook(monkeypatch)
+    monkeypatch.setattr(sys, "__stderr__", _Unwritable(KeyboardInterrupt))
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # (where threading reports its end)
+    threads: list[threading.Thread] = []
+    pending, completer = PendingDispatch.create()
+    pending.add_done_callback(lambda _: threads.append(threading.current_thread()))
+    pending.add_done_callback(_fails)
+    completer.resolve(OUT)
+    deadline = time.monotonic() + BOUND_S
+    while not threads and time.monotonic() < deadline:
+        time.sleep(0.001)
+    threads[0].join(BOUND_S)
+    assert not threads[0].is_alive()
+
+    monkeypatch.undo()
+    again, completer = PendingDispatch.create()
+    again.add_done_callback(lambda _: threads.append(threading.current_thread()))
+    completer.resolve(OUT)
+    assert wait_for_callbacks(5.0)
+    assert len(threads) == 2 and threads[1] is not threads[0]
+    assert threads[1].name == "vyre-callbacks"
+
+
+_FRESH_PROCESS = """
+import threading
+from vyre_async.pending import PendingDispatch, wait_for_callbacks
+
+print(wait_for_callbacks(timeout=5.0))  # nothing was ever queued: True at once
+pending, completer = PendingDispatch.create()
+pending.add_done_callback(
+    lambda p: print(threading.current_thread().name, p is pending, flush=True)
+)
+completer.resolve([])
+print(wait_for_callbacks(timeout=5.0))
+"""
+
+
+# Kills: xǁ_CallbackThreadǁ__init____mutmut_1, 2, 3; xǁ_CallbackThreadǁdrain__mutmut_2.
+def test_a_fresh_interpreter_runs_callbacks_and_waits_for_none_queued() -> None:
+    # Its own interpreter: the callback thread's state is made at import, and
+    # this process imported the package long before the test ran.
+    source = Path(pending_module.__file__).resolve().parents[1]
+    paths = [str(source), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    done = subprocess.run(
+        [sys.executable, "-c", _FRESH_PROCESS],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["True", "vyre-callbacks True", "True"], done.stderr
