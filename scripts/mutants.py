@@ -59,6 +59,9 @@ ID = "tests/driver/test_identity.py::"
 P = "tests/driver/test_pending.py::"
 PF = "tests/policies/test_prefetch.py::"
 PROM = "tests/telemetry/test_prometheus_exposition.py::"
+DIFF = (
+    "tests/reference/test_differential.py::test_every_enumerated_case_matches_the_slow_interpreter"
+)
 TIMELINE = "tests/test_timeline.py::test_any_trace_becomes_a_timeline_perfetto_nests_as_meant"
 TABLE = "tests/telemetry/test_attribute_table.py::test_every_documented_attribute_is_on_a_span_and_no_other[asyncio]"  # noqa: E501
 
@@ -439,6 +442,41 @@ MUTANTS: tuple[Mutant, ...] = (
         "return value.c if value.is_uniform else None",
         ("tests/reference/test_fast_paths.py",),
         "a constant reached by wrapping bounds a comparison unwrapped",
+    ),
+    # The reference engine's fast paths (issue 28): a value left a view of buffer memory, or
+    # an index window cut short. mutmut cannot make these (it does not drop a call it keeps
+    # the value of); the differential generators were built to catch them.
+    Mutant(
+        "reference-let-keeps-a-view",
+        "src/backends/vyre_reference/compile.py",
+        "frame.env[name] = _own(fn(frame))",
+        "frame.env[name] = fn(frame)",
+        (DIFF + "[alias]",),
+        "a let of a value read from a writable buffer (through a cast) changes with a later store",
+    ),
+    Mutant(
+        "reference-assign-keeps-a-view",
+        "src/backends/vyre_reference/compile.py",
+        "env[name] = _own(new) if alias else new",
+        "env[name] = new",
+        (DIFF + "[alias]",),
+        "an assigned value read from a writable buffer changes with a later store",
+    ),
+    Mutant(
+        "reference-atomic-statement-load-keeps-a-view",
+        "src/backends/vyre_reference/compile.py",
+        "return _own(reader(frame.lanes, frame.state.arrays[buffer], index_fn(frame)))",
+        "return reader(frame.lanes, frame.state.arrays[buffer], index_fn(frame))",
+        (DIFF + "[alias]",),
+        "a load in a statement with an atomic sees the atomic's write to the same buffer",
+    ),
+    Mutant(
+        "reference-workgroup-window-rounded-down",
+        "src/backends/vyre_reference/memory.py",
+        "hi = min(nl, -(-(count - off) // b)) if count > off else 0",
+        "hi = min(nl, (count - off) // b) if count > off else 0",
+        (DIFF + "[index]",),
+        "a strided workgroup window drops its last lane at odd sizes (reads 0 there)",
     ),
     # 9. Formats read back by real parsers (issue 28): Prometheus text, OTLP/JSON, Perfetto.
     Mutant(
