@@ -19,8 +19,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -39,6 +40,7 @@ from vyre_async.pending import (
 )
 
 OUT = [np.arange(4, dtype=np.uint32)]
+T = TypeVar("T")
 BOUND_S = 10.0  # an upper bound for what happens at once (reached only when a test fails)
 
 
@@ -79,6 +81,11 @@ def reported(monkeypatch: pytest.MonkeyPatch) -> list[BaseException | None]:
 
 async def _await(pending: PendingDispatch) -> list[np.ndarray]:
     return await pending
+
+
+def _run(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)``, bounded: a broken wake-up fails the test instead of hanging it."""
+    return asyncio.run(asyncio.wait_for(main, BOUND_S))
 
 
 # What errors say -------------------------------------------------------------------
@@ -158,7 +165,7 @@ def test_result_inside_a_running_asyncio_loop_is_refused_naming_asyncio() -> Non
             pending.result()
         return str(info.value)
 
-    assert asyncio.run(main()) == (
+    assert _run(main()) == (
         "PendingDispatch.result() would block the running asyncio event loop\n"
         "Fix: use `await pending` inside async code "
         "(or PendingDispatch.result() from a worker thread)"
@@ -310,7 +317,7 @@ def test_cancelling_a_polling_awaiter_stops_the_poll_and_tells_the_record(
         with pytest.raises(asyncio.CancelledError):
             await pending
 
-    asyncio.run(main())
+    _run(main())
     assert told == [pending] and gave_up == [3] and reported == []
     assert completer.resolve(OUT) and pending.result()[0].tolist() == [0, 1, 2, 3]
 
@@ -335,7 +342,7 @@ def _poll_schedule(clock: Clock, *, budget_s: float, step_s: float) -> tuple[lis
 
     async def turns() -> None:
         nonlocal turn
-        while not gave_up:
+        while not gave_up and turn < 1000:
             turn += 1
             await asyncio.sleep(0)
         completer.resolve(OUT)
@@ -345,7 +352,7 @@ def _poll_schedule(clock: Clock, *, budget_s: float, step_s: float) -> tuple[lis
         await pending
         await ticker
 
-    asyncio.run(main())
+    _run(main())
     assert len(gave_up) == 1
     return polled_at, gave_up[0]
 
@@ -379,7 +386,7 @@ def test_polling_stops_at_the_deadline_instant(clock: Clock) -> None:
         with pytest.raises(DispatchTimeout):
             await pending
 
-    asyncio.run(main())
+    _run(main())
     assert gave_up == [4]
 
 
@@ -402,7 +409,7 @@ def test_a_dispatch_settled_on_the_loop_thread_wakes_its_awaiter_without_an_extr
         await task
         return order
 
-    assert asyncio.run(main()) == ["awaiter resumed", "settler's next turn"]
+    assert _run(main()) == ["awaiter resumed", "settler's next turn"]
 
 
 # Kills: xǁPendingDispatchǁ_wait_trio__mutmut_22.
@@ -415,11 +422,12 @@ def test_a_trio_awaiter_cancelled_as_the_dispatch_settles_is_woken_once() -> Non
             with scope:
                 await pending
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(waiter)
-            await trio.testing.wait_all_tasks_blocked()
-            scope.cancel()  # the waiter is rescheduled with Cancelled, still registered
-            assert completer.resolve(OUT)  # and is woken by the settle
+        with trio.fail_after(BOUND_S):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter)
+                await trio.testing.wait_all_tasks_blocked()
+                scope.cancel()  # the waiter is rescheduled with Cancelled, still registered
+                assert completer.resolve(OUT)  # and is woken by the settle
         return await pending  # (the cancelled await took nothing)
 
     assert trio.run(main)[0].tolist() == [0, 1, 2, 3]
@@ -439,10 +447,11 @@ def test_settling_after_the_awaiting_trio_run_ended_reports_nothing(
                 started.append((trio.lowlevel.current_trio_token(), scope))
                 await pending
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(waiter)
-            await trio.testing.wait_all_tasks_blocked()
-            parked.set()
+        with trio.fail_after(BOUND_S):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter)
+                await trio.testing.wait_all_tasks_blocked()
+                parked.set()
 
     run = threading.Thread(target=trio.run, args=(main,))
     run.start()
@@ -461,6 +470,10 @@ def test_settling_after_the_awaiting_trio_run_ended_reports_nothing(
 
 
 # A broken error reporter, the callback thread -------------------------------------
+class _Unreportable(BaseException):
+    """Not an Exception, like KeyboardInterrupt, yet a plain test failure where pytest sees it."""
+
+
 class _Unwritable(io.StringIO):
     def __init__(self, error: type[BaseException]) -> None:
         super().__init__()
@@ -520,16 +533,20 @@ def test_the_callback_thread_is_started_again_after_it_died(
     # Reporting a callback's error through a broken hook onto a stream that raises
     # a BaseException is what can end the thread; the next callbacks still run.
     _break_excepthook(monkeypatch)
-    monkeypatch.setattr(sys, "__stderr__", _Unwritable(KeyboardInterrupt))
+    monkeypatch.setattr(sys, "__stderr__", _Unwritable(_Unreportable))
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # (where threading reports its end)
     threads: list[threading.Thread] = []
+    first_ran = threading.Event()
+
+    def first(_: PendingDispatch) -> None:
+        threads.append(threading.current_thread())
+        first_ran.set()
+
     pending, completer = PendingDispatch.create()
-    pending.add_done_callback(lambda _: threads.append(threading.current_thread()))
+    pending.add_done_callback(first)
     pending.add_done_callback(_fails)
     completer.resolve(OUT)
-    deadline = time.monotonic() + BOUND_S
-    while not threads and time.monotonic() < deadline:
-        time.sleep(0.001)
+    assert first_ran.wait(BOUND_S)
     threads[0].join(BOUND_S)
     assert not threads[0].is_alive()
 
