@@ -959,14 +959,15 @@ def _run_callback(fn: Callable[[PendingDispatch], None], pending: PendingDispatc
 def _report_callback_error(exc: BaseException) -> None:
     """Report an exception a done-callback raised through `threading.excepthook`.
 
-    A hook that raises itself (a broken error reporter) falls back to stderr:
-    reporting must never stop the thread that reports.
+    A hook that raises itself (a broken error reporter) falls back to stderr;
+    whatever that write raises is dropped: reporting must never stop the thread
+    that reports (nor the next callbacks of its dispatch).
     """
     args = threading.ExceptHookArgs((type(exc), exc, exc.__traceback__, threading.current_thread()))
     try:
         threading.excepthook(args)
     except BaseException:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(BaseException):
             import traceback  # (rarely needed: not paid at import)
 
             traceback.print_exception(exc, file=sys.__stderr__ or sys.stderr)
