@@ -210,6 +210,20 @@ NAN = float("nan")
         ),
         ({"arrayValue": {"values": [{"doubleValue": NAN}]}}, [NAN], ["nan"]),
         ({"arrayValue": {}}, [], []),  # (an empty repeated field is left out)
+        ({"doubleValue": "NaN"}, NAN, "nan"),  # (proto3 JSON writes non-finite doubles so)
+        ({"doubleValue": "-Infinity"}, float("-inf"), "-inf"),
+        ({"doubleValue": 3}, 3.0, 3.0),
+        (
+            {"kvlistValue": {"values": [{"key": "a", "value": {"intValue": "1"}}, {"key": "b"}]}},
+            {"a": 1, "b": None},
+            {"a": 1, "b": None},
+        ),
+        (
+            {"kvlistValue": {"values": [{"key": "x", "value": {"doubleValue": NAN}}]}},
+            {"x": NAN},
+            {"x": "nan"},
+        ),
+        ({"bytesValue": "AAE="}, "AAE=", "AAE="),  # (bytes: their base64 text)
         ({}, None, None),  # (a value of no kind)
     ],
     ids=repr,
@@ -574,17 +588,48 @@ def test_a_deep_chain_converts_in_linear_time() -> None:
 # --- Writing --------------------------------------------------------------------------------
 
 
-def test_the_file_written_never_holds_nan() -> None:
-    """A damaged value (an object where a string goes) holding NaN: nothing written is NaN.
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"stringValue": {"x": NAN}},  # (an object where a string goes, holding NaN)
+        {"stringValue": 5},
+        {"boolValue": "true"},
+        {"boolValue": 1},
+        {"doubleValue": "2.5"},
+        {"doubleValue": True},
+        {"doubleValue": None},
+        {"intValue": "1.5"},
+        {"intValue": 2.5},
+        {"intValue": False},
+        {"bytesValue": 7},
+        {"arrayValue": {"values": [{"stringValue": []}]}},
+        {"kvlistValue": {"values": [{"key": 1, "value": {"intValue": "1"}}]}},
+    ],
+    ids=repr,
+)
+def test_a_value_of_the_wrong_type_for_its_kind_is_damage_reported_by_line(
+    value: dict[str, Any],
+) -> None:
+    """Its span is skipped and its line reported; the rest is converted and valid JSON.
 
-    (The conversion raises ValueError here, leaving the output cut short: reported as a
-    bug, not asserted.) Kills: x_write_timeline__mutmut_7/10/11 (allow_nan dropped).
+    (It used to pass through: an object holding NaN made the conversion raise and left
+    the output cut short.) Kills: x_write_timeline__mutmut_7/10/11 (allow_nan dropped).
     """
-    value = {"stringValue": {"x": NAN}}
+    bad = otlp_line(otlp_span("a", attributes={"k": value}))
+    good = otlp_line(otlp_span("b", attributes={"k": {"stringValue": "fine"}}))
     target = io.StringIO()
-    with contextlib.suppress(ValueError):
-        write_timeline(io.StringIO(otlp_line(otlp_span("a", attributes={"k": value}))), target)
-    assert "NaN" not in target.getvalue()
+    report = write_timeline(io.StringIO(bad + "\n" + good + "\n"), target)
+    assert report.skipped_lines == (1,) and report.spans == 1
+    written = target.getvalue()
+    assert "NaN" not in written
+    assert [e["args"]["span_id"] for e in json.loads(written)["traceEvents"] if e["ph"] == "X"] == [
+        "b"
+    ]
+
+
+def test_an_attribute_key_that_is_not_a_string_is_damage() -> None:
+    line = otlp_line(otlp_span("a") | {"attributes": [{"key": 3, "value": {"intValue": "1"}}]})
+    assert read_otlp_json([line]) == ([], [1])
 
 
 @pytest.mark.skipif(bool(sys.flags.utf8_mode), reason="UTF-8 mode reads every file as UTF-8")

@@ -97,19 +97,44 @@ _MAX_DEPTH = 255
 
 
 def _value(raw: Mapping[str, Any]) -> Any:
-    """An OTLP ``AnyValue`` as a Python value."""
-    for key in ("stringValue", "boolValue", "doubleValue"):
-        if key in raw:
-            return raw[key]
+    """An OTLP ``AnyValue`` as a Python value, or None for a value of no kind.
+
+    The kinds as the OTLP/JSON mapping writes them: a string, a bool, a double (a
+    number, or ``"NaN"``, ``"Infinity"``, ``"-Infinity"``), a 64-bit int (a
+    decimal string or a number), an array, a key-value list (read as a dict)
+    and bytes (kept as their base64 text). A value of the wrong type for its
+    kind is damage (``TypeError`` or ``ValueError``): its span is skipped and
+    its line reported, as for any other damage.
+    """
+    if "stringValue" in raw:
+        return _typed(raw["stringValue"], str)
+    if "boolValue" in raw:
+        return _typed(raw["boolValue"], bool)
+    if "doubleValue" in raw:
+        double = raw["doubleValue"]
+        if isinstance(double, str) and double not in ("NaN", "Infinity", "-Infinity"):
+            raise ValueError(f"not a double: {double!r}")
+        return float(_typed(double, int | float | str))
     if "intValue" in raw:
-        return int(raw["intValue"])
+        return int(_typed(raw["intValue"], int | str))
     if "arrayValue" in raw:
         return [_value(v) for v in raw["arrayValue"].get("values", ())]
+    if "kvlistValue" in raw:
+        return _attributes(raw["kvlistValue"].get("values", ()))
+    if "bytesValue" in raw:
+        return _typed(raw["bytesValue"], str)
     return None
 
 
+def _typed(value: Any, kind: Any) -> Any:
+    """``value`` when it is a ``kind`` (never a bool where a number goes), else TypeError."""
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise TypeError(f"an attribute value of the wrong type: {value!r}")
+    return value
+
+
 def _attributes(items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    return {item["key"]: _value(item.get("value", {})) for item in items}
+    return {_typed(item["key"], str): _value(item.get("value", {})) for item in items}
 
 
 def read_otlp_json(lines: Iterable[str]) -> tuple[list[Span], list[int]]:
@@ -215,6 +240,8 @@ def _json_value(value: Any) -> Any:
         return str(value)  # (NaN is not JSON)
     if isinstance(value, list):
         return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {key: _json_value(v) for key, v in value.items()}
     return value
 
 
@@ -440,7 +467,7 @@ def write_timeline(source: TextIO, target: TextIO) -> TimelineReport:
     """Convert the OTLP-JSON lines of ``source`` into trace-event JSON written to ``target``."""
     spans, skipped = read_otlp_json(source)
     document = to_trace_events(spans)
-    json.dump(document, target, allow_nan=False)
+    target.write(json.dumps(document, allow_nan=False))  # (whole: nothing half written)
     events = document["traceEvents"]
     tracks = sum(1 for e in events if e.get("name") == "thread_name")
     return TimelineReport(
@@ -455,13 +482,16 @@ def write_timeline(source: TextIO, target: TextIO) -> TimelineReport:
 def convert(trace: str | Path, output: str | Path) -> TimelineReport:
     """Convert the file ``trace`` into ``output`` (see `write_timeline`).
 
-    The trace is read whole before ``output`` is opened, so a failure to read
-    it leaves ``output`` untouched.
+    The trace is read and converted whole before ``output`` is opened, so a
+    failure to read or convert it leaves ``output`` untouched.
 
     Raises:
         OSError: ``trace`` cannot be read or ``output`` written.
         UnicodeDecodeError: ``trace`` is not UTF-8 text.
     """
     text = Path(trace).read_text(encoding="utf-8")
+    converted = io.StringIO()
+    report = write_timeline(io.StringIO(text), converted)
     with open(output, "w", encoding="utf-8") as target:
-        return write_timeline(io.StringIO(text), target)
+        target.write(converted.getvalue())
+    return report
