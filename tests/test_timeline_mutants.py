@@ -647,3 +647,18 @@ def test_convert_reads_the_trace_as_utf8_whatever_the_locale(tmp_path: Path) -> 
     assert report.spans == 1
     document = json.loads(output.read_text(encoding="utf-8"))
     assert document["traceEvents"][0]["args"]["name"] == "café µs"
+
+
+def test_a_damaged_phase_of_a_very_long_dispatch_covers_it_exactly() -> None:
+    """A phase clamped to a dispatch of 2**52 ns and more ends at its end, not 1 ns short.
+
+    (The clamp went through float seconds and lost the last nanosecond past 2**51 ns.)
+    Kills: x__phase_slices__mutmut_48, _49 (the bound computed otherwise).
+    """
+    for length in (4253050134376719, 2**62 + 1, 10_000_000_000):
+        span = Span(
+            "t", "d", "", "vyre.dispatch", 0, length, "app", {"vyre.phase.compile_s": 1e300}
+        )
+        events = [e for e in to_trace_events([span])["traceEvents"] if e["ph"] == "X"]
+        durs = {e["cat"]: e["dur"] for e in events}
+        assert durs["vyre.phase"] == durs["vyre.dispatch"] == round(length / 1000.0, 3)

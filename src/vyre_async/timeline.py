@@ -285,9 +285,9 @@ def _phase_slices(span: Span) -> list[tuple[str, int, int, bool]]:
     durations = [
         (name, span.attributes.get(key)) for key, name in _PHASES if key in span.attributes
     ]
-    # (at most the span's length: a damaged 1e300 s must not overflow the arithmetic)
+    # (at most the span's length, exactly: a damaged 1e300 s must not overflow the arithmetic)
     known = [
-        (name, round(min(max(seconds, 0.0), (hi - lo) / 1e9) * 1e9))
+        (name, hi - lo if (ns := max(seconds, 0.0) * 1e9) >= hi - lo else round(ns))
         for name, d in durations
         if (seconds := _seconds(d)) is not None
     ]
