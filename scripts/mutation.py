@@ -130,7 +130,12 @@ PACKAGES: dict[str, Package] = {
         Package(
             "telemetry",
             ("vyre_async/telemetry.py", "vyre_async/tracing.py"),
-            ("tests/telemetry", "tests/policies/test_spans.py"),
+            (
+                "tests/telemetry",
+                "tests/policies/test_spans.py",
+                "tests/reliability/test_lost_spans.py",  # the file exporter, in process
+                "tests/reliability/test_raw_exceptions.py",
+            ),
         ),
         Package(
             "timeline", ("vyre_async/timeline.py",), ("tests/test_timeline.py", "tests/test_cli.py")
