@@ -420,6 +420,65 @@ def run_package(
     return result
 
 
+_CHECK_RUNNER = """
+import contextlib, io, json, os, sys
+import pytest
+names, args = json.loads(sys.argv[1]), sys.argv[2:]
+def run(name):
+    os.environ["MUTANT_UNDER_TEST"] = name
+    with contextlib.redirect_stdout(io.StringIO()):
+        return int(pytest.main(["-q", "-x", "-p", "no:cacheprovider", *args]))
+if run("") != 0:
+    sys.exit("the tests fail without a mutant: fix them first")
+verdicts = {}
+for name in names:
+    verdicts[name] = "killed" if run(name) != 0 else "survived"
+    print(name, verdicts[name], file=sys.stderr, flush=True)
+print(json.dumps(verdicts))
+"""
+
+
+def check_tests(package: Package, tests: list[str]) -> dict[str, str]:
+    """Run ``tests`` (pytest arguments, today's files) against the last run's open mutants.
+
+    The open mutants are those not caught and not listed as equivalent, and
+    those that crashed mutmut's forked runner (a segfault there may be the
+    runner's, not a test's verdict). They run one after another in one
+    process, from the rewritten copy the last run left (mutmut's trampolines
+    pick the mutant named in ``MUTANT_UNDER_TEST``). Nothing is recorded in the
+    run's results: a kill found here is confirmed by the next full run.
+    """
+    work = WORK / package.name
+    if not (work / "codes.json").exists():
+        raise SystemExit(
+            f"{package.name}: --check needs a previous run in {work}\n"
+            f"Fix: run scripts/mutation.py {package.name} first"
+        )
+    changed = _changed_sources(work, package)
+    if changed:
+        raise SystemExit(
+            f"{package.name}: the code changed since the last run ({', '.join(changed[:3])}); "
+            "its mutants are of the old code\n"
+            f"Fix: run scripts/mutation.py {package.name} first"
+        )
+    codes = json.loads((work / "codes.json").read_text(encoding="utf-8"))
+    crashed = [n for n, c in codes.items() if STATUS.get(c) == "segfault"]
+    names = sorted({*_to_rerun(work, package), *crashed})
+    env = {**os.environ, "PYTHONPATH": str(work / "mutants" / "src")}
+    done = subprocess.run(
+        [sys.executable, "-c", _CHECK_RUNNER, json.dumps(names), *tests],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{package.name}: --check failed (exit status {done.returncode})")
+    verdicts: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return verdicts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -437,7 +496,24 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="rerun the last run's mutants not caught and not equivalent, against today's tests",
     )
+    parser.add_argument(
+        "--check",
+        nargs="+",
+        metavar="PYTEST_ARG",
+        help="run these tests against one package's open mutants, in one process (triage)",
+    )
     args = parser.parse_args(argv)
+    if args.check:
+        if len(args.packages) != 1 or args.packages[0] not in PACKAGES:
+            print(
+                f"--check takes one package\nFix: choose from {', '.join(PACKAGES)}",
+                file=sys.stderr,
+            )
+            return 2
+        verdicts = check_tests(PACKAGES[args.packages[0]], args.check)
+        killed = sum(v == "killed" for v in verdicts.values())
+        print(json.dumps({"killed": killed, "open": len(verdicts), "verdicts": verdicts}))
+        return 0
     if args.list:
         for p in PACKAGES.values():
             print(

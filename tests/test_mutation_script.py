@@ -114,3 +114,61 @@ def test_reuse_without_a_previous_run_is_refused_with_a_fix(
         )
     assert "--reuse needs a previous run" in str(info.value)
     assert "Fix: run scripts/mutation.py config without --reuse first" in str(info.value)
+
+
+FAKE_MUTATED = """
+import os
+
+
+def f(a):
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    if mutant.endswith("_2"):
+        return a + 2  # the one the test below sees
+    return a * 2
+"""
+
+
+def test_check_runs_tests_against_each_open_mutant_in_one_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mutation, "WORK", tmp_path / "work")
+    monkeypatch.setattr(mutation, "EQUIVALENT", tmp_path / "equivalent")
+    work = tmp_path / "work" / "fake"
+    source = work / "mutants" / "src" / "fakepkg"
+    source.mkdir(parents=True)
+    (source / "__init__.py").write_text(FAKE_MUTATED, encoding="utf-8")
+    codes = {
+        "fakepkg.x_f__mutmut_1": 0,  # survived: open
+        "fakepkg.x_f__mutmut_2": 33,  # no tests: open
+        "fakepkg.x_f__mutmut_3": -11,  # crashed the forked runner: open
+        "fakepkg.x_f__mutmut_4": 1,  # killed: not rerun
+    }
+    (work / "codes.json").write_text(json.dumps(codes), encoding="utf-8")
+    test = tmp_path / "test_fake.py"
+    test.write_text("from fakepkg import f\n\n\ndef test_f():\n    assert f(3) == 6\n")
+    package = mutation.Package("fake", ("fakepkg/*",), ())
+    assert mutation.check_tests(package, [str(test)]) == {
+        "fakepkg.x_f__mutmut_1": "survived",
+        "fakepkg.x_f__mutmut_2": "killed",
+        "fakepkg.x_f__mutmut_3": "survived",
+    }
+    test.write_text("from fakepkg import f\n\n\ndef test_f():\n    assert f(3) == 7\n")
+    with pytest.raises(SystemExit, match="--check failed"):
+        mutation.check_tests(package, [str(test)])  # the tests fail without a mutant
+
+
+def test_check_needs_a_run_of_todays_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(mutation, "WORK", tmp_path)
+    with pytest.raises(SystemExit) as info:
+        mutation.check_tests(mutation.PACKAGES["config"], ["tests/test_cli.py"])
+    assert "--check needs a previous run" in str(info.value)
+    assert "Fix: run scripts/mutation.py config first" in str(info.value)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "codes.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(SystemExit) as info:  # no copy of config.py: the code changed
+        mutation.check_tests(mutation.PACKAGES["config"], ["tests/test_cli.py"])
+    assert "the code changed since the last run (vyre_async/config.py" in str(info.value)
+    assert mutation.main(["config", "cache", "--check", "tests/test_cli.py"]) == 2
+    assert "--check takes one package" in capsys.readouterr().err
