@@ -51,8 +51,12 @@ _OTLP_MODULE = "opentelemetry.exporter.otlp.proto.http.trace_exporter"
 
 
 @pytest.fixture(autouse=True)
-def _no_otel_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every OTEL_* variable unset: each test sets the ones it is about."""
+def _no_otel_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Every OTEL_* variable unset (each test sets the ones it is about), in a folder of its own.
+
+    (A relative trace file, such as a mutant may make, lands in ``tmp_path``.)
+    """
+    monkeypatch.chdir(tmp_path)
     for name in list(os.environ):
         if name.startswith("OTEL_"):
             monkeypatch.delenv(name)
@@ -165,7 +169,6 @@ def test_a_bad_export_timeout_names_the_argument_and_an_example(bad: float) -> N
 def test_console_prints_each_span_as_it_ends(
     installed: list[TracerProvider], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.chdir(tmp_path)  # (nothing may be written here)
     out = io.StringIO()
     monkeypatch.setattr(tracing, "ConsoleSpanExporter", lambda: ConsoleSpanExporter(out=out))
     provider = _configure(installed, "console")
@@ -206,7 +209,6 @@ def test_file_installs_a_batch_processor_writing_otlp_json_lines(
 def test_a_one_letter_relative_file_is_a_path_in_the_working_folder(
     installed: list[TracerProvider], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.chdir(tmp_path)
     provider = _configure(installed, "file:x")
     provider.get_tracer("t").start_span("s").end()
     provider.force_flush()
