@@ -138,7 +138,9 @@ PACKAGES: dict[str, Package] = {
             ),
         ),
         Package(
-            "timeline", ("vyre_async/timeline.py",), ("tests/test_timeline.py", "tests/test_cli.py")
+            "timeline",
+            ("vyre_async/timeline.py",),
+            ("tests/test_timeline.py", "tests/test_timeline_mutants.py", "tests/test_cli.py"),
         ),
         Package(
             "testing", ("vyre_async/testing/*",), ("tests/contract", "tests/test_testing_plugin.py")

@@ -172,3 +172,14 @@ def test_check_needs_a_run_of_todays_code(
     assert "the code changed since the last run (vyre_async/config.py" in str(info.value)
     assert mutation.main(["config", "cache", "--check", "tests/test_cli.py"]) == 2
     assert "--check takes one package" in capsys.readouterr().err
+
+
+def test_every_test_file_written_for_mutants_is_run_by_a_package() -> None:
+    # A triage file left out of its package's tests kills nothing in the next run.
+    covered = {test for package in mutation.PACKAGES.values() for test in package.tests}
+    for path in (ROOT / "tests").rglob("test_*_mutants.py"):
+        relative = path.relative_to(ROOT)
+        assert any(
+            str(relative) == test or str(relative).startswith(test.rstrip("/") + "/")
+            for test in covered
+        ), relative
