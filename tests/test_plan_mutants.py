@@ -538,3 +538,13 @@ def test_count_of_refuses_a_plan_whose_counts_do_not_match_its_buffers() -> None
     assert short.count_of("a") == 4
     with pytest.raises(ValueError, match="zip"):
         short.count_of("out")
+
+
+def test_a_plan_lists_the_programs_inputs_and_outputs_in_order() -> None:
+    # Backends bind uploads by plan.inputs and read results by plan.outputs.
+    # Kills x_plan_dispatch__mutmut_79, 80 (either left None).
+    p = elementwise_xor(64)
+    plan = plan_dispatch(p, [64, 64])
+    assert plan.inputs == p.inputs and len(plan.inputs) == 2
+    assert plan.outputs == p.outputs and len(plan.outputs) == 1
+    assert [plan.count_of(d.name) for d in plan.outputs] == [64]
