@@ -272,10 +272,12 @@ def _results(work: Path) -> dict[str, int | None]:
 def _functions(path: Path) -> dict[str, str]:
     """Every function of a mutmut-rewritten file by name (the original and each mutant)."""
     source = path.read_text(encoding="utf-8")
+    lines = source.splitlines()  # (once: ast.get_source_segment splits the file on every call)
     found: dict[str, str] = {}
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and "__mutmut_" in node.name:
-            found[node.name] = ast.get_source_segment(source, node) or ""
+            end = node.end_lineno or node.lineno
+            found[node.name] = "\n".join(lines[node.lineno - 1 : end])
     return found
 
 
