@@ -212,6 +212,8 @@ NAN = float("nan")
         ({"arrayValue": {}}, [], []),  # (an empty repeated field is left out)
         ({"doubleValue": "NaN"}, NAN, "nan"),  # (proto3 JSON writes non-finite doubles so)
         ({"doubleValue": "-Infinity"}, float("-inf"), "-inf"),
+        ({"doubleValue": "Infinity"}, float("inf"), "inf"),
+        ({"kvlistValue": {}}, {}, {}),  # (an empty repeated field is left out)
         ({"doubleValue": 3}, 3.0, 3.0),
         (
             {"kvlistValue": {"values": [{"key": "a", "value": {"intValue": "1"}}, {"key": "b"}]}},
