@@ -366,10 +366,13 @@ def run_package(
             if "failed to collect stats" in done.stdout
             else f"mutmut exited with status {done.returncode}"
         )
-        raise SystemExit(
-            f"{package.name}: {why} (see {work / 'mutmut.log'})\n"
-            f"Fix: make `pytest {' '.join(package.tests)}` pass at HEAD, then run it again"
+        fix = (
+            f"run scripts/mutation.py {package.name} without --reuse (today's tests run on the "
+            "last run's copy of the code, and code they test changed since)"
+            if reuse
+            else f"make `pytest {' '.join(package.tests)}` pass at HEAD, then run it again"
         )
+        raise SystemExit(f"{package.name}: {why} (see {work / 'mutmut.log'})\nFix: {fix}")
     codes = _results(work)
     kept = work / "codes.json"  # every mutant's last verdict: a --reuse run checks only some
     if reuse and kept.exists():
