@@ -1125,3 +1125,20 @@ def _no_leak() -> Iterator[None]:
     """Every test leaves telemetry on with the span detail."""
     yield
     assert telemetry.is_enabled() and telemetry.trace_detail() == "span"
+
+
+def test_a_rejection_that_telemetry_fails_to_record_is_reported_never_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Kills x_fail_before_launch__mutmut_10 (_report(None): reporting itself raised).
+    bug = RuntimeError("telemetry's own bug")
+
+    def broken(*_: Any) -> None:
+        raise bug
+
+    reported: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(telemetry, "_record_rejection", broken)
+    monkeypatch.setattr(threading, "excepthook", reported.append)
+    started: Any = SimpleNamespace(record=None)
+    telemetry.fail_before_launch(started, InvalidProgram("bad"), "scripted", XOR)
+    assert [(r.exc_type, r.exc_value) for r in reported] == [(RuntimeError, bug)]
