@@ -307,7 +307,6 @@ async def test_telemetry_can_be_switched_off(
 ) -> None:
     from vyre_async import telemetry
 
-    before = reader.get_metrics_data()
     telemetry.set_enabled(False)
     try:
         assert not telemetry.is_enabled()
@@ -320,7 +319,6 @@ async def test_telemetry_can_be_switched_off(
     assert telemetry.is_enabled()
     await backend.dispatch(XOR, INPUTS)
     assert len(_dispatch_spans(spans)) == 1
-    assert before is not None
 
 
 def test_dispatch_attributes_block_lands_on_the_spans_inside_it(

@@ -1142,3 +1142,15 @@ def test_a_rejection_that_telemetry_fails_to_record_is_reported_never_raised(
     started: Any = SimpleNamespace(record=None)
     telemetry.fail_before_launch(started, InvalidProgram("bad"), "scripted", XOR)
     assert [(r.exc_type, r.exc_value) for r in reported] == [(RuntimeError, bug)]
+
+
+@pytest.mark.parametrize("bad", ["off", 0, None])
+def test_set_enabled_refuses_anything_but_a_bool_with_its_fix(bad: Any) -> None:
+    # Kills x_set_enabled__mutmut_5, 6 (the Fix dropped or changed).
+    with pytest.raises(InvalidProgram) as caught:
+        telemetry.set_enabled(bad)
+    assert str(caught.value) == (
+        f"set_enabled takes True or False, got {bad!r}\n"
+        "Fix: pass set_enabled(False) to turn telemetry off"
+    )
+    assert telemetry.is_enabled()
