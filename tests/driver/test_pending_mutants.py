@@ -609,3 +609,57 @@ def test_a_fresh_interpreter_runs_callbacks_and_waits_for_none_queued() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["True", "vyre-callbacks True", "True"], done.stderr
+
+
+def test_annotate_all_adds_attributes_as_annotate_does_each() -> None:
+    # Kills xǁDispatchCompleterǁannotate_all__mutmut_1-5.
+    pending, completer = PendingDispatch.create()
+    completer.annotate_all({"vyre.stream": 1, "vyre.policy.a": "x"})
+    assert pending.record.attributes == {"vyre.stream": 1, "vyre.policy.a": "x"}
+    completer.annotate_all({"vyre.policy.a": "y", "vyre.policy.b": True})
+    assert pending.record.attributes == {
+        "vyre.stream": 1,
+        "vyre.policy.a": "y",
+        "vyre.policy.b": True,
+    }
+    given = {"k": 1}
+    other, completer = PendingDispatch.create()
+    completer.annotate_all(given)
+    given["k"] = 2  # the record keeps its own copy
+    assert other.record.attributes == {"k": 1}
+
+
+def test_the_queueing_time_ends_when_execution_starts() -> None:
+    # Kills xǁDispatchCompleterǁmark_started__mutmut_1.
+    pending, completer = PendingDispatch.create()
+    completer.mark_started()
+    completer.resolve(OUT)
+    timing = pending.timing
+    assert timing is not None and timing.queue_s is not None
+    assert 0.0 <= timing.queue_s <= timing.wall_s
+    unstarted, completer = PendingDispatch.create()
+    completer.resolve(OUT)
+    assert unstarted.timing is not None and unstarted.timing.queue_s is None
+
+
+def test_repr_says_taken_once_the_result_was_taken() -> None:
+    # Kills xǁPendingDispatchǁ__repr____mutmut_3, 5, 6.
+    pending, completer = PendingDispatch.create(label="r")
+    completer.resolve(OUT)
+    assert not repr(pending).endswith(" taken>")
+    pending.result()
+    assert repr(pending) == "<PendingDispatch 'r' taken>"
+
+
+def test_result_inside_a_running_trio_run_is_refused_naming_trio() -> None:
+    # Kills x__running_library__mutmut_9, 10.
+    pending, completer = PendingDispatch.create()  # not settled: result() would block
+
+    async def inside() -> str:
+        with pytest.raises(RuntimeError) as caught:
+            pending.result()
+        return str(caught.value)
+
+    message = trio.run(inside)
+    completer.resolve(OUT)
+    assert " would block the running trio event loop\n" in message
