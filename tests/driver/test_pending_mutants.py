@@ -636,7 +636,7 @@ def test_the_queueing_time_ends_when_execution_starts() -> None:
     completer.resolve(OUT)
     timing = pending.timing
     assert timing is not None and timing.queue_s is not None
-    assert 0.0 <= timing.queue_s <= timing.wall_s
+    assert timing.wall_s is not None and 0.0 <= timing.queue_s <= timing.wall_s
     unstarted, completer = PendingDispatch.create()
     completer.resolve(OUT)
     assert unstarted.timing is not None and unstarted.timing.queue_s is None
