@@ -32,6 +32,7 @@ import difflib
 import fnmatch
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -444,7 +445,7 @@ print(json.dumps(verdicts))
 """
 
 
-def check_tests(package: Package, tests: list[str]) -> dict[str, str]:
+def check_tests(package: Package, tests: list[str], sample_killed: int = 0) -> dict[str, str]:
     """Run ``tests`` (pytest arguments, today's files) against the last run's open mutants.
 
     The open mutants are those not caught and not listed as equivalent, and
@@ -470,6 +471,9 @@ def check_tests(package: Package, tests: list[str]) -> dict[str, str]:
     codes = json.loads((work / "codes.json").read_text(encoding="utf-8"))
     crashed = [n for n, c in codes.items() if STATUS.get(c) == "segfault"]
     names = sorted({*_to_rerun(work, package), *crashed})
+    if sample_killed:  # instead: a fixed sample of killed ones, to look for false kills
+        killed = sorted(n for n, c in codes.items() if STATUS.get(c) == "killed")
+        names = sorted(random.Random(28).sample(killed, min(sample_killed, len(killed))))
     env = {**os.environ, "PYTHONPATH": str(work / "mutants" / "src")}
     done = subprocess.run(
         [sys.executable, "-c", _CHECK_RUNNER, json.dumps(names), *tests],
@@ -508,6 +512,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PYTEST_ARG",
         help="run these tests against one package's open mutants, in one process (triage)",
     )
+    parser.add_argument(
+        "--sample-killed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --check: rerun a fixed sample of N killed mutants instead (false kills)",
+    )
     args = parser.parse_args(argv)
     if args.check:
         if len(args.packages) != 1 or args.packages[0] not in PACKAGES:
@@ -516,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        verdicts = check_tests(PACKAGES[args.packages[0]], args.check)
+        verdicts = check_tests(PACKAGES[args.packages[0]], args.check, args.sample_killed)
         killed = sum(v == "killed" for v in verdicts.values())
         print(json.dumps({"killed": killed, "open": len(verdicts), "verdicts": verdicts}))
         return 0
