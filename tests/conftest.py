@@ -35,6 +35,12 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("VYRE_HYPOTHESIS_PROFILE", "ci"))
 
+# mutmut's rewrite calls every function through a trampoline (three frames for
+# one), so the IR tests that nest to the validator's depth limit overflow
+# Python's default recursion limit on a rewritten copy only.
+if "MUTANT_UNDER_TEST" in os.environ:
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
+
 if importlib.util.find_spec("ray") is not None and not os.environ.get("RAY_ADDRESS"):
     # acquire_backend("ray") (the contract tests) starts one local cluster on first use.
     os.environ.setdefault("VYRE_RAY_LOCAL_WORKERS", "2")
