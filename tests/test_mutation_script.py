@@ -152,6 +152,11 @@ def test_check_runs_tests_against_each_open_mutant_in_one_process(
         "fakepkg.x_f__mutmut_2": "killed",
         "fakepkg.x_f__mutmut_3": "survived",
     }
+    # Only the names matching a pattern.
+    assert mutation.check_tests(package, [str(test)], only="*_mutmut_[23]") == {
+        "fakepkg.x_f__mutmut_2": "killed",
+        "fakepkg.x_f__mutmut_3": "survived",
+    }
     # A sample of the killed ones instead (false kills): mutant 4 is the only one.
     assert mutation.check_tests(package, [str(test)], sample_killed=5) == {
         "fakepkg.x_f__mutmut_4": "survived"  # (this fake's mutant 4 changes nothing: a false kill)
