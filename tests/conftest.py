@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from tests import orphan_guard, ray_cluster
 from tests.otlp_receiver import receiver  # noqa: F401 - an in-test OTLP receiver fixture
@@ -21,7 +21,7 @@ from tests.otlp_receiver import receiver  # noqa: F401 - an in-test OTLP receive
 # test can find is found every time, never by luck. "explore" draws new examples
 # each run, to look for bugs nobody has a case for yet (make explore); each one
 # it finds becomes an @example or a test of its own. "mutation" is "ci" without
-# deadlines, for mutmut's forked runs (scripts/mutation.py).
+# deadlines or shrinking, for mutmut's forked runs (scripts/mutation.py).
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.register_profile(
     "explore", derandomize=False, max_examples=1000, print_blob=True, deadline=None
@@ -32,6 +32,8 @@ settings.register_profile(
     database=None,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
+    # a failing example kills the mutant: shrinking it (minutes on a rewritten copy) adds nothing
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 settings.load_profile(os.environ.get("VYRE_HYPOTHESIS_PROFILE", "ci"))
 
