@@ -155,7 +155,12 @@ PACKAGES: dict[str, Package] = {
             ("tests/test_timeline.py", "tests/test_timeline_mutants.py", "tests/test_cli.py"),
         ),
         Package(
-            "testing", ("vyre_async/testing/*",), ("tests/contract", "tests/test_testing_plugin.py")
+            "testing",
+            ("vyre_async/testing/*",),
+            # (the suite on the reference backend, and the corpus against its oracle; the
+            # judged backends and the plugin's own tests run in subprocesses, which see a
+            # mutant only through --check, on the open mutants afterwards)
+            ("tests/contract", "--vyre-backend=reference", "tests/reference/test_corpus.py"),
         ),
         Package(
             "reference",
