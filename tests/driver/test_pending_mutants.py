@@ -4,9 +4,10 @@ Exact error texts and what a dispatch's hooks and callbacks are handed; the
 deadline at its exact instant and the polling backoff (both on an injected
 clock: ``time`` inside `vyre_async.pending` is replaced, nothing sleeps for
 them); how asyncio and trio waiters are woken or left alone; where a broken
-error reporter's output goes; and the callback thread in a fresh interpreter
-and after it died. Orders are made by events, loop turns and trio's
-``wait_all_tasks_blocked``; the only timed checks have margins of 50x or more.
+error reporter's output goes; and the callback thread in a fresh interpreter,
+in a forked child and after it died (or could not start). Orders are made by
+events, loop turns and trio's ``wait_all_tasks_blocked``; the only timed checks
+have margins of 50x or more.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import io
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -33,6 +35,9 @@ import trio.testing
 import vyre_async.pending as pending_module
 from vyre_async import DispatchFailed, DispatchTimeout, InvalidProgram
 from vyre_async.pending import (
+    DispatchCompleter,
+    DispatchRecord,
+    DispatchTiming,
     PendingDispatch,
     defer_to_callbacks,
     settle_hook,
@@ -663,3 +668,290 @@ def test_result_inside_a_running_trio_run_is_refused_naming_trio() -> None:
     message = trio.run(inside)
     completer.resolve(OUT)
     assert " would block the running trio event loop\n" in message
+
+
+# Construction: who may make the objects, and what a record starts as --------------
+def test_pending_dispatches_come_only_from_create_with_the_way_to_make_one() -> None:
+    # Kills xǁPendingDispatchǁ__init____mutmut_1, 5-10.
+    pending, _ = PendingDispatch.create()
+    with pytest.raises(TypeError) as info:
+        PendingDispatch()
+    assert str(info.value) == (
+        "PendingDispatch objects come from backend.dispatch(); "
+        "backends create them with PendingDispatch.create()"
+    )
+    with pytest.raises(TypeError, match=r"^PendingDispatch objects come from backend"):
+        PendingDispatch(pending._core, timeout=1.0)  # a real core, and a keyword: refused
+
+
+def test_a_completer_comes_only_with_its_pending_dispatch_with_the_way_to_make_one() -> None:
+    # Kills xǁDispatchCompleterǁ__init____mutmut_1, 5-11.
+    pending, completer = PendingDispatch.create()
+    with pytest.raises(TypeError) as info:
+        DispatchCompleter(None, pending)  # the right dispatch, no core: still refused
+    assert str(info.value) == (
+        "DispatchCompleter objects come with their pending dispatch: backends "
+        "create both with PendingDispatch.create()"
+    )
+    with pytest.raises(TypeError, match=r"^DispatchCompleter objects come with their"):
+        DispatchCompleter(completer._core, None)  # the right core, no dispatch
+    assert completer.pending is pending
+
+
+def test_a_dispatch_record_starts_empty_and_unclaimed() -> None:
+    # Kills xǁDispatchRecordǁ__init____mutmut_1, 2, 6, 7, 8, 9.
+    record = DispatchRecord()
+    assert record.cache_hit is False and record.claimed is False
+    fields = (record.attributes, record.phases, record.span, record.trace, record.sent)
+    assert fields == (None,) * 5
+    assert (record.on_await_cancelled, record.on_settled, record.prefetch) == (None,) * 3
+    assert repr(record) == "<DispatchRecord cache_hit=False attributes=None>"
+    assert DispatchRecord(cache_hit=True).cache_hit is True
+    pending, _ = PendingDispatch.create()
+    assert pending.record.cache_hit is False and pending.record.claimed is False
+
+
+# Settling: once, with the backend's times ------------------------------------------
+def test_a_dispatch_settles_once_and_says_so_to_the_backend() -> None:
+    # Kills xǁ_Coreǁsettle__mutmut_2, xǁDispatchCompleterǁresolve__mutmut_8.
+    pending, completer = PendingDispatch.create(label="once")
+    assert completer.resolve(OUT) is True
+    assert repr(pending) == "<PendingDispatch 'once' done>"
+    assert completer.resolve([np.zeros(1)]) is False  # the first outcome stands
+    assert completer.fail(ZeroDivisionError("late")) is False
+    assert pending.exception() is None
+    assert pending.result()[0].tolist() == [0, 1, 2, 3]
+
+
+def test_the_record_hook_and_the_timing_get_the_backends_times(clock: Clock) -> None:
+    # Kills xǁDispatchCompleterǁresolve__mutmut_10, 11, 16, 17;
+    # xǁ_Coreǁsettle__mutmut_17, 19, 20, 21, 23, 24, 25, 26, 28, 30.
+    pending, completer = PendingDispatch.create(created=clock.now)
+    seen: list[tuple[PendingDispatch, float, float | None, float | None]] = []
+    pending.record.on_settled = lambda p, wall, queued, device: seen.append(
+        (p, wall, queued, device)
+    )
+    clock.now += 0.25
+    completer.mark_started()
+    clock.now += 0.5
+    assert completer.resolve(OUT, device_s=0.125, compile_s=0.0625)
+    assert seen == [(pending, 0.75, 0.25, 0.125)]
+    assert pending.timing == DispatchTiming(
+        wall_s=0.75, queue_s=0.25, device_s=0.125, compile_s=0.0625
+    )
+
+
+def test_an_error_in_the_record_hook_is_reported_and_changes_nothing(
+    reported: list[BaseException | None],
+) -> None:
+    # Kills xǁ_Coreǁsettle__mutmut_31.
+    pending, completer = PendingDispatch.create()
+    broken = ValueError("this hook fails on purpose")
+
+    def on_settled(*_: object) -> None:
+        raise broken
+
+    pending.record.on_settled = on_settled
+    hooked: list[PendingDispatch] = []
+    called_back: list[PendingDispatch] = []
+    settle_hook(pending, hooked.append)
+    pending.add_done_callback(called_back.append)
+    assert completer.resolve(OUT) is True
+    assert reported == [broken] and hooked == [pending]
+    assert wait_for_callbacks(BOUND_S) and called_back == [pending]
+    assert pending.result()[0].tolist() == [0, 1, 2, 3]
+
+
+def test_an_interrupt_in_the_record_hook_is_raised_once_all_else_ran() -> None:
+    # Kills xǁ_Coreǁsettle__mutmut_32.
+    pending, completer = PendingDispatch.create()
+    interrupt = _Unreportable("the record hook is interrupted on purpose")
+
+    def on_settled(*_: object) -> None:
+        raise interrupt
+
+    pending.record.on_settled = on_settled
+    hooked: list[PendingDispatch] = []
+    called_back: list[PendingDispatch] = []
+    settle_hook(pending, hooked.append)
+    pending.add_done_callback(called_back.append)
+    with pytest.raises(_Unreportable) as info:
+        completer.resolve(OUT)
+    assert info.value is interrupt
+    assert hooked == [pending]  # the settle hooks ran before it was raised
+    assert wait_for_callbacks(BOUND_S) and called_back == [pending]
+    assert pending.result()[0].tolist() == [0, 1, 2, 3]
+
+
+def test_an_interrupt_in_a_settle_hook_is_raised_after_the_other_hooks() -> None:
+    # Kills xǁ_Coreǁsettle__mutmut_37, 38.
+    pending, completer = PendingDispatch.create()
+    interrupt = _Unreportable("a settle hook is interrupted on purpose")
+
+    def interrupted(_: PendingDispatch) -> None:
+        raise interrupt
+
+    hooked: list[PendingDispatch] = []
+    settle_hook(pending, interrupted)
+    settle_hook(pending, hooked.append)
+    with pytest.raises(_Unreportable) as info:
+        completer.resolve(OUT)
+    assert info.value is interrupt and hooked == [pending]
+    assert pending.result()[0].tolist() == [0, 1, 2, 3]
+
+
+def test_of_two_interrupts_while_settling_the_first_is_raised() -> None:
+    # Kills xǁ_Coreǁsettle__mutmut_32, 37, 38 (after a first, 'interrupt and exc' is the second).
+    pending, completer = PendingDispatch.create()
+    first = _Unreportable("the record hook is interrupted on purpose")
+    second = _Unreportable("a settle hook is interrupted on purpose")
+
+    def on_settled(*_: object) -> None:
+        raise first
+
+    def interrupted(_: PendingDispatch) -> None:
+        raise second
+
+    pending.record.on_settled = on_settled
+    settle_hook(pending, interrupted)
+    with pytest.raises(_Unreportable) as info:
+        completer.resolve(OUT)
+    assert info.value is first
+
+
+def test_a_waiter_that_cannot_be_woken_is_reported_and_stops_nothing_else(
+    reported: list[BaseException | None],
+) -> None:
+    # Kills xǁ_Coreǁsettle__mutmut_39. The awaiting task's loop refuses the wake-up
+    # (a broken loop: asyncio's own closed-loop error is expected and dropped).
+    pending, completer = PendingDispatch.create()
+    called_back: list[PendingDispatch] = []
+    pending.add_done_callback(called_back.append)
+    broken = ValueError("this loop refuses callbacks on purpose")
+    settled: list[bool] = []
+
+    def refuse(*_: object) -> None:
+        raise broken
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.create_task(_await(pending))
+        await asyncio.sleep(0)  # the task parks on its future
+        loop.call_soon_threadsafe = refuse  # type: ignore[method-assign,assignment]
+        try:  # settled from another thread: woken through call_soon_threadsafe
+            settler = threading.Thread(target=lambda: settled.append(completer.resolve(OUT)))
+            settler.start()
+            settler.join(BOUND_S)  # (blocks the loop: nothing else runs meanwhile)
+        finally:
+            del loop.call_soon_threadsafe
+        task.cancel()  # never woken: it would wait for ever
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    _run(main())
+    assert settled == [True] and reported == [broken]
+    assert wait_for_callbacks(BOUND_S) and called_back == [pending]
+    assert pending.result()[0].tolist() == [0, 1, 2, 3]  # the cancelled await took nothing
+
+
+def test_a_callback_thread_that_cannot_start_is_reported_and_settling_still_succeeds(
+    monkeypatch: pytest.MonkeyPatch, reported: list[BaseException | None]
+) -> None:
+    # Kills xǁ_Coreǁsettle__mutmut_44. As at interpreter shutdown (Python 3.12+): no
+    # callback thread runs yet, and no thread can be started.
+    refused = RuntimeError("can't create new thread at interpreter shutdown")
+
+    def refuse(_: threading.Thread) -> None:
+        raise refused
+
+    monkeypatch.setattr(pending_module, "_CALLBACKS", pending_module._CallbackThread())
+    pending, completer = PendingDispatch.create()
+    pending.add_done_callback(lambda _: None)
+    with pytest.MonkeyPatch.context() as no_threads:  # (threads start again after it)
+        no_threads.setattr(threading.Thread, "start", refuse)
+        assert completer.resolve(OUT) is True
+    assert reported == [refused]
+    assert pending.result()[0].tolist() == [0, 1, 2, 3]
+
+
+# The stop flag and the deadline ----------------------------------------------------
+def test_a_timeout_sets_the_stop_flag_and_a_success_does_not(clock: Clock) -> None:
+    # Kills xǁ_Coreǁsettle__mutmut_10, 12. Set (not only past its deadline), so a
+    # backend blocked in stop_requested.wait() wakes; wait(0) reads just that.
+    late, completer = PendingDispatch.create(timeout=1.0, created=clock.now)
+    flag = completer.stop_requested  # made before the deadline
+    assert flag.wait(timeout=0) is False
+    clock.now += 1.0
+    assert late.done() and isinstance(late.exception(), DispatchTimeout)
+    assert flag.wait(timeout=0) is True
+
+    finished, completer = PendingDispatch.create(timeout=1.0, created=clock.now)
+    flag = completer.stop_requested
+    assert completer.resolve(OUT)
+    assert flag.wait(timeout=0) is False and not flag.is_set()
+    assert not finished.stop_requested.is_set()
+
+
+def test_a_trio_awaiter_waits_exactly_until_the_deadline(clock: Clock) -> None:
+    # Kills xǁ_Coreǁremaining__mutmut_6 (a wait of at least a second). Trio's clock is
+    # a MockClock that jumps to the next deadline; pending's is the test's Clock.
+    pending, _ = PendingDispatch.create(timeout=1.0, created=clock.now - 0.75)
+
+    async def main() -> float:
+        start = trio.current_time()
+        with pytest.raises(DispatchTimeout):
+            await pending
+        return trio.current_time() - start
+
+    assert trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0)) == 0.25
+
+
+def test_a_trio_awaiter_of_a_dispatch_the_give_up_settles_returns_at_once() -> None:
+    # Kills xǁ_Coreǁadd_waiter__mutmut_2. A trio task never polls: it tells the backend
+    # at once (give_up), whose own completion path may find the work done and settle
+    # inline, before the task would park.
+    pending, completer = PendingDispatch.create()
+    completer.poll_with(lambda: None, give_up=lambda: completer.resolve(OUT))
+
+    async def main() -> list[np.ndarray]:
+        with trio.fail_after(BOUND_S):  # (on the MockClock: at once if it parks for good)
+            return await pending
+
+    outputs = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert outputs[0].tolist() == [0, 1, 2, 3]
+
+
+# A forked child ---------------------------------------------------------------------
+def _callbacks_in_a_forked_child() -> int:
+    """The forked child's checks, as an exit status (0: all held)."""
+    pending, completer = PendingDispatch.create()
+    ran: list[tuple[str, bool]] = []
+    pending.add_done_callback(lambda p: ran.append((threading.current_thread().name, p is pending)))
+    completer.resolve(OUT)
+    if not wait_for_callbacks(BOUND_S):
+        return 2
+    return 0 if ran == [("vyre-callbacks", True)] else 3
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_runs_done_callbacks_on_a_callback_thread_of_its_own() -> None:
+    # Kills xǁ_CallbackThreadǁafter_fork__mutmut_1, 2, 3. The parent's callback thread
+    # runs when it forks; the child has none (only the forking thread comes along).
+    defer_to_callbacks(PendingDispatch.create()[0], lambda _: None)
+    assert wait_for_callbacks(BOUND_S)
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        code = 1
+        try:
+            code = _callbacks_in_a_forked_child()
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60.0
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(done[1]) == 0
