@@ -73,6 +73,10 @@ DECLARED = "'src', 'out', 'fout', 'rw', 'params', 'tile'"
 
 #: (code, path, message, fix), what a user reads of one diagnostic.
 Seen = tuple[str, str, str, str]
+#: A Program memoises its verdict, so the tables hold builders and each test validates
+#: a fresh Program: one built at import and validated in an earlier run of the same
+#: process (the mutation check runs the tests once per mutant) would answer from memo.
+Build = Callable[[], Program]
 
 
 def program(
@@ -184,10 +188,10 @@ def v010(name: str, path: str) -> Seen:
 
 # One program per code, with every field of what the user reads -----------------------
 
-CATALOG: list[tuple[str, Program, list[Seen]]] = [
+CATALOG: list[tuple[str, Build, list[Seen]]] = [
     (
         "V001",
-        program(
+        lambda: program(
             [],
             [
                 BufferDecl("a", 0, Access.READ, DType.U32),
@@ -206,7 +210,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V002",
-        program(
+        lambda: program(
             [],
             [
                 BufferDecl("a", 0, Access.READ, DType.U32),
@@ -225,7 +229,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V003",
-        program([], workgroup_size=(64, 0, 1)),
+        lambda: program([], workgroup_size=(64, 0, 1)),
         [
             (
                 "V003",
@@ -237,7 +241,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V004",
-        program([], workgroup_size=(64, 16, 2)),  # 2048 lanes; x * y / z would be 512
+        lambda: program([], workgroup_size=(64, 16, 2)),  # 2048 lanes; x * y / z would be 512
         [
             (
                 "V004",
@@ -249,7 +253,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V005",  # the first WORKGROUP buffer fills the limit exactly; the second crosses it
-        program(
+        lambda: program(
             [],
             [
                 SRC,
@@ -269,7 +273,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V006",
-        program(
+        lambda: program(
             [],
             [
                 BufferDecl("o", 0, Access.WRITE, DType.U32),
@@ -293,7 +297,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V007",
-        program(
+        lambda: program(
             [], [BufferDecl(f"b{i}", i, Access.READ, DType.U32) for i in range(MAX_BUFFERS + 1)]
         ),
         [
@@ -307,7 +311,9 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V008",
-        program([Let(LONG, u32(0))], [BufferDecl(LONG, 0, Access.READ, DType.U32)], op_id=LONG),
+        lambda: program(
+            [Let(LONG, u32(0))], [BufferDecl(LONG, 0, Access.READ, DType.U32)], op_id=LONG
+        ),
         [
             (
                 "V008",
@@ -334,17 +340,17 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V009",
-        program([Store("missing", u32(0), u32(1))]),
+        lambda: program([Store("missing", u32(0), u32(1))]),
         [v009("Store", "missing")],
     ),
     (
         "V010",
-        program([store(Var("nope")), Assign("gone", u32(1))]),
+        lambda: program([store(Var("nope")), Assign("gone", u32(1))]),
         [v010("nope", "body[0].value"), v010("gone", "body[1]")],
     ),
     (
         "V011",
-        program([Let("x", u32(0)), Let("x", u32(1))]),
+        lambda: program([Let("x", u32(0)), Let("x", u32(1))]),
         [
             (
                 "V011",
@@ -356,7 +362,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V012",
-        program([Loop("i", u32(0), u32(4), [Assign("i", u32(0))])]),
+        lambda: program([Loop("i", u32(0), u32(4), [Assign("i", u32(0))])]),
         [
             (
                 "V012",
@@ -368,7 +374,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V013",
-        program([Store("src", u32(0), u32(1)), Store("params", u32(0), u32(1))]),
+        lambda: program([Store("src", u32(0), u32(1)), Store("params", u32(0), u32(1))]),
         [
             (
                 "V013",
@@ -386,7 +392,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V014",
-        program([store(f32(1.0))]),
+        lambda: program([store(f32(1.0))]),
         [
             (
                 "V014",
@@ -398,7 +404,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V015",
-        program([store(Bin("add", u32(1), i32(1)))]),
+        lambda: program([store(Bin("add", u32(1), i32(1)))]),
         [
             (
                 "V015",
@@ -410,7 +416,9 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V016",  # ir.md: `and or xor shl shr` take u32 and i32; the unary f32 ops f32 only
-        program([store(Un("sqrt", u32(4))), store(Cast(DType.U32, Bin("and", f32(1), f32(2))))]),
+        lambda: program(
+            [store(Un("sqrt", u32(4))), store(Cast(DType.U32, Bin("and", f32(1), f32(2))))]
+        ),
         [
             (
                 "V016",
@@ -428,7 +436,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V017",
-        program(
+        lambda: program(
             [
                 Store("out", i32(0), u32(1)),
                 store(Load("src", f32(0.0))),
@@ -443,7 +451,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V018",
-        program([Loop("i", i32(0), f32(4.0), [])]),
+        lambda: program([Loop("i", i32(0), f32(4.0), [])]),
         [
             ("V018", "body[0].start", "loop 'i' start is i32, not u32", CAST_U32),
             ("V018", "body[0].end", "loop 'i' end is f32, not u32", CAST_U32),
@@ -451,7 +459,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V019",
-        program([If(f32(1.0), []), store(Select(i32(1), u32(1), u32(2)))]),
+        lambda: program([If(f32(1.0), []), store(Select(i32(1), u32(1), u32(2)))]),
         [
             (
                 "V019",
@@ -469,7 +477,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V020",
-        program([store(Select(True, u32(1), i32(1)))]),
+        lambda: program([store(Select(True, u32(1), i32(1)))]),
         [
             (
                 "V020",
@@ -481,7 +489,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V021",
-        program([fstore(Fma(u32(1), i32(2), True))]),
+        lambda: program([fstore(Fma(u32(1), i32(2), True))]),
         [
             (
                 "V021",
@@ -494,7 +502,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V022",
-        program([Let("x", u32(0)), Assign("x", f32(1.0))]),
+        lambda: program([Let("x", u32(0)), Assign("x", f32(1.0))]),
         [
             (
                 "V022",
@@ -506,7 +514,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V023",
-        program([store(Atomic("add", "src", u32(0), u32(1)))]),
+        lambda: program([store(Atomic("add", "src", u32(0), u32(1)))]),
         [
             (
                 "V023",
@@ -519,7 +527,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V024",
-        program([store(Atomic("cas", "rw", u32(0), i32(1), expected=f32(0.0)))]),
+        lambda: program([store(Atomic("cas", "rw", u32(0), i32(1), expected=f32(0.0)))]),
         [
             ("V024", "body[0].value.value", "atomic value is i32, not u32", CAST_U32),
             ("V024", "body[0].value.expected", "atomic expected is f32, not u32", CAST_U32),
@@ -527,7 +535,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V025",
-        program([store(Atomic("cas", "rw", u32(0), u32(1)))]),
+        lambda: program([store(Atomic("cas", "rw", u32(0), u32(1)))]),
         [
             (
                 "V025",
@@ -539,7 +547,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V026",
-        program([store(Atomic("add", "rw", u32(0), u32(1), expected=u32(0)))]),
+        lambda: program([store(Atomic("add", "rw", u32(0), u32(1), expected=u32(0)))]),
         [
             (
                 "V026",
@@ -551,7 +559,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V027",
-        program([If(gid().lt(u32(4)), [Barrier()]), Loop("k", u32(0), lid(), [Barrier()])]),
+        lambda: program([If(gid().lt(u32(4)), [Barrier()]), Loop("k", u32(0), lid(), [Barrier()])]),
         [
             (
                 "V027",
@@ -569,7 +577,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V028",
-        program([If(lid().eq(u32(0)), [Return()]), Barrier()]),
+        lambda: program([If(lid().eq(u32(0)), [Return()]), Barrier()]),
         [
             (
                 "V028",
@@ -581,7 +589,7 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V029",
-        program(
+        lambda: program(
             [
                 nested(MAX_STMT_DEPTH + 1, lambda _, body: If(True, body)),
                 nested(MAX_STMT_DEPTH + 1, lambda n, body: Loop(f"k{n}", u32(0), u32(1), body)),
@@ -600,17 +608,17 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V030",
-        program([store(chain(MAX_EXPR_DEPTH + 1))]),
+        lambda: program([store(chain(MAX_EXPR_DEPTH + 1))]),
         [("V030", "body[0].value" + ".a" * MAX_EXPR_DEPTH, *V030)],
     ),
     (
         "V031",
-        program([store(u32(1))] * (MAX_NODES // 3 + 1)),  # 3 nodes a statement
+        lambda: program([store(u32(1))] * (MAX_NODES // 3 + 1)),  # 3 nodes a statement
         [V031],
     ),
     (
         "V032",
-        program([AlienStmt(), store(AlienExpr())]),
+        lambda: program([AlienStmt(), store(AlienExpr())]),
         [
             (
                 "V032",
@@ -628,7 +636,9 @@ CATALOG: list[tuple[str, Program, list[Seen]]] = [
     ),
     (
         "V033",
-        program([Let(BAD, u32(0))], [BufferDecl(BAD, 0, Access.READ, DType.U32)], op_id=BAD),
+        lambda: program(
+            [Let(BAD, u32(0))], [BufferDecl(BAD, 0, Access.READ, DType.U32)], op_id=BAD
+        ),
         [
             (
                 "V033",
@@ -651,33 +661,33 @@ def test_catalog_covers_every_code() -> None:
     assert [code for code, _, _ in CATALOG] == list(DIAGNOSTIC_CODES)
 
 
-@pytest.mark.parametrize(("code", "prog", "expected"), CATALOG, ids=[c for c, _, _ in CATALOG])
-def test_each_code_reads_as_documented(code: str, prog: Program, expected: list[Seen]) -> None:
+@pytest.mark.parametrize(("code", "build", "expected"), CATALOG, ids=[c for c, _, _ in CATALOG])
+def test_each_code_reads_as_documented(code: str, build: Build, expected: list[Seen]) -> None:
     """Each code is reported with its exact path, message (observed values) and Fix."""
     assert {c for c, _, _, _ in expected} == {code}
-    assert seen(prog) == expected
+    assert seen(build()) == expected
 
 
 # Further texts: each user of a buffer, each site of a name ---------------------------
 
 VARIANTS = [
     pytest.param(
-        program([store(Load("missing", u32(0))), store(BufLen("gone"))]),
+        lambda: program([store(Load("missing", u32(0))), store(BufLen("gone"))]),
         [v009("Load", "missing", "body[0].value"), v009("BufLen", "gone", "body[1].value")],
         id="V009-load-buflen",
     ),
     pytest.param(
-        program([store(Atomic("add", "missing", u32(0), u32(1)))]),
+        lambda: program([store(Atomic("add", "missing", u32(0), u32(1)))]),
         [v009("Atomic", "missing", "body[0].value")],
         id="V009-atomic",
     ),
     pytest.param(
-        program([Store("missing", u32(0), u32(1))], []),
+        lambda: program([Store("missing", u32(0), u32(1))], []),
         [v009("Store", "missing", declared="none")],
         id="V009-no-buffers",
     ),
     pytest.param(  # the list names the first eight declared buffers, in binding order
-        program(
+        lambda: program(
             [Store("missing", u32(0), u32(1))],
             [BufferDecl(f"b{i}", i, Access.READ, DType.U32) for i in range(10)],
         ),
@@ -685,7 +695,7 @@ VARIANTS = [
         id="V009-first-eight",
     ),
     pytest.param(  # each root expression of a statement carries its own path
-        program(
+        lambda: program(
             [
                 Let("x", u32(0)),
                 Assign("x", Var("v1")),
@@ -705,7 +715,7 @@ VARIANTS = [
         id="V010-roots",
     ),
     pytest.param(  # the name is cut to 16 characters; the size counts UTF-8 bytes, not chars
-        program([], [BufferDecl("é" * 129, 0, Access.READ, DType.U32)]),
+        lambda: program([], [BufferDecl("é" * 129, 0, Access.READ, DType.U32)]),
         [
             (
                 "V008",
@@ -717,7 +727,7 @@ VARIANTS = [
         id="V008-bytes",
     ),
     pytest.param(
-        program([], workgroup_size=(MAX_WORKGROUP_LANES + 1, 1, 1)),
+        lambda: program([], workgroup_size=(MAX_WORKGROUP_LANES + 1, 1, 1)),
         [
             (
                 "V004",
@@ -732,31 +742,33 @@ VARIANTS = [
 ]
 
 
-@pytest.mark.parametrize(("prog", "expected"), VARIANTS)
-def test_variant_reads_as_documented(prog: Program, expected: list[Seen]) -> None:
+@pytest.mark.parametrize(("build", "expected"), VARIANTS)
+def test_variant_reads_as_documented(build: Build, expected: list[Seen]) -> None:
     """Each variant names its user, its path and its observed values."""
-    assert seen(prog) == expected
+    assert seen(build()) == expected
 
 
 # Limits: the limit itself is allowed -------------------------------------------------
 
 AT_LIMIT = [
     pytest.param(
-        program([], [BufferDecl(f"b{i}", i, Access.READ, DType.U32) for i in range(MAX_BUFFERS)]),
+        lambda: program(
+            [], [BufferDecl(f"b{i}", i, Access.READ, DType.U32) for i in range(MAX_BUFFERS)]
+        ),
         id="buffers",
     ),
     pytest.param(
-        program(
+        lambda: program(
             [Let("v" * MAX_NAME_BYTES, u32(0)), Let("é" * (MAX_NAME_BYTES // 2), u32(0))],
             [BufferDecl("n" * MAX_NAME_BYTES, 0, Access.READ, DType.U32)],
             op_id="o" * MAX_NAME_BYTES,
         ),
         id="name-bytes",
     ),
-    pytest.param(program([], workgroup_size=(MAX_WORKGROUP_LANES, 1, 1)), id="lanes-x"),
-    pytest.param(program([], workgroup_size=(8, 8, 16)), id="lanes-xyz"),
+    pytest.param(lambda: program([], workgroup_size=(MAX_WORKGROUP_LANES, 1, 1)), id="lanes-x"),
+    pytest.param(lambda: program([], workgroup_size=(8, 8, 16)), id="lanes-xyz"),
     pytest.param(
-        program(
+        lambda: program(
             [],
             [
                 BufferDecl("w1", 0, Access.WORKGROUP, DType.U32, MAX_WORKGROUP_BYTES // 8),
@@ -768,10 +780,10 @@ AT_LIMIT = [
 ]
 
 
-@pytest.mark.parametrize("prog", AT_LIMIT)
-def test_a_program_at_a_limit_is_valid(prog: Program) -> None:
+@pytest.mark.parametrize("build", AT_LIMIT)
+def test_a_program_at_a_limit_is_valid(build: Build) -> None:
     """A limit is inclusive (ir.md: product <= 1024, memory <= 48 KiB, ...)."""
-    assert validate(prog) == []
+    assert validate(build()) == []
 
 
 # Expression depth through every child of every expression ----------------------------
