@@ -7,13 +7,16 @@ fix) of every diagnostic, the error `validate_or_raise` raises, every limit at
 limit and limit + 1, the dtype and uniformity each expression passes on, and the
 order of the diagnostics. The expected texts follow docs/validation.md and
 shared/spec/ir.md (observed values, limits and dtypes are checked against them,
-not copied from the output). Mutants no user can tell apart are listed, with
-the reason, in scripts/mutation_equivalent/ir.toml.
+not copied from the output). The 20 mutants no user can tell apart are listed,
+each with its reason, among the ir package's equivalents in
+scripts/mutation_equivalent/.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +64,8 @@ from vyre_async.ir.limits import (
     MAX_WORKGROUP_LANES,
 )
 from vyre_async.ir.validate import DIAGNOSTIC_CODES
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "validation.md"
 
 SRC = BufferDecl("src", 0, Access.READ, DType.U32)
 OUT = BufferDecl("out", 1, Access.WRITE, DType.U32, 64)
@@ -654,6 +659,13 @@ CATALOG: list[tuple[str, Build, list[Seen]]] = [
         ],
     ),
 ]
+
+
+def test_docs_catalog_titles_are_the_codes_titles() -> None:
+    """docs/validation.md's catalog gives each code the title DIAGNOSTIC_CODES does."""
+    rows = re.findall(r"^\| (V\d{3}) \| ([^|]+) \|", DOCS.read_text(encoding="utf-8"), re.M)
+
+    assert [(code, title.strip()) for code, title in rows] == list(DIAGNOSTIC_CODES.items())
 
 
 def test_catalog_covers_every_code() -> None:
