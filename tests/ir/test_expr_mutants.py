@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
+import vyre_async.ir as ir
 from vyre_async.ir import Bin, Builtin, BuiltinKind, Cast, DType, Expr, Un, Var, i32, u32
 from vyre_async.ir.expr import gid, lid, nwg, wgid
 
@@ -89,3 +90,30 @@ def test_builtin_helpers_name_their_kind_and_axis(
     built = helper(1)
     assert isinstance(built, Builtin)
     assert (built.kind, built.axis) == (kind, 1)
+
+
+REPRS = [
+    "f32(1.5)",
+    "f32(float('inf'))",
+    "f32(float('-inf'))",
+    "f32(float('nan'))",
+    "Const(DType.BOOL, True)",
+    "u32(3)",
+    "i32(-2)",
+    "Atomic('add', 'x', u32(0), u32(1))",
+    "Atomic('cas', 'x', u32(0), u32(1), expected=u32(2))",
+    "If(Var('a'), [Return()], [Barrier()])",
+    "If(Var('a'), [Return()])",
+    "BufferDecl('x', 0, Access.READ_WRITE, DType.U32, 4)",
+    "BufferDecl('x', 0, Access.READ, DType.F32)",
+    "Program([BufferDecl('x', 0, Access.READ_WRITE, DType.U32)], (4, 1, 1), "
+    "[Store('x', gid(0), u32(1))])",
+]
+
+
+@pytest.mark.parametrize("text", REPRS)
+def test_a_nodes_repr_is_the_code_that_builds_it(text: str) -> None:
+    namespace = {name: getattr(ir, name) for name in ir.__all__}
+    node = eval(text, namespace)
+    assert repr(node) == text
+    assert eval(repr(node), namespace) == node
