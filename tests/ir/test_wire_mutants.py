@@ -19,25 +19,32 @@ from __future__ import annotations
 
 import struct
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from blake3 import blake3
 
+from tests.strategies import count_nodes
 from vyre_async import InvalidProgram
 from vyre_async.ir import (
     Assign,
     Atomic,
+    Bin,
+    Block,
     BufferDecl,
     BufLen,
+    Cast,
     Const,
     Expr,
+    Fma,
     If,
     Let,
     Load,
     Loop,
     Program,
     Return,
+    Select,
     Stmt,
     Store,
     Un,
@@ -899,3 +906,123 @@ def test_code_tables_are_inverted_and_tagged_byte_by_byte() -> None:
         assert {by_byte[code]: code for code in codes.values()} == dict(codes)
         assert sum(m is not None for m in by_byte.values()) == len(codes)
     assert wire._tag_bytes(5, {"x": 3, "y": 0}) == {"x": b"\x05\x03", "y": b"\x05\x00"}
+
+
+# Encoder limits at the limit and one over --------------------------------------------------
+
+_L = u32(1)
+_WRAPS: dict[str, Callable[[Expr], Expr]] = {
+    "load": lambda e: Load("o", e),
+    "bin-a": lambda e: Bin("add", e, _L),
+    "bin-b": lambda e: Bin("add", _L, e),
+    "un": lambda e: Un("neg", e),
+    "cast": lambda e: Cast("u32", e),
+    "select-cond": lambda e: Select(e, _L, _L),
+    "select-true": lambda e: Select(_L, e, _L),
+    "select-false": lambda e: Select(_L, _L, e),
+    "fma-a": lambda e: Fma(e, _L, _L),
+    "fma-b": lambda e: Fma(_L, e, _L),
+    "fma-c": lambda e: Fma(_L, _L, e),
+    "atomic-index": lambda e: Atomic("add", "o", e, _L),
+    "atomic-value": lambda e: Atomic("add", "o", _L, e),
+    "atomic-expected": lambda e: Atomic("cas", "o", _L, _L, expected=e),
+}
+_TOO_DEEP_TO_ENCODE = (
+    "cannot encode program: an expression is nested deeper than MAX_EXPR_DEPTH (128)\n"
+    f"Fix: {_ENCODE_FIX}"
+)
+
+
+def _encode_error(program: Program) -> str:
+    with pytest.raises(InvalidProgram) as info:
+        program.to_wire()
+    return str(info.value)
+
+
+@pytest.mark.parametrize("wrap", list(_WRAPS.values()), ids=list(_WRAPS))
+def test_encoder_depth_limit_through_every_child(wrap: Callable[[Expr], Expr]) -> None:
+    """A chain through each child is encoded at MAX_EXPR_DEPTH and refused one deeper."""
+    e: Expr = _L
+    for _ in range(MAX_EXPR_DEPTH - 1):
+        e = wrap(e)
+    ok = Program([], 1, [Let("x", e)])
+    assert Program.from_wire(ok.to_wire()) == ok
+    assert _encode_error(Program([], 1, [Let("x", wrap(e))])) == _TOO_DEEP_TO_ENCODE
+
+
+_SLOTS: dict[str, Callable[[Expr], Stmt]] = {
+    "let": lambda e: Let("x", e),
+    "assign": lambda e: Assign("x", e),
+    "store-index": lambda e: Store("o", e, _L),
+    "store-value": lambda e: Store("o", _L, e),
+    "if": lambda e: If(e, []),
+    "loop-start": lambda e: Loop("i", e, _L, []),
+    "loop-end": lambda e: Loop("i", _L, e, []),
+}
+
+
+@pytest.mark.parametrize("slot", list(_SLOTS.values()), ids=list(_SLOTS))
+def test_encoder_depth_limit_in_every_statement_slot(slot: Callable[[Expr], Stmt]) -> None:
+    """Each statement's expressions start at depth 1 in the encoder too."""
+    ok = Program([], 1, [slot(_deep(MAX_EXPR_DEPTH))])
+    assert Program.from_wire(ok.to_wire()) == ok
+    assert _encode_error(Program([], 1, [slot(_deep(MAX_EXPR_DEPTH + 1))])) == _TOO_DEEP_TO_ENCODE
+
+
+_TOO_MANY_TO_ENCODE = (
+    f"cannot encode program: the program has more than MAX_NODES (100000) nodes\nFix: {_ENCODE_FIX}"
+)
+# The last statement of a program padded with Returns, and its node count (statement
+# and expression nodes, as docs/wire-format.md counts them).
+_COUNTED: dict[str, tuple[Stmt, int]] = {
+    "let-leaf": (Let("x", _L), 2),
+    "let-load": (Let("x", Load("o", _L)), 3),
+    "let-bin": (Let("x", Bin("add", _L, _L)), 4),
+    "let-un": (Let("x", Un("neg", _L)), 3),
+    "let-cast": (Let("x", Cast("f32", _L)), 3),
+    "let-select": (Let("x", Select(_L, _L, _L)), 5),
+    "let-fma": (Let("x", Fma(_L, _L, _L)), 5),
+    "let-atomic": (Let("x", Atomic("add", "o", _L, _L)), 4),
+    "let-cas": (Let("x", Atomic("cas", "o", _L, _L, expected=_L)), 5),
+    "assign": (Assign("x", _L), 2),
+    "store": (Store("o", _L, _L), 3),
+    "if": (If(_L, [Return()], [Return()]), 4),
+    "loop": (Loop("i", _L, _L, [Return()]), 4),
+    "block": (Block([Return(), Return()]), 3),
+}
+
+
+@pytest.mark.parametrize(("last", "count"), list(_COUNTED.values()), ids=list(_COUNTED))
+def test_encoder_node_limit_counts_every_node_kind(last: Stmt, count: int) -> None:
+    """MAX_NODES nodes encode; one more is refused, whatever the kind of the last node."""
+    pad = [Return()] * (MAX_NODES - count)
+    assert count_nodes(Program([], 1, [last])) == count
+    Program([], 1, [*pad, last]).to_wire()  # no error at the limit
+    assert _encode_error(Program([], 1, [Return(), *pad, last])) == _TOO_MANY_TO_ENCODE
+
+
+@pytest.mark.parametrize("n", [255, 256, 257, 300])
+def test_long_bodies_encode_their_count(n: int) -> None:
+    """A body of n statements is written as u32 n then the statements."""
+    p = Program([], 1, [Return()] * n)
+    data = p.to_wire()
+    assert data[40:] == _head() + _u32(n) + b"\x05" * n
+    assert Program.from_wire(data) == p
+
+
+def test_over_long_names_are_refused_by_the_encoder() -> None:
+    """The name, its first 40 characters, its UTF-8 length and the limit."""
+    fix = f"\nFix: {_ENCODE_FIX}"
+    long_name = "n" * 257
+    assert _encode_error(Program([], 1, [Let(long_name, _L)])) == (
+        f"cannot encode program: name {'n' * 40!r}... is 257 UTF-8 bytes, over "
+        f"MAX_NAME_BYTES (256){fix}"
+    )
+    assert _encode_error(Program([], 1, [], op_id="é" * 129)) == (
+        f"cannot encode program: op_id {'é' * 40!r}... is 258 UTF-8 bytes, over "
+        f"MAX_NAME_BYTES (256){fix}"
+    )
+    assert _encode_error(Program([BufferDecl(long_name, 0, "read", "u32")], 1, [])) == (
+        f"cannot encode program: buffer name {'n' * 40!r}... is 257 UTF-8 bytes, over "
+        f"MAX_NAME_BYTES (256){fix}"
+    )
