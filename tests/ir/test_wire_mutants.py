@@ -1026,3 +1026,71 @@ def test_over_long_names_are_refused_by_the_encoder() -> None:
         f"cannot encode program: buffer name {'n' * 40!r}... is 257 UTF-8 bytes, over "
         f"MAX_NAME_BYTES (256){fix}"
     )
+
+
+def _block_chain(levels: int) -> Stmt:
+    s: Stmt = Block([])
+    for _ in range(levels - 1):
+        s = Block([s])
+    return s
+
+
+@pytest.mark.parametrize("chain", [_if_then_chain, _if_else_chain, _loop_chain, _block_chain])
+def test_encoder_refuses_one_level_past_max_stmt_depth(chain: Callable[[int], Stmt]) -> None:
+    """Ifs (through then or else), Loops or Blocks one level too deep: exact error."""
+    assert _encode_error(Program([], 1, [chain(MAX_STMT_DEPTH + 1)])) == (
+        "cannot encode program: statements are nested deeper than MAX_STMT_DEPTH (64)\n"
+        f"Fix: {_ENCODE_FIX}"
+    )
+    ok = Program([], 1, [chain(MAX_STMT_DEPTH)])
+    assert Program.from_wire(ok.to_wire()) == ok
+
+
+def test_max_buffers_encode() -> None:
+    """Exactly MAX_BUFFERS buffers encode and decode."""
+    p = Program([BufferDecl(f"b{i:03}", i, "read", "u32") for i in range(256)], 1, [])
+    assert Program.from_wire(p.to_wire()) == p
+
+
+def _entry(name: str, binding: int, access: int, dtype: int, count: int) -> bytes:
+    return _str(name) + _u32(binding) + bytes([access, dtype]) + _u32(count)
+
+
+def test_buffer_table_order_breaks_every_tie() -> None:
+    """Workgroup last, then binding, name, access code, dtype code and count."""
+    p = Program(
+        [
+            BufferDecl("s", 0, "workgroup", "u32", 8),
+            BufferDecl("z", 5, "read", "u32", 1),
+            BufferDecl("a", 0, "write", "u32", 1),
+            BufferDecl("a", 0, "read", "f32", 2),
+            BufferDecl("a", 0, "read", "u32", 3),
+            BufferDecl("a", 0, "read", "u32", 2),
+            BufferDecl("b", 0, "read", "u32", 0),
+        ],
+        1,
+        [],
+    )
+    table = (
+        _u32(7)
+        + _entry("a", 0, 0, 0, 2)
+        + _entry("a", 0, 0, 0, 3)
+        + _entry("a", 0, 0, 2, 2)
+        + _entry("a", 0, 3, 0, 1)
+        + _entry("b", 0, 0, 0, 0)
+        + _entry("z", 5, 0, 0, 1)
+        + _entry("s", 0, 4, 0, 8)
+    )
+    data = p.to_wire()
+    assert data[40:] == _head(table) + _u32(0)
+    assert Program.from_wire(data) == p
+    zeroed = (
+        _u32(7)
+        + _entry("a", 0, 0, 0, 0) * 2
+        + _entry("a", 0, 0, 2, 0)
+        + _entry("a", 0, 3, 0, 0)
+        + _entry("b", 0, 0, 0, 0)
+        + _entry("z", 5, 0, 0, 0)
+        + _entry("s", 0, 4, 0, 8)
+    )
+    assert p.kernel_digest() == blake3(_DOMAIN + _head(zeroed) + _u32(0) + _u32(0)).digest()
