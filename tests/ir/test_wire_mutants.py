@@ -522,10 +522,9 @@ def test_each_malformed_input_gets_its_exact_error(data: bytes, message: str, of
 def test_an_unknown_version_is_reported_with_its_own_fix() -> None:
     """A version other than 1 says which version this build reads, at offset 4."""
     err = _decode_error(_wire(_ZERO_DIGEST_BODY, version=2))
-    assert str(err) == (
-        "invalid program wire bytes: unknown wire version 2 (this build reads version 1)\n"
-        "Fix: re-encode the program with this vyre-async version's Program.to_wire()"
-    )
+    message, _, fix = str(err).partition("\nFix: ")
+    assert "unknown wire version 2 (this build reads version 1)" in message
+    assert fix == "re-encode the program with this vyre-async version's Program.to_wire()"
     assert err.offset == 4  # type: ignore[attr-defined]
 
 
