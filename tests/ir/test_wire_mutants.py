@@ -974,6 +974,7 @@ _TOO_MANY_TO_ENCODE = (
 # The last statement of a program padded with Returns, and its node count (statement
 # and expression nodes, as docs/wire-format.md counts them).
 _COUNTED: dict[str, tuple[Stmt, int]] = {
+    "return": (Return(), 1),
     "let-leaf": (Let("x", _L), 2),
     "let-load": (Let("x", Load("o", _L)), 3),
     "let-bin": (Let("x", Bin("add", _L, _L)), 4),
