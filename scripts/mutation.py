@@ -16,6 +16,7 @@ settings there, runs mutmut, and reports::
     .venv/bin/python scripts/mutation.py config cache plan   # several, one after the other
     .venv/bin/python scripts/mutation.py --list              # the packages and their tests
     .venv/bin/python scripts/mutation.py config --survivors  # print each survivor's diff
+    .venv/bin/python scripts/mutation.py ir --resume         # finish an interrupted run
 
 Each package's result is written to ``build/mutation/PACKAGE/result.json`` and
 summarised on stdout as JSON (a line per package). Mutants judged equivalent
@@ -337,12 +338,17 @@ def survivor_diffs(work: Path, mutants: list[str]) -> str:
 
 
 def run_package(
-    package: Package, *, max_children: int, survivors: bool, reuse: bool
+    package: Package, *, max_children: int, survivors: bool, reuse: bool, resume: bool = False
 ) -> dict[str, Any]:
     work = WORK / package.name
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
     previous = work / "result.json"
     run_mutmut = True
+    if resume and not (work / "mutants").is_dir():
+        raise SystemExit(
+            f"{package.name}: --resume needs an interrupted run in {work}\n"
+            f"Fix: run scripts/mutation.py {package.name} without --resume"
+        )
     if reuse and not previous.exists():
         raise SystemExit(
             f"{package.name}: --reuse needs a previous run in {work}\n"
@@ -367,6 +373,8 @@ def run_package(
         rerun = _to_rerun(work, package)
         run_mutmut = bool(rerun)  # none left: only the verdicts are read again
         command += rerun
+    elif resume:  # the same tree and settings: mutmut keeps every verdict it saved
+        pass
     else:
         _flat_tree(work)
         with (work / "pyproject.toml").open("a", encoding="utf-8") as f:
@@ -531,6 +539,11 @@ def main(argv: list[str] | None = None) -> int:
         help="rerun the last run's mutants not caught and not equivalent, against today's tests",
     )
     parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish an interrupted run (same commit's tree; the verdicts saved so far stand)",
+    )
+    parser.add_argument(
         "--check",
         nargs="+",
         metavar="PYTEST_ARG",
@@ -584,6 +597,7 @@ def main(argv: list[str] | None = None) -> int:
             max_children=args.max_children,
             survivors=args.survivors,
             reuse=args.reuse,
+            resume=args.resume,
         )
         print(
             json.dumps(

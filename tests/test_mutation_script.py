@@ -116,6 +116,18 @@ def test_reuse_without_a_previous_run_is_refused_with_a_fix(
     assert "Fix: run scripts/mutation.py config without --reuse first" in str(info.value)
 
 
+def test_resume_without_an_interrupted_run_is_refused_with_a_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mutation, "WORK", tmp_path)
+    with pytest.raises(SystemExit) as info:
+        mutation.run_package(
+            mutation.PACKAGES["ir"], max_children=1, survivors=False, reuse=False, resume=True
+        )
+    assert "--resume needs an interrupted run" in str(info.value)
+    assert "Fix: run scripts/mutation.py ir without --resume" in str(info.value)
+
+
 FAKE_MUTATED = """
 import os
 
