@@ -102,3 +102,29 @@ def test_the_repr_shows_an_op_id_only_when_there_is_one() -> None:
     assert repr(_program("vyre.test")).endswith(", op_id='vyre.test')")
     assert "op_id" not in repr(_program())
     assert repr(_program()).endswith("[Store('out', gid(0), u32(1))])")
+
+
+def test_the_body_is_encoded_once_for_the_wire_form_fingerprint_and_kernel_digests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _counting(monkeypatch, "_encode_body")
+    program = _program()
+    wire = program.to_wire()
+    assert program.fingerprint() == wire[8:40]  # read from the wire form's header
+    assert wire_module.fingerprint(program) == wire[8:40]
+    assert len(calls) == 1
+    first = wire_module.kernel_digest(program, {"fast_math": False})
+    second = wire_module.kernel_digest(program, {"fast_math": True})
+    assert first != second
+    assert wire_module.kernel_digest(program, {"fast_math": False}) == first
+    assert len(calls) == 2  # one more: the count-free body every kernel digest starts from
+    fresh = _program()
+    assert wire_module.kernel_digest(fresh, {"fast_math": False}) == first
+
+
+def test_encoding_a_program_records_its_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
+    program = _program()
+    wire = wire_module.encode_program(program)
+    calls = _counting(monkeypatch, "_encode_body")
+    assert program.fingerprint() == wire[8:40]
+    assert len(calls) == 0
