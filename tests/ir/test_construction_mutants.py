@@ -118,3 +118,12 @@ def test_good_values_are_kept_whatever_their_integer_type() -> None:
     assert (decl.binding, decl.count) == (3, 7)
     assert type(decl.binding) is int and type(decl.count) is int
     assert as_dtype("f32").value == "f32"
+
+
+def test_binding_and_count_at_the_u32_limit_and_one_past_it() -> None:
+    top = 0xFFFF_FFFF
+    decl = BufferDecl("x", top, "read", "u32", top)
+    assert (decl.binding, decl.count) == (top, top)
+    for binding, count, field in ((top + 1, 0, "binding"), (0, top + 1, "count")):
+        with pytest.raises(InvalidProgram, match=f"{field} {top + 1} is outside 0..{top}"):
+            BufferDecl("x", binding, "read", "u32", count)
