@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import decimal
 import fractions
+import numbers
 from typing import Any
 
 import numpy as np
@@ -112,3 +113,67 @@ def test_bool_dtype_objects_and_names_are_the_same() -> None:
     assert Const(DType.BOOL, True) == Const("bool", 1)
     half: Any = np.float32(0.5)
     assert Const(DType.F32, half).bits == 0x3F00_0000
+
+
+class _Overflowing:
+    """A user's number type whose float() overflows (numbers.Real, registered)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __float__(self) -> float:
+        raise OverflowError("too large")
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+numbers.Real.register(_Overflowing)
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("H" * 40, "H" * 40),  # 40 characters: shown whole
+        ("H" * 41, "H" * 37 + "..."),  # 41: cut to 37 and an ellipsis
+        ("Big()", "Big()"),
+    ],
+)
+def test_a_number_beyond_any_float_is_shown_whole_up_to_40_characters(
+    text: str, shown: str
+) -> None:
+    value: Any = _Overflowing(text)
+    with pytest.raises(InvalidProgram) as info:
+        Const("f32", value)
+    assert str(info.value).startswith(f"f32 constant {shown} is beyond the range of any float\n")
+
+
+def test_a_numpy_object_that_is_not_a_number_is_refused_as_such() -> None:
+    value: Any = np.add  # a numpy object without ndim
+    with pytest.raises(InvalidProgram, match="f32 constant needs a real number, got <ufunc 'add'>"):
+        Const("f32", value)
+
+
+class _Numpy1Bool:
+    """numpy 1.x's bool scalar, by its type's name and module (numpy 2 names it ``bool``)."""
+
+    def __init__(self, flag: bool) -> None:
+        self.flag = flag
+
+    def __eq__(self, other: object) -> bool:
+        return self.flag == other
+
+    def __hash__(self) -> int:
+        return hash(self.flag)
+
+    def __bool__(self) -> bool:
+        return self.flag
+
+
+_Numpy1Bool.__name__ = "bool_"
+_Numpy1Bool.__module__ = "numpy"
+
+
+def test_numpy_1s_bool_scalar_is_a_bool() -> None:
+    value: Any = _Numpy1Bool(True)
+    assert Const("bool", value).value is True
