@@ -28,6 +28,7 @@ from vyre_async.ir import (
     Load,
     Loop,
     Program,
+    Return,
     Un,
     Var,
     gid,
@@ -265,3 +266,9 @@ def test_binding_and_count_at_the_u32_limit_and_one_past_it() -> None:
     for binding, count, field in ((top + 1, 0, "binding"), (0, top + 1, "count")):
         with pytest.raises(InvalidProgram, match=f"{field} {top + 1} is outside 0..{top}"):
             BufferDecl("x", binding, "read", "u32", count)
+
+
+def test_a_single_statement_is_a_body_of_one() -> None:
+    assert If(True, Return()).then == (Return(),)
+    assert Loop("i", 0, 1, Return()).body == (Return(),)
+    assert as_body(Return()) == (Return(),)
