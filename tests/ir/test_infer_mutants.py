@@ -53,7 +53,7 @@ FIX = "Fix: run vyre_async.ir.validate(program) and fix what it lists"
         (Load("n", u32(0)), DType.I32),
         (BufLen("x"), DType.U32),
         (gid(), DType.U32),
-        (Atomic("add", "n", u32(0), u32(1)), DType.U32),
+        (Atomic("add", "c", u32(0), u32(1)), DType.U32),
         (Bin("add", Var("i"), i32(2)), DType.I32),
         (Bin("mul", Var("f"), Load("x", u32(0))), DType.F32),
         (Bin("lt", Var("f"), f32(1.0)), DType.BOOL),
