@@ -346,9 +346,21 @@ def run_package(
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
     previous = work / "result.json"
     run_mutmut = True
+    if resume and reuse:
+        raise SystemExit(
+            f"{package.name}: --resume and --reuse are two different runs\n"
+            "Fix: --resume finishes an interrupted run; --reuse reruns a finished run's "
+            "open mutants against today's tests: pass one of them"
+        )
     if resume and not (work / "mutants").is_dir():
         raise SystemExit(
             f"{package.name}: --resume needs an interrupted run in {work}\n"
+            f"Fix: run scripts/mutation.py {package.name} without --resume"
+        )
+    if resume and (changed := _changed_sources(work, package)):
+        raise SystemExit(  # the saved verdicts are of the old code
+            f"{package.name}: the code changed since the interrupted run "
+            f"({', '.join(changed[:3])}); its saved verdicts are of the old code\n"
             f"Fix: run scripts/mutation.py {package.name} without --resume"
         )
     if reuse and not previous.exists():
@@ -506,9 +518,22 @@ def check_tests(
     names = sorted({*_to_rerun(work, package), *crashed})
     if sample_killed:  # instead: a fixed sample of killed ones, to look for false kills
         killed = sorted(n for n, c in codes.items() if STATUS.get(c) == "killed")
+        killed = [name for name in killed if fnmatch.fnmatchcase(name, only)]
         names = sorted(random.Random(28).sample(killed, min(sample_killed, len(killed))))
-    names = [name for name in names if fnmatch.fnmatchcase(name, only)]
-    env = {**os.environ, "PYTHONPATH": str(work / "mutants" / "src")}
+    matching = [name for name in names if fnmatch.fnmatchcase(name, only)]
+    if names and not matching:
+        raise SystemExit(
+            f"{package.name}: --only {only!r} matches none of the {len(names)} mutants to check\n"
+            "Fix: match the names mutmut gives, e.g. 'vyre_async.ir.wire.*' "
+            "(see build/mutation/PACKAGE/survivors.txt)"
+        )
+    names = matching
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(work / "mutants" / "src"),
+        # no deadlines on the slower rewritten copy: a deadline error is no kill
+        "VYRE_HYPOTHESIS_PROFILE": "mutation",
+    }
     done = subprocess.run(
         [sys.executable, "-c", _CHECK_RUNNER, json.dumps(names), *tests],
         cwd=ROOT,
@@ -565,6 +590,9 @@ def main(argv: list[str] | None = None) -> int:
         help="with --check: only the mutants whose names match, e.g. 'vyre_async.ir.wire.*'",
     )
     args = parser.parse_args(argv)
+    if not args.check and (args.only != "*" or args.sample_killed):
+        print("--only and --sample-killed go with --check\nFix: add --check TESTS", file=sys.stderr)
+        return 2
     if args.check:
         if len(args.packages) != 1 or args.packages[0] not in PACKAGES:
             print(

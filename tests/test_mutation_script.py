@@ -97,8 +97,11 @@ def test_an_unknown_package_is_refused_with_a_fix(capsys: pytest.CaptureFixture[
 
 def test_every_package_names_files_and_tests_that_exist() -> None:
     for package in mutation.PACKAGES.values():
-        for test in package.tests:  # paths, and pytest options such as --vyre-backend=ID
-            assert test.startswith("--") or (ROOT / test).exists(), (package.name, test)
+        for test in package.tests:  # paths, and the contract suite's --vyre-backend=ID
+            assert test.startswith("--vyre-backend=") or (ROOT / test).exists(), (
+                package.name,
+                test,
+            )
         for pattern in package.paths:
             found = [*(ROOT / "src").glob(pattern), *(ROOT / "src" / "backends").glob(pattern)]
             assert found, (package.name, pattern)
@@ -126,6 +129,22 @@ def test_resume_without_an_interrupted_run_is_refused_with_a_fix(
         )
     assert "--resume needs an interrupted run" in str(info.value)
     assert "Fix: run scripts/mutation.py ir without --resume" in str(info.value)
+    # An interrupted run of other code: its saved verdicts are of that code.
+    (tmp_path / "ir" / "mutants").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="the code changed since the interrupted run"):
+        mutation.run_package(
+            mutation.PACKAGES["ir"], max_children=1, survivors=False, reuse=False, resume=True
+        )
+    with pytest.raises(SystemExit, match="--resume and --reuse are two different runs"):
+        mutation.run_package(
+            mutation.PACKAGES["ir"], max_children=1, survivors=False, reuse=True, resume=True
+        )
+
+
+def test_only_and_sample_killed_need_check(capsys: pytest.CaptureFixture[str]) -> None:
+    assert mutation.main(["ir", "--only", "vyre_async.ir.wire.*"]) == 2
+    assert "--only and --sample-killed go with --check" in capsys.readouterr().err
+    assert mutation.main(["ir", "--sample-killed", "3"]) == 2
 
 
 FAKE_MUTATED = """
@@ -169,6 +188,8 @@ def test_check_runs_tests_against_each_open_mutant_in_one_process(
         "fakepkg.x_f__mutmut_2": "killed",
         "fakepkg.x_f__mutmut_3": "survived",
     }
+    with pytest.raises(SystemExit, match="--only 'nothing\\*' matches none of the 3 mutants"):
+        mutation.check_tests(package, [str(test)], only="nothing*")
     # A sample of the killed ones instead (false kills): mutant 4 is the only one.
     assert mutation.check_tests(package, [str(test)], sample_killed=5) == {
         "fakepkg.x_f__mutmut_4": "survived"  # (this fake's mutant 4 changes nothing: a false kill)
