@@ -83,8 +83,9 @@ def _enum(kind: type[_E], value: object, what: str) -> _E:
         return kind(value)  # type: ignore[arg-type]
     except ValueError:
         choices = ", ".join(repr(m.value) for m in kind)
+        article = "an" if kind.__name__[0] in "AEIO" else "a"  # an Access, a UnOp
         raise InvalidProgram(
-            f"{what} {value!r} is not a {kind.__name__}",
+            f"{what} {value!r} is not {article} {kind.__name__}",
             fix=f"use one of {choices}",
         ) from None
 
