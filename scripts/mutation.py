@@ -169,8 +169,14 @@ PACKAGES: dict[str, Package] = {
             # (its own tests, 25 s; the contract suite and tests/driver dispatch on it too and
             # run on the open mutants afterwards with --check)
             ("tests/reference",),
-            # mutmut's rewrite of __init__.py adds `MutantDict` to the package's names
-            deselect=("tests/reference/test_corpus.py::test_public_api_is_exactly_all",),
+            deselect=(
+                # mutmut's rewrite of __init__.py adds `MutantDict` to the package's names
+                "tests/reference/test_corpus.py::test_public_api_is_exactly_all",
+                # mutmut 3.8's stats run raises LookupError on its call-context variable in
+                # the engine's unawaited dispatches (run in contexts of their own): --check
+                "tests/reference/test_ordering_property.py::"
+                "test_unawaited_dispatches_on_shared_buffers_equal_sequential_execution",
+            ),
         ),
         Package(
             "ray", ("vyre_ray/*",), ("tests/ray",), note="runs on the session's local Ray cluster"
