@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import pytest
 
+from tests.ir.test_validate import DOCS, FOUT, OUT, PARAMS, RW, SRC, TILE
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir import (
     Access,
@@ -65,15 +65,7 @@ from vyre_async.ir.limits import (
 )
 from vyre_async.ir.validate import DIAGNOSTIC_CODES
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "validation.md"
-
-SRC = BufferDecl("src", 0, Access.READ, DType.U32)
-OUT = BufferDecl("out", 1, Access.WRITE, DType.U32, 64)
-FOUT = BufferDecl("fout", 2, Access.WRITE, DType.F32, 64)
-RW = BufferDecl("rw", 3, Access.READ_WRITE, DType.U32)
-PARAMS = BufferDecl("params", 4, Access.UNIFORM, DType.U32)
-TILE = BufferDecl("tile", 5, Access.WORKGROUP, DType.U32, 64)
-ALL = (SRC, OUT, FOUT, RW, PARAMS, TILE)
+ALL = (SRC, OUT, FOUT, RW, PARAMS, TILE)  # (test_validate's, without its COUNTER)
 DECLARED = "'src', 'out', 'fout', 'rw', 'params', 'tile'"
 
 #: (code, path, message, fix), what a user reads of one diagnostic.

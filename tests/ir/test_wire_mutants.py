@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from blake3 import blake3
 
+from tests.ir.test_wire import _body, _str, _u32, _wire
 from tests.strategies import count_nodes
 from vyre_async import InvalidProgram
 from vyre_async.ir import (
@@ -70,26 +71,9 @@ _LET_VALUE = 70  # the value of ``Let "x"`` as the first statement
 # Helpers ---------------------------------------------------------------------------------
 
 
-def _u32(n: int) -> bytes:
-    return struct.pack("<I", n)
-
-
-def _str(text: str | bytes) -> bytes:
-    raw = text.encode() if isinstance(text, str) else text
-    return _u32(len(raw)) + raw
-
-
-def _wire(body: bytes, *, version: int = 1, flags: int = 0) -> bytes:
-    return b"VYIR" + struct.pack("<HH", version, flags) + blake3(body).digest() + body
-
-
 def _head(buffers: bytes = _u32(0)) -> bytes:
     """The body up to the statements: empty op id, workgroup (1, 1, 1), ``buffers``."""
     return _str("") + _u32(1) * 3 + buffers
-
-
-def _body(stmts: bytes, n_stmts: int = 1, buffers: bytes = _u32(0)) -> bytes:
-    return _head(buffers) + _u32(n_stmts) + stmts
 
 
 def _let(value: bytes) -> bytes:
