@@ -393,9 +393,7 @@ def run_package(
         rerun = _to_rerun(work, package)
         run_mutmut = bool(rerun)  # none left: only the verdicts are read again
         command += rerun
-    elif resume:  # the same tree and settings: mutmut keeps every verdict it saved
-        pass
-    else:
+    elif not resume:  # (a resumed run keeps its tree and settings, and mutmut its verdicts)
         _flat_tree(work)
         with (work / "pyproject.toml").open("a", encoding="utf-8") as f:
             f.write(_settings(package, max_children))
