@@ -582,6 +582,21 @@ def test_the_callback_thread_is_started_again_after_it_died(
     assert threads[0].name == "vyre-callbacks"
 
 
+def _run_fresh(source: str, *options: str) -> subprocess.CompletedProcess[str]:
+    """Run ``source`` in a fresh interpreter that imports this vyre_async (60 s at most)."""
+    package_root = Path(pending_module.__file__).resolve().parents[1]
+    paths = [str(package_root), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    return subprocess.run(
+        [sys.executable, *options, "-c", source],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 _FRESH_PROCESS = """
 import threading
 from vyre_async.pending import PendingDispatch, wait_for_callbacks
@@ -600,17 +615,7 @@ print(wait_for_callbacks(timeout=5.0))
 def test_a_fresh_interpreter_runs_callbacks_and_waits_for_none_queued() -> None:
     # Its own interpreter: the callback thread's state is made at import, and
     # this process imported the package long before the test ran.
-    source = Path(pending_module.__file__).resolve().parents[1]
-    paths = [str(source), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-    done = subprocess.run(
-        [sys.executable, "-c", _FRESH_PROCESS],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _run_fresh(_FRESH_PROCESS)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["True", "vyre-callbacks True", "True"], done.stderr
 
@@ -953,15 +958,5 @@ def test_a_forked_child_runs_done_callbacks_on_a_callback_thread_of_its_own() ->
     # interpreter whose only other thread is the callback thread, never in this
     # multi-threaded pytest process (a lock held by another thread there at the
     # moment of the fork would hang the child).
-    source = Path(pending_module.__file__).resolve().parents[1]
-    paths = [str(source), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore::DeprecationWarning", "-c", _FORK_IN_A_FRESH_PROCESS],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _run_fresh(_FORK_IN_A_FRESH_PROCESS, "-W", "ignore::DeprecationWarning")
     assert done.returncode == 0, done.stderr
