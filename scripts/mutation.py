@@ -17,12 +17,16 @@ settings there, runs mutmut, and reports::
     .venv/bin/python scripts/mutation.py --list              # the packages and their tests
     .venv/bin/python scripts/mutation.py config --survivors  # print each survivor's diff
     .venv/bin/python scripts/mutation.py ir --resume         # finish an interrupted run
+    .venv/bin/python scripts/mutation.py ir --reuse          # rerun what is open, today's tests
+    .venv/bin/python scripts/mutation.py ir --check tests/ir/test_wire_fuzz.py [--fresh]
 
 Each package's result is written to ``build/mutation/PACKAGE/result.json`` and
 summarised on stdout as JSON (a line per package). Mutants judged equivalent
 (no behaviour a user can observe changes) are listed with a one-line reason in
 ``scripts/mutation_equivalent/PACKAGE.toml`` (``"mutant name" = "reason"``); the
-score counts them with the killed ones and says how many there were.
+score counts them with the killed ones and says how many there were. ``--check``
+runs other tests against the open mutants (in one process, or with ``--fresh``
+each in an interpreter of its own) and records its kills for the next report.
 """
 
 from __future__ import annotations
@@ -269,16 +273,25 @@ def _changed_sources(work: Path, package: Package) -> list[str]:
     return changed
 
 
+def _checked(work: Path) -> dict[str, dict[str, Any]]:
+    """The mutants that ``--check`` runs killed since the work folder's run, with their tests."""
+    path = work / "checked.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
 def _to_rerun(work: Path, package: Package) -> list[str]:
-    """The mutants of the last run that were not caught and are not listed as equivalent."""
+    """The last run's mutants not caught (by it or a --check) and not listed as equivalent."""
     kept = work / "codes.json"
     codes = json.loads(kept.read_text(encoding="utf-8")) if kept.exists() else _results(work)
     caught = {"killed", "timeout", "segfault", "caught by type check"}
     equivalent = _equivalent(package.name)
+    checked = _checked(work)
     return sorted(
         name
         for name, code in codes.items()
-        if STATUS.get(code, "suspicious") not in caught and name not in equivalent
+        if STATUS.get(code, "suspicious") not in caught
+        and name not in equivalent
+        and name not in checked
     )
 
 
@@ -343,6 +356,55 @@ def survivor_diffs(work: Path, mutants: list[str]) -> str:
             body = [line for line in diff if not line.startswith(("---", "+++"))]
             out.append(f"=== {mutant}\n" + "\n".join(body))
     return "\n".join(out) + "\n"
+
+
+def summarise(work: Path, package: Package, codes: dict[str, int | None]) -> dict[str, Any]:
+    """The report of a run from every mutant's exit code, the equivalents and the checks."""
+    by_status: dict[str, list[str]] = {}
+    for name, code in sorted(codes.items()):
+        by_status.setdefault(STATUS.get(code, "suspicious"), []).append(name)
+    equivalent = _equivalent(package.name)
+    # Killed by a --check run of this same code (a fresh interpreter sees what mutmut's
+    # forked runner cannot: code that runs at import, in a forked child, in a subprocess).
+    checked = _checked(work)
+    by_check = sorted(
+        name for name in checked if STATUS.get(codes.get(name), "") in ("survived", "no tests")
+    )
+    for status in ("survived", "no tests"):
+        by_status[status] = [m for m in by_status.get(status, []) if m not in checked]
+    survived = by_status["survived"]
+    justified = [m for m in survived if m in equivalent]
+    open_survivors = [m for m in survived if m not in equivalent]
+    caught = sum(
+        len(by_status.get(s, [])) for s in ("killed", "timeout", "segfault", "caught by type check")
+    )
+    total = len(codes)
+    judged = total - len(by_status.get("skipped", []))  # a mutant not checked is not caught
+    score = (caught + len(by_check) + len(justified)) / judged if judged else 0.0
+    return {
+        "package": package.name,
+        "files": list(package.paths),
+        "tests": list(package.tests),
+        "mutants": total,
+        "killed": caught,
+        "killed_by_check": len(by_check),
+        "equivalent": len(justified),
+        "survived": len(open_survivors),
+        "no_tests": len(by_status.get("no tests", [])),
+        "other": {
+            s: len(v)
+            for s, v in by_status.items()
+            if s not in ("killed", "survived", "no tests", "timeout")
+        },
+        "timeouts": len(by_status.get("timeout", [])),
+        "score": round(score, 4),
+        "survivors": open_survivors,
+        "no_test_mutants": by_status.get("no tests", []),
+        "killed_by_check_mutants": {name: checked[name] for name in by_check},
+        # Listed as equivalent yet gone, or caught: after a change to the code a name can
+        # mean another mutant (mutmut numbers a function's mutants in order), so check each.
+        "stale_equivalents": sorted(set(equivalent) - set(survived)),
+    }
 
 
 def run_package(
@@ -428,46 +490,12 @@ def run_package(
             if codes.get(name) is None:
                 codes[name] = code
     kept.write_text(json.dumps(codes, indent=0, sort_keys=True) + "\n", encoding="utf-8")
-    by_status: dict[str, list[str]] = {}
-    for name, code in sorted(codes.items()):
-        by_status.setdefault(STATUS.get(code, "suspicious"), []).append(name)
-    equivalent = _equivalent(package.name)
-    survived = by_status.get("survived", [])
-    justified = [m for m in survived if m in equivalent]
-    open_survivors = [m for m in survived if m not in equivalent]
-    caught = sum(
-        len(by_status.get(s, [])) for s in ("killed", "timeout", "segfault", "caught by type check")
-    )
-    total = len(codes)
-    judged = total - len(by_status.get("skipped", []))  # a mutant not checked is not caught
-    score = (caught + len(justified)) / judged if judged else 0.0
-    result: dict[str, Any] = {
-        "package": package.name,
-        "files": list(package.paths),
-        "tests": list(package.tests),
-        "mutants": total,
-        "killed": caught,
-        "equivalent": len(justified),
-        "survived": len(open_survivors),
-        "no_tests": len(by_status.get("no tests", [])),
-        "other": {
-            s: len(v)
-            for s, v in by_status.items()
-            if s not in ("killed", "survived", "no tests", "timeout")
-        },
-        "timeouts": len(by_status.get("timeout", [])),
-        "score": round(score, 4),
-        "seconds": seconds,
-        "mutmut_exit": done.returncode,
-        "survivors": open_survivors,
-        "no_test_mutants": by_status.get("no tests", []),
-        # Listed as equivalent yet gone, or caught: after a change to the code a name can
-        # mean another mutant (mutmut numbers a function's mutants in order), so check each.
-        "stale_equivalents": sorted(set(equivalent) - set(survived)),
-    }
+    result = summarise(work, package, codes)
+    result["seconds"] = seconds
+    result["mutmut_exit"] = done.returncode
     (work / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     (work / "survivors.txt").write_text(
-        survivor_diffs(work, open_survivors + by_status.get("no tests", [])), encoding="utf-8"
+        survivor_diffs(work, result["survivors"] + result["no_test_mutants"]), encoding="utf-8"
     )
     if survivors:
         print((work / "survivors.txt").read_text(encoding="utf-8"), file=sys.stderr)
@@ -492,17 +520,53 @@ print(json.dumps(verdicts))
 """
 
 
+def _fresh_runner(names: list[str], tests: list[str], env: dict[str, str]) -> dict[str, str]:
+    """Each mutant in an interpreter of its own: code run at import sees the mutant too."""
+
+    def run(name: str) -> int:
+        command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+        done = subprocess.run(
+            command,
+            cwd=ROOT,
+            env={**env, "MUTANT_UNDER_TEST": name},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
+        return done.returncode
+
+    if run("") != 0:
+        raise SystemExit("--check failed: the tests fail without a mutant: fix them first")
+    verdicts: dict[str, str] = {}
+    for name in names:
+        verdicts[name] = "killed" if run(name) != 0 else "survived"
+        print(name, verdicts[name], file=sys.stderr, flush=True)
+    return verdicts
+
+
 def check_tests(
-    package: Package, tests: list[str], sample_killed: int = 0, only: str = "*"
+    package: Package,
+    tests: list[str],
+    sample_killed: int = 0,
+    only: str = "*",
+    *,
+    fresh: bool = False,
 ) -> dict[str, str]:
     """Run ``tests`` (pytest arguments, today's files) against the last run's open mutants.
 
     The open mutants are those not caught and not listed as equivalent, and
     those that crashed mutmut's forked runner (a segfault there may be the
-    runner's, not a test's verdict). They run one after another in one
-    process, from the rewritten copy the last run left (mutmut's trampolines
-    pick the mutant named in ``MUTANT_UNDER_TEST``). Nothing is recorded in the
-    run's results: a kill found here is confirmed by the next full run.
+    runner's, not a test's verdict). They run one after another from the
+    rewritten copy the last run left (mutmut's trampolines pick the mutant named
+    in ``MUTANT_UNDER_TEST``): in one process, or with ``fresh`` each in an
+    interpreter of its own, which is slower but sees a mutant in code that runs
+    at import (a table of functions built once). mutmut's forked runner imports
+    the tests before it forks, so only such a check can catch those.
+
+    The kills are recorded in the work folder's ``checked.json`` (with the tests
+    and the commit), and the next report of the same code counts them as
+    ``killed_by_check``; a new full run starts without them. A
+    ``sample_killed`` check (looking for false kills) records nothing.
     """
     work = WORK / package.name
     if not (work / "codes.json").exists():
@@ -538,17 +602,35 @@ def check_tests(
         # no deadlines on the slower rewritten copy: a deadline error is no kill
         "VYRE_HYPOTHESIS_PROFILE": "mutation",
     }
-    done = subprocess.run(
-        [sys.executable, "-c", _CHECK_RUNNER, json.dumps(names), *tests],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"{package.name}: --check failed (exit status {done.returncode})")
-    verdicts: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
+    if fresh:
+        verdicts = _fresh_runner(names, tests, env)
+    else:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHECK_RUNNER, json.dumps(names), *tests],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"{package.name}: --check failed (exit status {done.returncode})")
+        verdicts = json.loads(done.stdout.strip().splitlines()[-1])
+    if not sample_killed:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        checked = _checked(work)
+        for name, verdict in verdicts.items():
+            if verdict == "killed":
+                checked[name] = {"tests": list(tests), "fresh": fresh, "commit": head}
+        (work / "checked.json").write_text(
+            json.dumps(checked, indent=1, sort_keys=True) + "\n", encoding="utf-8"
+        )
     return verdicts
 
 
@@ -578,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
         "--check",
         nargs="+",
         metavar="PYTEST_ARG",
-        help="run these tests against one package's open mutants, in one process (triage)",
+        help="run these tests against one package's open mutants (triage); kills are recorded",
     )
     parser.add_argument(
         "--sample-killed",
@@ -588,14 +670,22 @@ def main(argv: list[str] | None = None) -> int:
         help="with --check: rerun a fixed sample of N killed mutants instead (false kills)",
     )
     parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="with --check: each mutant in an interpreter of its own (code run at import)",
+    )
+    parser.add_argument(
         "--only",
         default="*",
         metavar="GLOB",
         help="with --check: only the mutants whose names match, e.g. 'vyre_async.ir.wire.*'",
     )
     args = parser.parse_args(argv)
-    if not args.check and (args.only != "*" or args.sample_killed):
-        print("--only and --sample-killed go with --check\nFix: add --check TESTS", file=sys.stderr)
+    if not args.check and (args.only != "*" or args.sample_killed or args.fresh):
+        print(
+            "--only, --fresh and --sample-killed go with --check\nFix: add --check TESTS",
+            file=sys.stderr,
+        )
         return 2
     if args.check:
         if len(args.packages) != 1 or args.packages[0] not in PACKAGES:
@@ -605,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         verdicts = check_tests(
-            PACKAGES[args.packages[0]], args.check, args.sample_killed, args.only
+            PACKAGES[args.packages[0]], args.check, args.sample_killed, args.only, fresh=args.fresh
         )
         killed = sum(v == "killed" for v in verdicts.values())
         print(json.dumps({"killed": killed, "open": len(verdicts), "verdicts": verdicts}))
@@ -635,7 +725,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(
             json.dumps(
-                {k: v for k, v in result.items() if k not in ("survivors", "no_test_mutants")}
+                {
+                    k: v
+                    for k, v in result.items()
+                    if k not in ("survivors", "no_test_mutants", "killed_by_check_mutants")
+                }
             )
         )
         ok = ok and result["score"] >= 0.9

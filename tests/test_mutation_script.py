@@ -143,8 +143,9 @@ def test_resume_without_an_interrupted_run_is_refused_with_a_fix(
 
 def test_only_and_sample_killed_need_check(capsys: pytest.CaptureFixture[str]) -> None:
     assert mutation.main(["ir", "--only", "vyre_async.ir.wire.*"]) == 2
-    assert "--only and --sample-killed go with --check" in capsys.readouterr().err
+    assert "--only, --fresh and --sample-killed go with --check" in capsys.readouterr().err
     assert mutation.main(["ir", "--sample-killed", "3"]) == 2
+    assert mutation.main(["ir", "--fresh"]) == 2
 
 
 FAKE_MUTATED = """
@@ -156,10 +157,19 @@ def f(a):
     if mutant.endswith("_2"):
         return a + 2  # the one the test below sees
     return a * 2
+
+
+def make():  # run once, at import: a table of functions
+    if os.environ.get("MUTANT_UNDER_TEST", "").endswith("_5"):
+        return lambda a: a * 3
+    return lambda a: a * 2
+
+
+TABLE = make()
 """
 
 
-def test_check_runs_tests_against_each_open_mutant_in_one_process(
+def test_check_runs_tests_against_each_open_mutant_and_records_the_kills(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(mutation, "WORK", tmp_path / "work")
@@ -173,16 +183,14 @@ def test_check_runs_tests_against_each_open_mutant_in_one_process(
         "fakepkg.x_f__mutmut_2": 33,  # no tests: open
         "fakepkg.x_f__mutmut_3": -11,  # crashed the forked runner: open
         "fakepkg.x_f__mutmut_4": 1,  # killed: not rerun
+        "fakepkg.x_make__mutmut_5": 0,  # survived mutmut's runner: it changes code run at import
     }
     (work / "codes.json").write_text(json.dumps(codes), encoding="utf-8")
     test = tmp_path / "test_fake.py"
-    test.write_text("from fakepkg import f\n\n\ndef test_f():\n    assert f(3) == 6\n")
+    test.write_text(
+        "from fakepkg import TABLE, f\n\n\ndef test_f():\n    assert f(3) == TABLE(3) == 6\n"
+    )
     package = mutation.Package("fake", ("fakepkg/*",), ())
-    assert mutation.check_tests(package, [str(test)]) == {
-        "fakepkg.x_f__mutmut_1": "survived",
-        "fakepkg.x_f__mutmut_2": "killed",
-        "fakepkg.x_f__mutmut_3": "survived",
-    }
     # Only the names matching a pattern.
     assert mutation.check_tests(package, [str(test)], only="*_mutmut_[23]") == {
         "fakepkg.x_f__mutmut_2": "killed",
@@ -190,13 +198,47 @@ def test_check_runs_tests_against_each_open_mutant_in_one_process(
     }
     with pytest.raises(SystemExit, match="--only 'nothing\\*' matches none of the 3 mutants"):
         mutation.check_tests(package, [str(test)], only="nothing*")
-    # A sample of the killed ones instead (false kills): mutant 4 is the only one.
+    # The kill is recorded: the next check leaves mutant 2 out, and the report counts it.
+    checked = json.loads((work / "checked.json").read_text(encoding="utf-8"))
+    assert list(checked) == ["fakepkg.x_f__mutmut_2"]
+    assert checked["fakepkg.x_f__mutmut_2"]["tests"] == [str(test)]
+    assert checked["fakepkg.x_f__mutmut_2"]["fresh"] is False
+    # In one process, the import ran once, without a mutant: mutant 5 goes unseen.
+    assert mutation.check_tests(package, [str(test)]) == {
+        "fakepkg.x_f__mutmut_1": "survived",
+        "fakepkg.x_f__mutmut_3": "survived",
+        "fakepkg.x_make__mutmut_5": "survived",
+    }
+    # In an interpreter of its own, the import sees it.
+    assert mutation.check_tests(package, [str(test)], only="*make*", fresh=True) == {
+        "fakepkg.x_make__mutmut_5": "killed"
+    }
+    assert json.loads((work / "checked.json").read_text(encoding="utf-8"))[
+        "fakepkg.x_make__mutmut_5"
+    ]["fresh"]
+    report = mutation.summarise(work, package, codes)
+    assert report["killed"] == 2  # mutmut's: mutant 4, and mutant 3's crash
+    assert report["killed_by_check"] == 2
+    assert sorted(report["killed_by_check_mutants"]) == [
+        "fakepkg.x_f__mutmut_2",
+        "fakepkg.x_make__mutmut_5",
+    ]
+    assert report["survivors"] == ["fakepkg.x_f__mutmut_1"]
+    assert report["no_test_mutants"] == []
+    assert report["score"] == round(4 / 5, 4)
+    assert mutation._to_rerun(work, package) == ["fakepkg.x_f__mutmut_1"]
+    # A sample of the killed ones instead (false kills): mutant 4 is the only one; not recorded.
     assert mutation.check_tests(package, [str(test)], sample_killed=5) == {
         "fakepkg.x_f__mutmut_4": "survived"  # (this fake's mutant 4 changes nothing: a false kill)
     }
+    assert "fakepkg.x_f__mutmut_4" not in json.loads(
+        (work / "checked.json").read_text(encoding="utf-8")
+    )
     test.write_text("from fakepkg import f\n\n\ndef test_f():\n    assert f(3) == 7\n")
     with pytest.raises(SystemExit, match="--check failed"):
         mutation.check_tests(package, [str(test)])  # the tests fail without a mutant
+    with pytest.raises(SystemExit, match="--check failed"):
+        mutation.check_tests(package, [str(test)], fresh=True)
 
 
 def test_check_needs_a_run_of_todays_code(
