@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import zlib
 from typing import Any
 
 import numpy as np
@@ -98,13 +99,18 @@ def _check(got: Any, want: list[Any], dtype: DType, ulp: int = 0) -> None:
         assert _words(got_list.tolist(), dtype) == _words(want, dtype)
 
 
+def _rng(op: BinOp | UnOp, dtype: DType) -> np.random.Generator:
+    """The same values for a case in every run (``hash`` of a str differs per process)."""
+    return np.random.default_rng(zlib.crc32(f"{op.value}/{dtype.value}".encode()))
+
+
 BIN_CASES = [(op, dt) for op in BinOp for dt in DType if bin_result(op, dt) is not None]
 UN_CASES = [(op, dt) for op in UnOp for dt in DType if un_result(op, dt) is not None]
 
 
 @pytest.mark.parametrize(("op", "dtype"), BIN_CASES, ids=lambda x: str(x))
 def test_binary_ops(op: BinOp, dtype: DType) -> None:
-    rng = np.random.default_rng(hash((op.value, dtype.value)) % 2**32)
+    rng = _rng(op, dtype)
     a = _values(dtype, rng, 400)
     b = _values(dtype, rng, 400)
     result = bin_result(op, dtype)
@@ -126,14 +132,19 @@ def test_binary_ops(op: BinOp, dtype: DType) -> None:
 
 @pytest.mark.parametrize(("op", "dtype"), UN_CASES, ids=lambda x: str(x))
 def test_unary_ops(op: UnOp, dtype: DType) -> None:
-    rng = np.random.default_rng(hash((op.value, dtype.value)) % 2**32)
+    rng = _rng(op, dtype)
     a = _values(dtype, rng, 400)
     with np.errstate(all="ignore"):
         got = arith.unary_op(op, dtype)(a)
     want = [oracle.unary(op, dtype, _py(x, dtype)) for x in a]
     result = un_result(op, dtype)
     assert result is not None
-    _check(got, want, result, ulp=2 if op in TRANSCENDENTAL else 0)
+    # The budget is for other backends; the reference computes in float64 and
+    # rounds once, as the oracle does: rsqrt (two correctly rounded float64
+    # operations) must match it exactly. exp, log and the trigonometric ones come
+    # from numpy's and C's libm, which may differ in the last float64 bit.
+    exact = op not in TRANSCENDENTAL or op is UnOp.RSQRT
+    _check(got, want, result, ulp=0 if exact else 2)
 
 
 @pytest.mark.parametrize("source", list(DType), ids=str)
