@@ -163,7 +163,12 @@ def test_fma_is_exactly_rounded_on_hard_cases() -> None:
     # a*b lands next to a binary32 midpoint, then c tips (or not) the rounding.
     a = (1 + rng.integers(0, 2**12, n) * 2.0**-12).astype(np.float32)
     b = (1 + rng.integers(0, 2**12, n) * 2.0**-12).astype(np.float32)
-    c = (rng.choice([-1.0, 1.0], n) * 2.0 ** rng.integers(-70, -20, n)).astype(np.float32)
+    # c a power of two, or with a full significand (its low bits land in the binary64
+    # rounding of the sum, where the round-to-odd step must test the last bit)
+    whole = 1 + rng.integers(0, 2**23, n) * 2.0**-23
+    significand = np.where(rng.integers(0, 2, n) == 0, 1.0, whole)
+    c = rng.choice([-1.0, 1.0], n) * significand * 2.0 ** rng.integers(-70, -20, n)
+    c = c.astype(np.float32)
     c[::7] = -(a[::7].astype(np.float64) * b[::7]).astype(np.float32)  # cancellation
     special = np.array(_SPECIAL_F32_BITS, np.uint32).view(np.float32)
     a = np.concatenate([a, np.repeat(special, len(special))])
