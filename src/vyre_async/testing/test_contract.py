@@ -476,8 +476,11 @@ async def test_a_closed_backend_refuses_every_operation(vyre_backend: VyreBacken
     if resident is not None:
         vyre_backend.free(resident)  # releasing after close is allowed
     fresh = acquire_backend(vyre_backend.id)  # the Fix works: a new instance
-    assert fresh is not vyre_backend and not fresh.closed
-    assert (await fresh.dispatch(xor, [a, a]))[0].tolist() == [0] * 64
+    try:
+        assert fresh is not vyre_backend and not fresh.closed
+        assert (await fresh.dispatch(xor, [a, a]))[0].tolist() == [0] * 64
+    finally:
+        await fresh.aclose()  # (left open, its threads outlived the test)
 
 
 @bounded()
