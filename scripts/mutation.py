@@ -187,15 +187,55 @@ PACKAGES: dict[str, Package] = {
         ),
         Package(
             "cupy",
+            ("vyre_cupy/layout.py", "vyre_cupy/batch.py", "vyre_cupy/launch.py"),
+            # (the unchanged CupyBackend on the fake device, the emulator built as a library:
+            # these mutants leave the generated CUDA C as it is, so every g++ build is a cache
+            # hit. The fake device's trio duplicates run the host code its asyncio tests run,
+            # but for the poll budget (none without an asyncio loop), which test_cupy_polling's
+            # trio and plain-thread tests cover: they run under --check, as do the deselected)
             (
-                "vyre_cupy/codegen.py",
-                "vyre_cupy/prelude.py",
-                "vyre_cupy/layout.py",
-                "vyre_cupy/batch.py",
-                "vyre_cupy/launch.py",
+                "tests/cupy/test_cupy_layout.py",
+                "tests/cupy/test_cupy_batch.py",
+                "tests/cupy/test_cupy_keys.py",
+                "tests/cupy/test_cupy_polling.py",
+                "tests/cupy/test_cupy_fake_device.py",
+                "tests/cupy/test_cupy_differential.py::test_the_fake_device_matches_the_reference",
+                "-k",
+                "not (test_cupy_fake_device and trio)",
             ),
-            ("tests/cupy",),
-            note="CUDA host side and codegen: nvcc, the emulator, the fake device",
+            note="CUDA host side: the fake device (the emulator as a library; no GPU, no nvcc)",
+            deselect=(
+                # 23 s and 19 s, reaching every function of batch.py and most of launch.py (a
+                # survivor there cost 40 s more), and 5 s (10 000 dispatches): --check
+                "tests/cupy/test_cupy_fake_device.py::test_policy_benchmark_runs_on_the_fake_device",
+                "tests/cupy/test_cupy_fake_device.py::"
+                "test_calibrate_measures_launch_modes_compile_and_copies",
+                "tests/cupy/test_cupy_fake_device.py::test_load_10000_dispatches_from_200_tasks",
+            ),
+        ),
+        Package(
+            "cupy-codegen",
+            ("vyre_cupy/codegen.py", "vyre_cupy/prelude.py"),
+            # (the generated CUDA C read as text: no compiler runs; prelude.py is one string
+            # constant, of which mutmut makes no mutant. The emulator, nvcc and the fake
+            # device run on the open mutants afterwards with --check)
+            (
+                "tests/cupy/test_codegen.py",
+                "tests/cupy/test_emulation_ubsan.py::"
+                "test_shift_counts_and_divisors_are_literals_in_the_generated_kernels",
+                "tests/cupy/test_cupy_compile.py::test_compile_failed_without_a_line_number",
+            ),
+            note="CUDA C generator: text-level tests (the emulator, nvcc, fake device: --check)",
+            deselect=(
+                # the `toolchain` fixture starts the corpus, operator-table and fake-device g++
+                # builds and nvcc at once, all cache misses for a mutant that changes the
+                # generated text (15-20 s of CPU each): --check
+                "tests/cupy/test_codegen.py::test_hostile_program_still_runs_correctly",
+                "tests/cupy/test_codegen.py::test_ssa_program_runs_both_arms",
+                "tests/cupy/test_codegen.py::test_loop_bounds_are_snapshots",
+                "tests/cupy/test_codegen.py::test_oob_atomics_return_zero",
+                "tests/cupy/test_codegen.py::test_race_detector_flags_exactly_the_racy_probes",
+            ),
         ),
     ]
 }

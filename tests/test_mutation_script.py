@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -97,14 +98,30 @@ def test_an_unknown_package_is_refused_with_a_fix(capsys: pytest.CaptureFixture[
 
 def test_every_package_names_files_and_tests_that_exist() -> None:
     for package in mutation.PACKAGES.values():
-        for test in package.tests:  # paths, and the contract suite's --vyre-backend=ID
-            assert test.startswith("--vyre-backend=") or (ROOT / test).exists(), (
+        tests = list(package.tests)
+        while "-k" in tests:  # a -k expression is not a path
+            at = tests.index("-k")
+            del tests[at : at + 2]
+        for test in tests:  # paths, node ids, and the contract suite's --vyre-backend=ID
+            path, _, name = test.partition("::")
+            assert test.startswith("--vyre-backend=") or (ROOT / path).exists(), (
                 package.name,
                 test,
             )
+            if name:  # a node id names a test of that file
+                assert _defines(ROOT / path, name.split("[")[0]), test
+        for test in package.deselect:
+            path, _, name = test.partition("::")
+            assert (ROOT / path).exists() and _defines(ROOT / path, name), test
         for pattern in package.paths:
             found = [*(ROOT / "src").glob(pattern), *(ROOT / "src" / "backends").glob(pattern)]
             assert found, (package.name, pattern)
+
+
+def _defines(path: Path, name: str) -> bool:
+    """Whether a test file defines ``name`` (a function, or a name bound to one)."""
+    text = path.read_text(encoding="utf-8")
+    return re.search(rf"^(async )?def {name}\(|^{name} = ", text, re.MULTILINE) is not None
 
 
 def test_reuse_without_a_previous_run_is_refused_with_a_fix(
