@@ -47,7 +47,13 @@ from vyre_async.arguments import whole_number
 from vyre_async.backend import VyreBackend, poll_until
 from vyre_async.capabilities import FEATURES, BackendCapabilities
 from vyre_async.config import DispatchConfig
-from vyre_async.errors import BackendClosed, DeviceLost, InvalidProgram, UnsupportedFeature
+from vyre_async.errors import (
+    BackendClosed,
+    BackendError,
+    DeviceLost,
+    InvalidProgram,
+    UnsupportedFeature,
+)
 from vyre_async.frontend import Launch
 from vyre_async.ir.program import Program
 from vyre_async.pending import PendingDispatch, defer_to_callbacks, settle_hook
@@ -219,6 +225,12 @@ def cluster_target(
     return "local", local
 
 
+def _without_fix(error: BackendError) -> str:
+    """``error``'s message without its ``Fix:`` line (the caller's error gives its own)."""
+    text, line, _ = error.message.rpartition("\nFix: ")
+    return text if line else error.message
+
+
 def _connect(ray: Any, address: str | None, workers: int | None) -> tuple[int, bool]:
     """Connect this process to Ray (once); return a new pool's size, and if it is per GPU."""
     global _started_here
@@ -240,7 +252,7 @@ def _connect(ray: Any, address: str | None, workers: int | None) -> tuple[int, b
             except Exception as exc:  # a wrong address, a cluster that is not up
                 error = translate(exc, doing=f"connecting to the Ray cluster at {address!r}")
                 raise UnsupportedFeature(
-                    f"the 'ray' backend cannot reach its cluster: {error.message}",
+                    f"the 'ray' backend cannot reach its cluster: {_without_fix(error)}",
                     fix="check RAY_ADDRESS and that the cluster is up (ray status)",
                     backend_id="ray",
                     cause="unreachable",
@@ -363,7 +375,7 @@ class RayBackend(VyreBackend):
                     _log.debug("killing a worker that did not start failed", exc_info=True)
             error = translate(exc, doing="starting the pool's workers")
             raise UnsupportedFeature(
-                f"the 'ray' backend's workers could not start: {error.message}",
+                f"the 'ray' backend's workers could not start: {_without_fix(error)}",
                 fix="check the cluster's resources (ray status) and the workers' logs; "
                 "with num_gpus_per_worker, the cluster needs that many GPUs per worker",
                 backend_id="ray",
