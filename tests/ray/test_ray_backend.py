@@ -260,7 +260,7 @@ def test_an_unreachable_cluster_is_refused_with_its_own_fix() -> None:
     )
     assert text.count("Fix:") == 1
     assert text.endswith("\nFix: check RAY_ADDRESS and that the cluster is up (ray status)")
-    assert info.value.cause == "unreachable"
+    assert info.value.context["cause"] == "unreachable"
     assert isinstance(info.value.__cause__, ConnectionError)
 
 
