@@ -1,0 +1,1128 @@
+"""The ``ray`` backend's driver side without a cluster, written for mutation testing.
+
+`RayBackend` takes Ray from ``vyre_ray.backend._import_ray``; here that returns
+a `FakeRay`, whose actors hold real `vyre_ray.worker.Worker`s in this process.
+Each actor serves its calls on an event loop thread of its own, as an async Ray
+actor does. Arguments, results and a worker's exceptions cross a pickle round
+trip; results arrive read-only, as views of Ray's object store do; a worker's
+exception arrives wrapped as Ray wraps it. Cancelling a call ends it with
+``TaskCancelledError``, and killing an actor ends its calls with
+``ActorDiedError``. A test can hold an actor's calls, restart its worker, or
+have Ray refuse a call. So connecting, starting the pool, placement, sending
+and sending again, results and errors, deadlines, flushing, closing and the
+runtime watchdog run in a few seconds, and no Ray process starts.
+
+Why: every test that builds a real pool (``test_ray_backend.py``, the contract
+suite on ``ray``) starts a local cluster, about 9 s per mutant under mutmut.
+``scripts/mutation.py`` runs these tests on every mutant of ``vyre_ray``, and
+the cluster's tests afterwards on the mutants left open (``--check``). What a
+fake cannot show is theirs: Ray's own serialisation, restarts and retries, the
+workers' spans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import math
+import os
+import pickle
+import sys
+import threading
+import types
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+pytest.importorskip("ray", reason="the ray extra is not installed")
+
+import ray.exceptions as rex
+
+import ray as real_ray
+import vyre_ray
+import vyre_ray.backend as rb
+from vyre_async import (
+    BackendClosed,
+    DeviceLost,
+    DeviceOutOfMemory,
+    DispatchConfig,
+    DispatchFailed,
+    DispatchTimeout,
+    InvalidProgram,
+    PendingDispatch,
+    UnsupportedFeature,
+    __version__,
+    acquire_backend,
+)
+from vyre_async.capabilities import BackendCapabilities
+from vyre_async.programs import elementwise_xor
+from vyre_async.registry import BackendProbe, probe_backend
+from vyre_ray.backend import (
+    AFFINITY_SLACK,
+    OFF_THREAD_BYTES,
+    START_TIMEOUT_S,
+    TASK_RETRIES,
+    RayBackend,
+    WorkerInfo,
+)
+from vyre_ray.errors import UnknownProgram
+from vyre_ray.registration import REGISTRATION
+from vyre_ray.worker import Worker
+
+#: The bound of every wait here (each takes milliseconds).
+WAIT_S = 30.0
+XOR = elementwise_xor(16)
+A = np.arange(16, dtype=np.uint32)
+NODE = "node-7"
+#: What ray.init is always given.
+QUIET = {
+    "include_dashboard": False,
+    "log_to_driver": False,
+    "logging_level": logging.ERROR,
+    "namespace": "vyre",
+}
+#: The actor options of a pool asking for no GPU.
+ACTOR_OPTIONS = {
+    "max_restarts": -1,
+    "max_task_retries": TASK_RETRIES,
+    "max_concurrency": 1000,
+    "num_cpus": 0,
+    "num_gpus": 0,
+    "scheduling_strategy": "SPREAD",
+}
+CLOSED = (
+    "the ray backend was closed while the dispatch still ran on a worker; its result was "
+    "discarded\nFix: await the dispatches you need (or backend.flush()) before closing, or "
+    "raise close_timeout"
+)
+GONE = (
+    "the Ray runtime this 'ray' backend was connected to was shut down (ray.shutdown() in this "
+    "process); its workers are gone\nFix: close this backend and build a new one "
+    "(acquire_backend('ray') builds a fresh one after close), which connects again"
+)
+OWN_FIX = "\nFix: inspect the chained exception; check the Ray cluster (ray status)"
+
+
+# The fake ------------------------------------------------------------------------------------
+
+
+def over_the_wire(value: Any) -> Any:
+    """``value`` as Ray hands it to the other side: a pickled copy, its arrays read-only
+    (as a large array is: a view of Ray's object store)."""
+    copy = pickle.loads(pickle.dumps(value))
+    items = copy if isinstance(copy, list | tuple) else [copy]
+    for item in items:
+        for array in item if isinstance(item, list) else [item]:
+            if isinstance(array, np.ndarray):
+                array.flags.writeable = False
+    return copy
+
+
+def as_ray_raises(exc: Exception) -> Exception:
+    """A worker's exception as ``ref.future()`` raises it: pickled across, and wrapped."""
+    try:
+        cause = pickle.loads(pickle.dumps(exc))
+    except Exception as broken:  # Ray could not bring it across either
+        return broken
+    wrapped: Exception = rex.RayTaskError("Worker.run", "(traceback)", cause).as_instanceof_cause()
+    return wrapped
+
+
+class FakeRef:
+    """An object ref of the fake: one call, settled by its actor's loop."""
+
+    def __init__(self, actor: FakeActor) -> None:
+        self.actor = actor
+        self.task: asyncio.Task[None] | None = None
+        self._future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def future(self) -> concurrent.futures.Future[Any]:
+        return self._future
+
+    def cancel_task(self) -> None:  # (on the actor's loop)
+        if self.task is not None:
+            self.task.cancel()
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One ``run.remote`` call as it left the caller."""
+
+    worker: int
+    wire: bool  # the program's wire bytes went with it
+    config: DispatchConfig
+    thread: str  # the name of the thread that sent it
+    ref: FakeRef
+
+
+class _Method:
+    """``handle.method``: ``.remote(*args)`` sends a call, as on a Ray actor handle."""
+
+    def __init__(self, actor: FakeActor, name: str) -> None:
+        self._actor, self._name = actor, name
+
+    def remote(self, *args: Any) -> FakeRef:
+        return self._actor.call(self._name, args)
+
+
+class FakeActor:
+    """An actor handle of the fake, holding a real `Worker`, served on a thread of its own."""
+
+    def __init__(self, ray: FakeRay, inner: str | None, index: int, trace: str | None) -> None:
+        self.ray, self.index = ray, index
+        self.created_with = (inner, index, trace)
+        #: Set by a test: ``run.remote`` raises it (Ray refusing to send the call).
+        self.refuse: Exception | None = None
+        self.worker: Worker | None = None
+        self.dead = False
+        self.open = asyncio.Event()  # cleared while the test holds this actor's calls
+        self.open.set()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name=f"fake-ray-actor-{index}", daemon=True
+        )
+        self.thread.start()
+        self.restart()
+        self.describe = _Method(self, "describe")
+        self.run = _Method(self, "run")
+        self.flush_telemetry = _Method(self, "flush_telemetry")
+
+    def restart(self) -> None:
+        """Start the worker anew (as Ray restarts an actor): it holds no program.
+
+        Without ``inner`` it holds the reference backend (the preferred one of
+        this process could be another test's fake). Its ``trace`` is not passed
+        on: `configure_tracing` would install this process's global tracer
+        provider, which can be set once per process.
+        """
+        inner = self.created_with[0]
+        try:
+            self.worker = Worker(inner or "reference", self.index)
+        except Exception:  # its constructor failed: Ray reports the actor dead
+            self.worker = None
+
+    def hold(self) -> None:
+        """Hold this actor's ``run`` calls (received, not started) until `release`."""
+        self._on_loop(self.open.clear)
+
+    def release(self) -> None:
+        self._on_loop(self.open.set)
+
+    def call(self, name: str, args: tuple[Any, ...]) -> FakeRef:
+        ref = FakeRef(self)
+        if name == "run":
+            if self.refuse is not None:
+                raise self.refuse
+            _, wire, _, config, _ = args
+            sent = Sent(self.index, wire is not None, config, threading.current_thread().name, ref)
+            self.ray.note_sent(sent)
+        elif name == "flush_telemetry":
+            self.ray.note_flush()
+        args = over_the_wire(args)
+        self.loop.call_soon_threadsafe(self._start, ref, name, args)
+        return ref
+
+    def _start(self, ref: FakeRef, name: str, args: tuple[Any, ...]) -> None:
+        ref.task = self.loop.create_task(self._serve(ref, name, args))
+
+    async def _serve(self, ref: FakeRef, name: str, args: tuple[Any, ...]) -> None:
+        future = ref.future()
+        try:
+            if self.dead or self.worker is None:
+                future.set_exception(rex.ActorDiedError())
+                return
+            value: Any
+            if name == "run":
+                await self.open.wait()
+                value = await self.worker.run(*args)
+            elif name == "describe":
+                value = self.worker.describe()
+                if self.ray.capabilities is not None:
+                    value["capabilities"] = self.ray.capabilities[self.index]
+            else:
+                value = self.worker.flush_telemetry()
+            value = over_the_wire(value)
+        except asyncio.CancelledError:
+            future.set_exception(rex.ActorDiedError() if self.dead else rex.TaskCancelledError())
+        except Exception as exc:
+            future.set_exception(as_ray_raises(exc))
+        else:
+            future.set_result(value)
+
+    def kill(self) -> None:
+        """End the actor: its calls fail with ``ActorDiedError``, and so do later ones."""
+        asyncio.run_coroutine_threadsafe(self._die(), self.loop).result(timeout=WAIT_S)
+
+    async def _die(self) -> None:
+        self.dead = True
+        calls = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in calls:
+            task.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+
+    def stop(self) -> None:
+        """Kill the actor and end its thread (the test's end)."""
+        self.kill()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(WAIT_S)
+        assert not self.thread.is_alive(), f"{self.thread.name} did not end"
+        self.loop.close()
+
+    def _on_loop(self, fn: Callable[[], object]) -> None:
+        async def run() -> None:
+            fn()
+
+        asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=WAIT_S)
+
+
+class _ActorClass:
+    """``ray.remote(Worker)``: its ``.options(...).remote(...)`` starts an actor."""
+
+    def __init__(self, ray: FakeRay) -> None:
+        self._ray = ray
+
+    def options(self, **options: Any) -> _ActorClass:
+        self._ray.options.append(options)
+        return self
+
+    def remote(self, inner: str | None, index: int, trace: str | None) -> FakeActor:
+        actor = FakeActor(self._ray, inner, index, trace)
+        self._ray.actors.append(actor)
+        return actor
+
+
+class FakeRay:
+    """The ``ray`` module as `RayBackend` uses it, recording what it is asked."""
+
+    def __init__(self) -> None:
+        self.initialized = False
+        #: Set by a test: what ``init``, ``get`` and ``kill`` raise.
+        self.init_error: Exception | None = None
+        self.get_error: Exception | None = None
+        self.kill_error: Exception | None = None
+        self.resources: dict[str, float] = {"CPU": 3.0}
+        #: Set by a test: what each worker (by index) reports it supports.
+        self.capabilities: list[BackendCapabilities] | None = None
+        self.inits: list[tuple[str | None, dict[str, Any]]] = []
+        self.options: list[dict[str, Any]] = []  # each pool's actor options
+        self.actors: list[FakeActor] = []
+        self.sent: list[Sent] = []
+        self.flushes = 0
+        self.gets: list[float | None] = []  # the timeout of each ray.get
+        self.cancelled: list[tuple[FakeRef, dict[str, Any]]] = []
+        self.cancelling = threading.Event()
+        self.killed: list[tuple[FakeActor, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+
+    def note_sent(self, sent: Sent) -> None:
+        with self._lock:
+            self.sent.append(sent)
+
+    def note_flush(self) -> None:
+        with self._lock:
+            self.flushes += 1
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def init(self, address: str | None = None, **options: Any) -> None:
+        self.inits.append((address, options))
+        if self.init_error is not None:
+            raise self.init_error
+        self.initialized = True
+
+    def cluster_resources(self) -> dict[str, float]:
+        return dict(self.resources)
+
+    def remote(self, cls: type[Worker]) -> _ActorClass:
+        assert cls is Worker
+        return _ActorClass(self)
+
+    def get(self, refs: list[FakeRef], timeout: float | None = None) -> list[Any]:
+        self.gets.append(timeout)
+        if self.get_error is not None:
+            raise self.get_error
+        return [ref.future().result(timeout=WAIT_S) for ref in refs]
+
+    def cancel(self, ref: FakeRef, **kwargs: Any) -> None:
+        with self._lock:
+            self.cancelled.append((ref, kwargs))
+        ref.actor.loop.call_soon_threadsafe(ref.cancel_task)
+        self.cancelling.set()
+
+    def kill(self, actor: FakeActor, **kwargs: Any) -> None:
+        with self._lock:
+            self.killed.append((actor, kwargs))
+        if self.kill_error is not None:
+            raise self.kill_error
+        actor.kill()
+
+
+class _RuntimeContext:
+    """``ray.get_runtime_context()`` for `Worker.describe` (the real one starts a cluster)."""
+
+    @staticmethod
+    def get_node_id() -> str:
+        return NODE
+
+
+@pytest.fixture(autouse=True)
+def _ray_log_level() -> Iterator[None]:
+    logger = logging.getLogger("ray")
+    level = logger.level
+    yield
+    logger.setLevel(level)  # (every Worker sets it to ERROR)
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRay]:
+    """Ray as the fake; a local cluster of 2 is asked for. Its actors end with the test."""
+    ray = FakeRay()
+    monkeypatch.setattr(rb, "_import_ray", lambda: ray)
+    # This process's connection state (the session's real cluster may have set it).
+    monkeypatch.setattr(rb, "_started_here", False)
+    # The watchdog's period: it ends within one after the pool is closed.
+    monkeypatch.setattr(rb, "WATCH_S", 0.01)
+    monkeypatch.setattr(real_ray, "get_runtime_context", _RuntimeContext)  # Worker.describe
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("VYRE_RAY_LOCAL_WORKERS", "2")
+    try:
+        yield ray
+    finally:
+        for actor in ray.actors:
+            actor.stop()
+
+
+@pytest.fixture
+def closing(fake: FakeRay) -> Iterator[Callable[[RayBackend], RayBackend]]:
+    """``closing(RayBackend(...))``: closed at the test's end, its threads ended."""
+    before = set(threading.enumerate())
+    built: list[RayBackend] = []
+
+    def keep(backend: RayBackend) -> RayBackend:
+        built.append(backend)
+        return backend
+
+    yield keep
+    for actor in fake.actors:
+        if not actor.dead:
+            actor.release()
+    for backend in built:
+        if not backend.closed:
+            backend.close_timeout = min(backend.close_timeout, 1.0)
+            close(backend)
+    for thread in set(threading.enumerate()) - before:
+        if thread.name.startswith("vyre-ray"):  # the watchdog, the submission threads
+            thread.join(WAIT_S)
+            assert not thread.is_alive(), f"{thread.name} did not end"
+
+
+def close(backend: RayBackend) -> None:
+    async def aclose() -> None:
+        with anyio.fail_after(WAIT_S):
+            await backend.aclose()
+
+    anyio.run(aclose)
+
+
+def xor_of(pending: PendingDispatch, a: np.ndarray, b: np.ndarray) -> None:
+    """Check that ``pending`` settles with ``a ^ b``, in a writable array."""
+    (out,) = pending.result(timeout=WAIT_S)
+    assert np.array_equal(out, a ^ b) and out.flags.writeable
+
+
+def holder_takes(fake: FakeRay, backend: RayBackend, n: int) -> int:
+    """How many held calls of ``elementwise_xor(n)`` the worker that ran it takes before
+    one goes to another worker.
+
+    ``AFFINITY_SLACK + 1`` when no worker has a call in flight: the pool's count
+    of every worker's calls came back to zero after what ran before.
+    """
+    program, a = elementwise_xor(n), np.arange(n, dtype=np.uint32)
+    xor_of(backend.dispatch(program, [a, a + 1]), a, a + 1)
+    holder = fake.actors[fake.sent[-1].worker]
+    calls: list[PendingDispatch] = []
+    holder.hold()
+    try:
+        while len(calls) <= 2 * AFFINITY_SLACK:
+            calls.append(backend.dispatch(program, [a, a + 1]))
+            if fake.sent[-1].worker != holder.index:
+                break
+    finally:
+        holder.release()
+    for pending in calls:
+        xor_of(pending, a, a + 1)
+    return len(calls) - 1
+
+
+# Connecting and starting the pool --------------------------------------------------------------
+
+
+def test_a_local_cluster_is_started_quiet_and_the_pool_has_its_size(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    backend = closing(RayBackend(inner="reference"))
+    assert fake.inits == [(None, {**QUIET, "num_cpus": 2})]
+    # (the cluster says 3 CPUs: a pool on a cluster this process started has its size)
+    assert [a.created_with for a in fake.actors] == [("reference", 0, None), ("reference", 1, None)]
+    assert fake.options == [ACTOR_OPTIONS]
+    assert fake.gets == [START_TIMEOUT_S]
+    reference = acquire_backend("reference")
+    assert backend.device_fingerprint() == (
+        f"ray pool of 2 (reference): {reference.device_fingerprint()}"
+    )
+    assert backend.compiler_fingerprint() == (
+        f"vyre_ray {__version__}: wire bytes, compiled on each worker"
+    )
+    assert backend.capabilities() == dataclasses.replace(
+        reference.capabilities(), distributed=True, ordered_resident_buffers=False
+    )
+
+
+def test_a_second_pool_shares_the_connection_and_the_local_size(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    closing(RayBackend())
+    closing(RayBackend())
+    assert len(fake.inits) == 1 and len(fake.actors) == 4
+
+
+def test_a_connection_made_before_is_used_and_the_pool_sized_by_the_cluster(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    fake.initialized = True  # the application called ray.init() itself
+    closing(RayBackend())
+    # (VYRE_RAY_LOCAL_WORKERS=2 sizes a pool only on a cluster this process started)
+    assert fake.inits == [] and len(fake.actors) == 3
+
+
+@pytest.mark.parametrize(
+    ("resources", "size", "gpus"),
+    [({"CPU": 3.0}, 3, 0), ({"CPU": 8.0, "GPU": 2.0}, 2, 1), ({"CPU": 0.0}, 1, 0), ({}, 1, 0)],
+    ids=["3 CPUs", "8 CPUs 2 GPUs", "0 CPUs", "none"],
+)
+def test_a_named_cluster_is_joined_with_a_worker_per_gpu_else_per_cpu(
+    fake: FakeRay,
+    closing: Callable[[RayBackend], RayBackend],
+    monkeypatch: pytest.MonkeyPatch,
+    resources: dict[str, float],
+    size: int,
+    gpus: int,
+) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", "ray://h:1")  # (wins over VYRE_RAY_LOCAL_WORKERS=2)
+    fake.resources = resources
+    closing(RayBackend())
+    assert fake.inits == [("ray://h:1", QUIET)]
+    assert len(fake.actors) == size
+    assert fake.options == [{**ACTOR_OPTIONS, "num_gpus": gpus}]
+
+
+def test_an_address_passed_wins_over_RAY_ADDRESS_and_workers_passed_size_the_pool(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", "ray://env:1")
+    closing(RayBackend("ray://arg:2", workers=1))
+    assert fake.inits == [("ray://arg:2", QUIET)] and len(fake.actors) == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "created", "actor_options"),
+    [
+        (
+            {
+                "inner": "reference",
+                "num_gpus_per_worker": 0.5,
+                "trace": "otlp",
+                "worker_env": {"OTEL_X": "1"},
+            },
+            ("reference", 0, "otlp"),
+            {"num_gpus": 0.5, "runtime_env": {"env_vars": {"OTEL_X": "1"}}},
+        ),
+        ({"num_gpus_per_worker": 2, "worker_env": {}}, (None, 0, None), {"num_gpus": 2}),
+        ({"num_gpus_per_worker": 0}, (None, 0, None), {"num_gpus": 0}),
+    ],
+    ids=["half a GPU, env, trace", "2 GPUs, empty env", "no GPU"],
+)
+def test_worker_options_reach_ray(
+    fake: FakeRay,
+    closing: Callable[[RayBackend], RayBackend],
+    options: dict[str, Any],
+    created: tuple[str | None, int, str | None],
+    actor_options: dict[str, Any],
+) -> None:
+    closing(RayBackend(workers=1, **options))
+    assert fake.inits == [(None, {**QUIET, "num_cpus": 1})]
+    assert [a.created_with for a in fake.actors] == [created]
+    assert fake.options == [{**ACTOR_OPTIONS, **actor_options}]
+
+
+def test_local_starts_a_pool_of_reference_workers(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    closing(RayBackend.local())
+    closing(RayBackend.local(workers=1, inner=None))
+    assert fake.inits == [(None, {**QUIET, "num_cpus": 2})]
+    assert [a.created_with for a in fake.actors] == [
+        ("reference", 0, None),
+        ("reference", 1, None),
+        (None, 0, None),
+    ]
+
+
+_GPUS = (
+    "num_gpus_per_worker must be a number >= 0, got {}\n"
+    "Fix: pass num_gpus_per_worker=1 for one GPU per worker, or leave it out"
+)
+_ENV = (
+    "worker_env must map str to str, got {}\n"
+    'Fix: pass strings, e.g. worker_env={{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://..."}}'
+)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        pytest.param(
+            {"workers": 0},
+            "workers must be an int >= 1, got 0\nFix: pass e.g. workers=2",
+            id="workers 0",
+        ),
+        pytest.param(
+            {"workers": True},
+            "workers must be an int >= 1, got True\nFix: pass e.g. workers=2",
+            id="workers True",
+        ),
+        pytest.param({"num_gpus_per_worker": True}, _GPUS.format("True"), id="GPUs True"),
+        pytest.param({"num_gpus_per_worker": math.nan}, _GPUS.format("nan"), id="GPUs nan"),
+        pytest.param({"num_gpus_per_worker": -0.5}, _GPUS.format("-0.5"), id="GPUs -0.5"),
+        pytest.param({"num_gpus_per_worker": "1"}, _GPUS.format("'1'"), id="GPUs '1'"),
+        pytest.param({"worker_env": {"A": 1}}, _ENV.format("{'A': 1}"), id="env value 1"),
+        pytest.param({"worker_env": {1: "a"}}, _ENV.format("{1: 'a'}"), id="env key 1"),
+        pytest.param({"worker_env": ["A=1"]}, _ENV.format("['A=1']"), id="env list"),
+    ],
+)
+def test_pool_options_ray_would_refuse_are_refused_before_anything_starts(
+    fake: FakeRay, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidProgram) as info:
+        RayBackend(**options)
+    assert str(info.value) == message
+    assert fake.inits == [] and fake.actors == []
+
+
+def test_an_unreachable_cluster_is_refused_with_its_own_fix(
+    fake: FakeRay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", "ray://nowhere:1")
+    fake.init_error = ConnectionError("refused")
+    with pytest.raises(UnsupportedFeature) as info:
+        RayBackend()
+    assert str(info.value) == (
+        "the 'ray' backend cannot reach its cluster: the Ray worker failed while connecting to "
+        "the Ray cluster at 'ray://nowhere:1': ConnectionError: refused\n"
+        "Fix: check RAY_ADDRESS and that the cluster is up (ray status)"
+    )
+    assert info.value.context == {"backend_id": "ray", "cause": "unreachable"}
+    assert info.value.__cause__ is fake.init_error
+    assert fake.actors == []
+
+
+@pytest.mark.parametrize("kill_fails", [False, True])
+def test_workers_that_cannot_start_are_killed_and_refused_with_their_own_fix(
+    fake: FakeRay, kill_fails: bool
+) -> None:
+    if kill_fails:  # (a worker gone already: the error that matters is the start's)
+        fake.kill_error = rex.ActorDiedError()
+    with pytest.raises(UnsupportedFeature) as info:
+        RayBackend(inner="no-such-backend")  # each worker's constructor fails
+    assert str(info.value) == (
+        "the 'ray' backend's workers could not start: a Ray worker died or did not answer while "
+        "starting the pool's workers: ActorDiedError\n"
+        "Fix: check the cluster's resources (ray status) and the workers' logs; with "
+        "num_gpus_per_worker, the cluster needs that many GPUs per worker"
+    )
+    assert info.value.context == {"backend_id": "ray", "cause": "workers"}
+    assert isinstance(info.value.__cause__, rex.ActorDiedError)
+    assert fake.killed == [(actor, {}) for actor in fake.actors] and len(fake.actors) == 2
+
+
+# What the pool reports ----------------------------------------------------------------------
+
+
+def test_the_pool_is_as_capable_as_its_weakest_worker(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    a = BackendCapabilities(
+        f16=True, bf16=True, max_workgroup_size=(256, 64, 8), max_workgroup_lanes=256,
+        max_storage_buffer_bytes=10, max_workgroup_memory_bytes=7, subgroup_size=32,
+        device_name="b", ordered_resident_buffers=True,
+    )  # fmt: skip
+    b = BackendCapabilities(
+        f16=True, max_workgroup_size=(128, 128, 4), max_workgroup_lanes=512,
+        max_storage_buffer_bytes=20, max_workgroup_memory_bytes=3, subgroup_size=64,
+        device_name="a",
+    )  # fmt: skip
+    fake.capabilities = [a, b]
+    assert closing(RayBackend()).capabilities() == BackendCapabilities(
+        f16=True, distributed=True, max_workgroup_size=(128, 64, 4), max_workgroup_lanes=256,
+        max_storage_buffer_bytes=10, max_workgroup_memory_bytes=3, subgroup_size=None,
+        device_name="a, b",
+    )  # fmt: skip
+    fake.capabilities = [a, a]
+    assert closing(RayBackend()).capabilities() == dataclasses.replace(
+        a, distributed=True, ordered_resident_buffers=False
+    )
+
+
+def test_the_workers_are_described_as_they_report(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    backend = closing(RayBackend())
+    xor_of(backend.dispatch(XOR, [A, A + 1]), A, A + 1)
+    infos = backend.workers()
+    assert fake.gets[-1] == 30
+    device = acquire_backend("reference").device_fingerprint()
+    assert infos == [
+        WorkerInfo(
+            index=i,
+            node=NODE,
+            pid=os.getpid(),
+            inner="reference",
+            device=device,
+            cached_programs=info.cached_programs,
+            in_flight=0,
+        )
+        for i, info in enumerate(infos)
+    ]
+    assert sorted(info.cached_programs for info in infos) == [0, 1]  # one worker ran XOR
+
+
+def test_workers_that_do_not_answer_in_time_are_device_lost(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    backend = closing(RayBackend())
+    fake.get_error = rex.GetTimeoutError("Get timed out: some object(s) not ready.")
+    with pytest.raises(DeviceLost) as info:
+        backend.workers()
+    assert str(info.value) == (
+        "a Ray worker died or did not answer while describing the workers: GetTimeoutError\n"
+        "Fix: retry: the pool replaces dead workers; check the cluster (ray status) and the "
+        "workers' logs (ray logs) for why"
+    )
+    assert info.value.__cause__ is fake.get_error
+
+
+# Placement and sending ----------------------------------------------------------------------
+
+
+def test_a_call_goes_to_the_worker_holding_its_program_unless_it_is_much_busier(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    backend = closing(RayBackend())
+    xor_of(backend.dispatch(XOR, [A, A]), A, A)
+    holder = fake.sent[0].worker
+    other = 1 - holder
+    fake.actors[holder].hold()
+    held = [backend.dispatch(XOR, [A, A + k]) for k in range(AFFINITY_SLACK + 2)]
+    # The holder is chosen while at most AFFINITY_SLACK calls busier than the idle worker;
+    # the other worker is sent the program with its first call.
+    to_holder = [(holder, False)] * (AFFINITY_SLACK + 1)
+    assert [(s.worker, s.wire) for s in fake.sent[1:]] == [*to_holder, (other, True)]
+    xor_of(held[-1], A, A + AFFINITY_SLACK + 1)  # (the other worker is not held)
+    # Both hold it now: the less busy one gets it, without the bytes.
+    xor_of(backend.dispatch(XOR, [A, A + 99]), A, A + 99)
+    assert (fake.sent[-1].worker, fake.sent[-1].wire) == (other, False)
+    fake.actors[holder].release()
+    for k, pending in enumerate(held[:-1]):
+        xor_of(pending, A, A + k)
+
+
+def test_calls_spread_over_idle_workers_with_the_program_until_one_of_it_finished(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    backend = closing(RayBackend())
+    for start in (0, 4):  # the second time, both workers hold it and nothing is in flight
+        for actor in fake.actors:
+            actor.hold()
+        calls = [backend.dispatch(XOR, [A, A + k]) for k in range(4)]
+        sent = fake.sent[start:]
+        assert Counter(s.worker for s in sent) == {0: 2, 1: 2}
+        # (a worker that received the bytes may not have decoded them yet: every call of a
+        # program carries them until one of its calls finished on that worker)
+        assert [s.wire for s in sent] == [start == 0] * 4
+        for actor in fake.actors:
+            actor.release()
+        for k, pending in enumerate(calls):
+            xor_of(pending, A, A + k)
+
+
+def test_the_pool_forgets_the_least_recently_used_program_beyond_PROGRAMS_KEPT(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rb, "PROGRAMS_KEPT", 2)  # (the pool's count: the workers keep 256 here)
+    backend = closing(RayBackend(workers=1))
+    for n in (16, 17, 16, 18, 16, 17):
+        a = np.arange(n, dtype=np.uint32)
+        xor_of(backend.dispatch(elementwise_xor(n), [a, a + 3]), a, a + 3)
+    # 18 makes three: the least recently used, 17, is forgotten and sent again.
+    assert [s.wire for s in fake.sent] == [True, True, False, True, False, True]
+
+
+def test_a_restarted_worker_is_sent_the_program_again(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    backend = closing(RayBackend())
+    xor_of(backend.dispatch(XOR, [A, A + 1]), A, A + 1)
+    holder = fake.sent[0].worker
+    fake.actors[holder].restart()  # (its process died: Ray started it again, empty)
+    xor_of(backend.dispatch(XOR, [A, A + 2]), A, A + 2)
+    # Sent without the bytes, refused as unknown, and sent again with them from the
+    # submission thread (not Ray's callback thread).
+    assert [(s.worker, s.wire) for s in fake.sent] == [
+        (holder, True),
+        (holder, False),
+        (holder, True),
+    ]
+    assert fake.sent[-1].thread.startswith("vyre-ray-submit")
+    assert holder_takes(fake, backend, 20) == AFFINITY_SLACK + 1
+
+
+def test_inputs_above_OFF_THREAD_BYTES_are_sent_from_the_submission_thread(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    backend = closing(RayBackend(workers=1))
+    n = OFF_THREAD_BYTES // 8  # two u32 inputs of n: OFF_THREAD_BYTES in all
+    for size, thread in ((n, threading.current_thread().name), (n + 1, "vyre-ray-submit")):
+        a = np.arange(size, dtype=np.uint32)
+        b = np.full(size, 7, np.uint32)
+        pending = backend.dispatch(elementwise_xor(size), [a, b])
+        a[:] = 0  # the caller may reuse its arrays once dispatch() returned
+        xor_of(pending, np.arange(size, dtype=np.uint32), b)
+        assert fake.sent[-1].thread.startswith(thread)
+
+
+def test_a_workers_error_arrives_as_itself_and_any_other_as_dispatch_failed(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Failing:  # a worker's local backend whose dispatches raise
+        def __init__(self, error: Exception) -> None:
+            self.error = error
+
+        def dispatch(self, *args: Any) -> Any:
+            raise self.error
+
+    backend = closing(RayBackend())
+    workers = [actor.worker for actor in fake.actors]
+    own = DeviceOutOfMemory("the worker's device is full", fix="free it")
+    for worker in workers:
+        monkeypatch.setattr(worker, "backend", Failing(own))
+    with pytest.raises(DeviceOutOfMemory) as info:
+        backend.dispatch(XOR, [A, A]).result(timeout=WAIT_S)
+    assert str(info.value) == "the worker's device is full\nFix: free it"
+    for worker in workers:
+        monkeypatch.setattr(worker, "backend", Failing(ValueError("boom")))
+    with pytest.raises(DispatchFailed) as failed:
+        backend.dispatch(XOR, [A, A]).result(timeout=WAIT_S)
+    assert str(failed.value) == (
+        "the Ray worker failed while running the dispatch on a worker: ValueError: boom" + OWN_FIX
+    )
+    assert isinstance(failed.value.__cause__, rex.RayTaskError)
+    for worker in workers:
+        monkeypatch.setattr(worker, "backend", acquire_backend("reference"))
+    assert holder_takes(fake, backend, 20) == AFFINITY_SLACK + 1
+
+
+def test_a_call_ray_refuses_to_send_fails_and_leaves_its_worker_free(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    backend = closing(RayBackend())
+    refused = TypeError("cannot pickle 'generator' object")
+    for actor in fake.actors:
+        actor.refuse = refused
+    with pytest.raises(DispatchFailed) as info:
+        backend.dispatch(XOR, [A, A]).result(timeout=WAIT_S)
+    assert str(info.value) == (
+        "the Ray worker failed while sending the dispatch to a worker: TypeError: cannot pickle "
+        "'generator' object" + OWN_FIX
+    )
+    assert info.value.__cause__ is refused
+    for actor in fake.actors:
+        actor.refuse = None
+    assert holder_takes(fake, backend, 20) == AFFINITY_SLACK + 1
+
+
+# Deadlines ------------------------------------------------------------------------------------
+
+
+def test_the_worker_is_given_what_is_left_of_the_deadline(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    backend = closing(RayBackend(workers=1))
+    timed = DispatchConfig(timeout=30.0, label="t")
+    plain = DispatchConfig(label="u")
+    xor_of(backend.dispatch(XOR, [A, A], timed), A, A)
+    xor_of(backend.dispatch(XOR, [A, A], plain), A, A)
+    first, second = (s.config for s in fake.sent)
+    assert first.timeout is not None and 20.0 < first.timeout < 30.0
+    assert dataclasses.replace(first, timeout=None) == dataclasses.replace(timed, timeout=None)
+    assert second == plain
+
+
+def test_a_dispatch_past_its_deadline_before_it_is_sent_is_not_sent(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    backend = closing(RayBackend(workers=1))
+    pending = backend.dispatch(XOR, [A, A], DispatchConfig(timeout=1e-9))
+    with pytest.raises(DispatchTimeout):
+        pending.result(timeout=WAIT_S)
+    assert fake.sent == []
+
+
+def test_a_late_dispatch_times_out_and_its_task_is_cancelled(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    backend = closing(RayBackend(workers=1))
+    fake.actors[0].hold()
+    pending = backend.dispatch(XOR, [A, A], DispatchConfig(timeout=0.2))
+    with pytest.raises(DispatchTimeout):
+        pending.result(timeout=WAIT_S)
+    assert fake.cancelling.wait(WAIT_S)
+    assert fake.cancelled == [(fake.sent[-1].ref, {})]
+
+
+# Flushing and closing -------------------------------------------------------------------------
+
+
+def test_flush_waits_for_earlier_dispatches_only(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    backend = closing(RayBackend())
+    for actor in fake.actors:
+        actor.hold()
+    earlier = backend.dispatch(XOR, [A, A + 1])
+    later: list[PendingDispatch] = []
+
+    async def main() -> None:
+        flushed = anyio.Event()
+
+        async def flush() -> None:
+            await backend.flush()
+            flushed.set()
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(flush)
+            await anyio.wait_all_tasks_blocked()
+            assert not flushed.is_set()  # (the earlier dispatch is held)
+            later.append(backend.dispatch(XOR, [A, A + 2]))  # goes to the other worker
+            fake.actors[fake.sent[0].worker].release()
+            with anyio.fail_after(WAIT_S):
+                await flushed.wait()
+
+    anyio.run(main)
+    assert earlier.done() and not later[0].done()
+    fake.actors[fake.sent[1].worker].release()
+    xor_of(earlier, A, A + 1)
+    xor_of(later[0], A, A + 2)
+
+
+def test_closing_waits_for_calls_in_flight_then_ends_the_workers(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    backend = closing(RayBackend(workers=1))
+    xor_of(backend.dispatch(XOR, [A, A]), A, A)
+    actor = fake.actors[0]
+    actor.restart()  # the call below is refused as unknown and sent again, during close
+    actor.hold()
+    pending = backend.dispatch(XOR, [A, A + 5])
+    backend.close_timeout = WAIT_S
+
+    async def main() -> None:
+        closed = anyio.Event()
+
+        async def aclose() -> None:
+            await backend.aclose()
+            closed.set()
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(aclose)
+            with anyio.move_on_after(0.2):  # (it cannot end while the call is held)
+                await closed.wait()
+            assert not closed.is_set()
+            actor.release()
+
+    anyio.run(main)
+    xor_of(pending, A, A + 5)
+    assert [s.wire for s in fake.sent] == [True, False, True]
+    assert fake.cancelled == []
+    assert fake.flushes == 1 and fake.gets[-1] == 2.0  # the workers export their spans
+    assert fake.killed == [(actor, {"no_restart": True})]
+    with pytest.raises(BackendClosed):
+        backend.dispatch(XOR, [A, A])
+    with pytest.raises(BackendClosed):
+        backend.workers()
+
+
+def test_closing_fails_what_still_runs_after_close_timeout(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    backend = closing(RayBackend())
+    for actor in fake.actors:
+        actor.hold()
+    pending = backend.dispatch(XOR, [A, A])
+    backend.close_timeout = 0.2
+    close(backend)
+    with pytest.raises(BackendClosed) as info:
+        pending.result(timeout=WAIT_S)
+    assert str(info.value) == CLOSED
+    assert fake.cancelled == [(fake.sent[-1].ref, {"force": False})]
+    assert fake.flushes == 2 and fake.gets[-1] == 2.0
+    assert fake.killed == [(actor, {"no_restart": True}) for actor in fake.actors]
+
+
+def test_after_ray_shutdown_everything_fails_with_device_lost_and_ray_is_left_alone(
+    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+) -> None:
+    backend = closing(RayBackend(workers=1))
+    fake.actors[0].hold()
+    running = backend.dispatch(XOR, [A, A])
+    fake.initialized = False  # ray.shutdown() elsewhere in this process
+    with pytest.raises(DeviceLost) as info:
+        running.result(timeout=WAIT_S)  # failed by the pool's watchdog
+    assert str(info.value) == GONE
+    assert info.value.context == {"backend_id": "ray", "cause": "runtime-gone"}
+    with pytest.raises(DeviceLost, match="was shut down"):
+        backend.dispatch(XOR, [A, A])
+    with pytest.raises(DeviceLost, match="was shut down"):
+        backend.workers()
+    gets = len(fake.gets)
+    close(backend)
+    # No Ray call after the runtime went (one would start a fresh local cluster).
+    assert len(fake.sent) == 1 and len(fake.gets) == gets
+    assert fake.cancelled == [] and fake.killed == [] and fake.flushes == 0
+
+
+# Without a pool ---------------------------------------------------------------------------
+
+
+def test_without_ray_a_pool_is_refused_with_the_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "ray", None)  # as Python reports a package not installed
+        with pytest.raises(UnsupportedFeature) as info:
+            RayBackend(workers=0)  # (Ray is looked for first)
+    assert str(info.value) == (
+        "the 'ray' backend needs Ray, which is not installed (ModuleNotFoundError: import of ray "
+        "halted; None in sys.modules)\nFix: pip install 'vyre-async[ray]'"
+    )
+    assert info.value.context == {"backend_id": "ray", "cause": "no-ray"}
+    assert isinstance(info.value.__cause__, ModuleNotFoundError)
+
+
+_NO_CLUSTER = BackendProbe(
+    id="ray",
+    usable=False,
+    reason="the 'ray' backend needs a Ray cluster: none is named and none was asked to start",
+    fix="set RAY_ADDRESS to a running cluster (ray start --head prints it), or set "
+    "VYRE_RAY_LOCAL_WORKERS=2 to start a local one, or use RayBackend.local(workers=2)",
+)
+
+
+@pytest.mark.parametrize(
+    ("ray_state", "environ", "verdict"),
+    [
+        ("installed", {"RAY_ADDRESS": "auto"}, BackendProbe(id="ray", usable=True)),
+        ("installed", {"VYRE_RAY_LOCAL_WORKERS": "2"}, BackendProbe(id="ray", usable=True)),
+        ("connected", {}, BackendProbe(id="ray", usable=True)),
+        ("installed", {}, _NO_CLUSTER),
+        ("installed", {"VYRE_RAY_LOCAL_WORKERS": " "}, _NO_CLUSTER),
+        (
+            "installed",
+            {"VYRE_RAY_LOCAL_WORKERS": "1.5"},
+            BackendProbe(
+                id="ray",
+                usable=False,
+                reason="VYRE_RAY_LOCAL_WORKERS must be a whole number >= 1, got '1.5'",
+                fix="set VYRE_RAY_LOCAL_WORKERS=2 (or unset it and set RAY_ADDRESS)",
+            ),
+        ),
+        (
+            "missing",
+            {"RAY_ADDRESS": "auto"},
+            BackendProbe(
+                id="ray",
+                usable=False,
+                reason="the 'ray' backend needs Ray, which is not installed "
+                "(ModuleNotFoundError: No module named 'ray')",
+                fix="pip install 'vyre-async[ray]'",
+            ),
+        ),
+    ],
+    ids=[
+        "RAY_ADDRESS",
+        "VYRE_RAY_LOCAL_WORKERS",
+        "connected",
+        "no cluster",
+        "blank",
+        "1.5",
+        "no ray",
+    ],
+)
+def test_the_probe_says_whether_ray_is_installed_and_a_cluster_named(
+    monkeypatch: pytest.MonkeyPatch, ray_state: str, environ: dict[str, str], verdict: BackendProbe
+) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("VYRE_RAY_LOCAL_WORKERS", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    # Ray as the probe finds it (the real module is left alone: its state is the session's)
+    ray = None
+    if ray_state != "missing":
+        connected = ray_state == "connected"
+        ray = types.SimpleNamespace(is_initialized=lambda: connected, __spec__=real_ray.__spec__)
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "ray", ray)
+        assert probe_backend(REGISTRATION) == verdict
+
+
+def test_the_package_gives_the_backend_by_name() -> None:
+    assert (vyre_ray.RayBackend, vyre_ray.WorkerInfo) == (RayBackend, WorkerInfo)
+    assert vyre_ray.create_backend is rb.create_backend
+    with pytest.raises(AttributeError, match=r"^module 'vyre_ray' has no attribute 'nope'$"):
+        vyre_ray.nope  # noqa: B018
+
+
+def test_a_worker_describes_itself_and_without_tracing_has_no_spans_to_flush(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(real_ray, "get_runtime_context", _RuntimeContext)
+    worker = Worker("reference", 4)
+    outputs = anyio.run(
+        worker.run, XOR.fingerprint(), XOR.to_wire(), [A, A + 1], DispatchConfig(), None
+    )
+    assert np.array_equal(outputs[0], A ^ (A + 1))
+    reference = acquire_backend("reference")
+    assert worker.describe() == {
+        "index": 4,
+        "node": NODE,
+        "pid": os.getpid(),
+        "inner": "reference",
+        "device": reference.device_fingerprint(),
+        "capabilities": reference.capabilities(),
+        "cached_programs": 1,
+        "in_flight": 0,
+        "finished": 1,
+    }
+    assert worker.flush_telemetry() is True
+
+
+def test_unknown_program_crosses_processes_as_itself() -> None:
+    error = pickle.loads(pickle.dumps(UnknownProgram(b"\x01\x02")))
+    assert type(error) is UnknownProgram and error.digest == b"\x01\x02" and str(error) == "0102"
