@@ -183,7 +183,31 @@ PACKAGES: dict[str, Package] = {
             ),
         ),
         Package(
-            "ray", ("vyre_ray/*",), ("tests/ray",), note="runs on the session's local Ray cluster"
+            "ray",
+            ("vyre_ray/*",),
+            # (no cluster: a fake `ray` drives the pool's driver side against in-process
+            # Workers, 2 s. Every test that starts a pool reaches __init__, _connect and the
+            # dispatch path, and would cost each of their mutants a local cluster, about 9 s:
+            # tests/ray/test_ray_backend.py and the contract suite on ray (--vyre-backend=ray
+            # through PYTEST_ADDOPTS) run on the open mutants afterwards with --check --fresh)
+            (
+                "tests/ray/test_ray_driver_mutants.py",
+                "tests/ray/test_ray_keys.py",
+                "tests/ray/test_ray_backend.py::test_the_cluster_is_named_or_asked_for",
+                "tests/ray/test_ray_backend.py::test_ray_is_never_preferred_only_asked_for_by_id",
+                "tests/ray/test_ray_backend.py::test_a_pool_size_must_be_a_whole_number",
+                "tests/ray/test_ray_backend.py::"
+                "test_worker_options_ray_would_refuse_are_refused_with_a_fix",
+                "tests/ray/test_ray_backend.py::"
+                "test_an_unreachable_cluster_is_refused_with_its_own_fix",
+                "tests/ray/test_ray_backend.py::test_ray_errors_become_vyre_errors_with_a_fix",
+            ),
+            note="the pool's driver side on a fake ray (no cluster); the cluster under --check",
+            deselect=(
+                # reads backend.py's source, which on the rewritten copy holds every mutant's
+                # `_Shipped(...)` call (`_Shipped(None, ...)` among them)
+                "tests/ray/test_ray_keys.py::test_the_pool_names_programs_by_their_fingerprint",
+            ),
         ),
         Package(
             "cupy",

@@ -10,6 +10,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -42,6 +43,16 @@ settings.load_profile(os.environ.get("VYRE_HYPOTHESIS_PROFILE", "ci"))
 # Python's default recursion limit on a rewritten copy only.
 if "MUTANT_UNDER_TEST" in os.environ:
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
+    # mutmut puts its rewritten copy first on sys.path only: the processes a test
+    # starts (Ray's workers, subprocesses) would import the original package, on
+    # which a rewritten class pickled by reference (the Ray pool's Worker, with its
+    # mutant table) cannot load. They import the copy's src/ too, as under --check.
+    _spec = importlib.util.find_spec("vyre_async")
+    if _spec is not None and _spec.origin is not None:
+        _copy = str(Path(_spec.origin).parents[1])  # the copy's src/ (every package flat in it)
+        _paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if _copy not in _paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join([_copy, *_paths])
 
 if importlib.util.find_spec("ray") is not None and not os.environ.get("RAY_ADDRESS"):
     # acquire_backend("ray") (the contract tests) starts one local cluster on first use.
@@ -61,7 +72,15 @@ def _session_processes_end(request: pytest.FixtureRequest) -> Iterator[None]:
         guard = orphan_guard.start()
     try:
         yield
+        ray = sys.modules.get("ray")
+        ray_was_up = ray is not None and ray.is_initialized()
         ray_cluster.end_cluster()
+        if ray_was_up:
+            # The registry's Ray pool (if it built one) died with the cluster: a later session
+            # in this process (scripts/mutation.py --check runs one per mutant) builds its own.
+            from vyre_async import registry
+
+            registry._forget_instances()
     finally:
         orphan_guard.stop(guard)
 
