@@ -245,6 +245,7 @@ PACKAGES: dict[str, Package] = {
             # device run on the open mutants afterwards with --check)
             (
                 "tests/cupy/test_codegen.py",
+                "tests/cupy/test_codegen_mutants.py",  # (one small emulator build, cached)
                 "tests/cupy/test_emulation_ubsan.py::"
                 "test_shift_counts_and_divisors_are_literals_in_the_generated_kernels",
                 "tests/cupy/test_cupy_compile.py::test_compile_failed_without_a_line_number",
