@@ -38,11 +38,14 @@ import fnmatch
 import json
 import os
 import random
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -339,9 +342,24 @@ def _changed_sources(work: Path, package: Package) -> list[str]:
 
 
 def _checked(work: Path) -> dict[str, dict[str, Any]]:
-    """The mutants that ``--check`` runs killed since the work folder's run, with their tests."""
+    """The mutants ``--check`` runs killed since the work folder's run, with their tests.
+
+    Only kills seen in an interpreter of the mutant's own count (``fresh``): in one
+    process, state a test leaves behind (a cache, a registry's instance) can fail a
+    later run whatever the mutant. A kill recorded without it (before checks
+    confirmed them) is open again until a ``--fresh`` check confirms it.
+    """
     path = work / "checked.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    recorded = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    return {name: entry for name, entry in recorded.items() if entry.get("fresh")}
+
+
+def _record(work: Path, name: str, entry: dict[str, Any]) -> None:
+    """Add one confirmed kill to the work folder's ``checked.json`` (at once: a check may stop)."""
+    path = work / "checked.json"
+    recorded = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    recorded[name] = entry
+    path.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _to_rerun(work: Path, package: Package) -> list[str]:
@@ -432,12 +450,16 @@ def summarise(work: Path, package: Package, codes: dict[str, int | None]) -> dic
     # Killed by a --check run of this same code (a fresh interpreter sees what mutmut's
     # forked runner cannot: code that runs at import, in a forked child, in a subprocess).
     checked = _checked(work)
+    caught_statuses = ("killed", "timeout", "segfault", "caught by type check")
     by_check = sorted(
-        name for name in checked if STATUS.get(codes.get(name), "") in ("survived", "no tests")
+        name
+        for name in checked
+        if name in codes and STATUS.get(codes[name], "suspicious") not in caught_statuses
     )
-    for status in ("survived", "no tests"):
-        by_status[status] = [m for m in by_status.get(status, []) if m not in checked]
-    survived = by_status["survived"]
+    for status in list(by_status):
+        if status not in caught_statuses:
+            by_status[status] = [m for m in by_status[status] if m not in checked]
+    survived = by_status.get("survived", [])
     justified = [m for m in survived if m in equivalent]
     open_survivors = [m for m in survived if m not in equivalent]
     caught = sum(
@@ -545,7 +567,7 @@ def run_package(
             f"run scripts/mutation.py {package.name} without --reuse (today's tests run on the "
             "last run's copy of the code, and code they test changed since)"
             if reuse
-            else f"make `pytest {' '.join(package.tests)}` pass at HEAD, then run it again"
+            else f"make `pytest {shlex.join(package.tests)}` pass at HEAD, then run it again"
         )
         raise SystemExit(f"{package.name}: {why} (see {work / 'mutmut.log'})\nFix: {fix}")
     codes = _results(work)
@@ -585,27 +607,47 @@ print(json.dumps(verdicts))
 """
 
 
-def _fresh_runner(names: list[str], tests: list[str], env: dict[str, str]) -> dict[str, str]:
-    """Each mutant in an interpreter of its own: code run at import sees the mutant too."""
+def _fresh_runner(
+    names: list[str],
+    tests: list[str],
+    env: dict[str, str],
+    on_kill: Callable[[str], None] = lambda name: None,
+    slack: float = 30.0,
+) -> dict[str, str]:
+    """Each mutant in an interpreter of its own: code run at import sees the mutant too.
 
-    def run(name: str) -> int:
+    A mutant whose tests run past 5 times the clean run plus ``slack`` seconds is
+    killed with its process group and counted killed, as mutmut counts a timeout.
+    ``on_kill`` is called with each killed mutant's name as soon as it is known.
+    """
+
+    def run(name: str, timeout: float | None) -> int:
         command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
-        done = subprocess.run(
+        child = subprocess.Popen(
             command,
             cwd=ROOT,
             env={**env, "MUTANT_UNDER_TEST": name},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            check=False,
+            start_new_session=True,  # its own group: a timeout ends whatever it started
         )
-        return done.returncode
+        try:
+            return child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            return -signal.SIGKILL
 
-    if run("") != 0:
+    started = time.monotonic()
+    if run("", None) != 0:
         raise SystemExit("--check failed: the tests fail without a mutant: fix them first")
+    timeout = 5 * (time.monotonic() - started) + slack
     verdicts: dict[str, str] = {}
     for name in names:
-        verdicts[name] = "killed" if run(name) != 0 else "survived"
+        verdicts[name] = "killed" if run(name, timeout) != 0 else "survived"
         print(name, verdicts[name], file=sys.stderr, flush=True)
+        if verdicts[name] == "killed":
+            on_kill(name)
     return verdicts
 
 
@@ -667,35 +709,43 @@ def check_tests(
         # no deadlines on the slower rewritten copy: a deadline error is no kill
         "VYRE_HYPOTHESIS_PROFILE": "mutation",
     }
+    described = subprocess.run(
+        ["git", "describe", "--always", "--dirty"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    entry = {
+        "tests": list(tests),
+        "fresh": True,
+        "commit": described,  # (-dirty: today's test files were not all committed)
+        "pytest_addopts": os.environ.get("PYTEST_ADDOPTS", ""),
+    }
+
+    def record(name: str) -> None:
+        if not sample_killed:
+            _record(work, name, entry)
+
     if fresh:
-        verdicts = _fresh_runner(names, tests, env)
-    else:
-        done = subprocess.run(
-            [sys.executable, "-c", _CHECK_RUNNER, json.dumps(names), *tests],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise SystemExit(f"{package.name}: --check failed (exit status {done.returncode})")
-        verdicts = json.loads(done.stdout.strip().splitlines()[-1])
-    if not sample_killed:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-        checked = _checked(work)
-        for name, verdict in verdicts.items():
-            if verdict == "killed":
-                checked[name] = {"tests": list(tests), "fresh": fresh, "commit": head}
-        (work / "checked.json").write_text(
-            json.dumps(checked, indent=1, sort_keys=True) + "\n", encoding="utf-8"
-        )
+        return _fresh_runner(names, tests, env, record)
+    done = subprocess.run(
+        [sys.executable, "-c", _CHECK_RUNNER, json.dumps(names), *tests],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{package.name}: --check failed (exit status {done.returncode})")
+    verdicts: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
+    killed = [name for name, verdict in verdicts.items() if verdict == "killed"]
+    if killed and not sample_killed:
+        # Confirmed each in an interpreter of its own before it counts (see _checked).
+        confirmed = _fresh_runner(killed, tests, env, record)
+        for name, verdict in confirmed.items():
+            verdicts[name] = verdict if verdict == "killed" else "killed in one process only"
     return verdicts
 
 
@@ -768,7 +818,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for p in PACKAGES.values():
             print(
-                f"{p.name:10} {' '.join(p.paths)}  <- {' '.join(p.tests)}"
+                f"{p.name:10} {' '.join(p.paths)}  <- {shlex.join(p.tests)}"
                 + (f"  ({p.note})" if p.note else "")
             )
         return 0

@@ -78,9 +78,11 @@ def _session_processes_end(request: pytest.FixtureRequest) -> Iterator[None]:
         if ray_was_up:
             # The registry's Ray pool (if it built one) died with the cluster: a later session
             # in this process (scripts/mutation.py --check runs one per mutant) builds its own.
+            # Only that one: the others still run, and dropped unclosed they would leak threads.
             from vyre_async import registry
 
-            registry._forget_instances()
+            with registry._lock:
+                registry._instances.pop("ray", None)
     finally:
         orphan_guard.stop(guard)
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -173,6 +175,10 @@ def f(a):
     mutant = os.environ.get("MUTANT_UNDER_TEST", "")
     if mutant.endswith("_2"):
         return a + 2  # the one the test below sees
+    if mutant.endswith("_6"):
+        import time
+
+        time.sleep(600)  # a mutant that hangs its tests
     return a * 2
 
 
@@ -219,7 +225,8 @@ def test_check_runs_tests_against_each_open_mutant_and_records_the_kills(
     checked = json.loads((work / "checked.json").read_text(encoding="utf-8"))
     assert list(checked) == ["fakepkg.x_f__mutmut_2"]
     assert checked["fakepkg.x_f__mutmut_2"]["tests"] == [str(test)]
-    assert checked["fakepkg.x_f__mutmut_2"]["fresh"] is False
+    assert checked["fakepkg.x_f__mutmut_2"]["fresh"] is True  # confirmed in its own interpreter
+    assert checked["fakepkg.x_f__mutmut_2"]["pytest_addopts"] == ""
     # In one process, the import ran once, without a mutant: mutant 5 goes unseen.
     assert mutation.check_tests(package, [str(test)]) == {
         "fakepkg.x_f__mutmut_1": "survived",
@@ -233,6 +240,11 @@ def test_check_runs_tests_against_each_open_mutant_and_records_the_kills(
     assert json.loads((work / "checked.json").read_text(encoding="utf-8"))[
         "fakepkg.x_make__mutmut_5"
     ]["fresh"]
+    # A kill recorded without confirmation (as checks did before) is open again.
+    recorded = json.loads((work / "checked.json").read_text(encoding="utf-8"))
+    recorded["fakepkg.x_f__mutmut_1"] = {"tests": [], "fresh": False, "commit": "old"}
+    (work / "checked.json").write_text(json.dumps(recorded), encoding="utf-8")
+    assert "fakepkg.x_f__mutmut_1" in mutation._to_rerun(work, package)
     report = mutation.summarise(work, package, codes)
     assert report["killed"] == 2  # mutmut's: mutant 4, and mutant 3's crash
     assert report["killed_by_check"] == 2
@@ -245,6 +257,13 @@ def test_check_runs_tests_against_each_open_mutant_and_records_the_kills(
     assert report["score"] == round(4 / 5, 4)
     assert mutation._to_rerun(work, package) == ["fakepkg.x_f__mutmut_1"]
     # A sample of the killed ones instead (false kills): mutant 4 is the only one; not recorded.
+    # A mutant that hangs its tests is ended with its process group and counted killed.
+    env = {**os.environ, "PYTHONPATH": str(work / "mutants" / "src")}
+    started = time.monotonic()
+    assert mutation._fresh_runner(["fakepkg.x_f__mutmut_6"], [str(test)], env, slack=2.0) == {
+        "fakepkg.x_f__mutmut_6": "killed"
+    }
+    assert time.monotonic() - started < 120
     assert mutation.check_tests(package, [str(test)], sample_killed=5) == {
         "fakepkg.x_f__mutmut_4": "survived"  # (this fake's mutant 4 changes nothing: a false kill)
     }

@@ -233,7 +233,7 @@ def test_workers_that_cannot_start_are_refused_with_a_fix() -> None:
     text = str(info.value)
     assert text.startswith("the 'ray' backend's workers could not start: ")
     # one Fix, this error's own (the worker's error it wraps lost its Fix line until
-    # mutation testing found it: the user read "inspect the chained exception")
+    # mutation testing found it: the user read the wrapped error's Fix instead)
     assert text.count("Fix:") == 1
     assert text.endswith(
         "\nFix: check the cluster's resources (ray status) and the workers' logs; "

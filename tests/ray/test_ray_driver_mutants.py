@@ -890,7 +890,7 @@ def test_a_late_dispatch_times_out_and_its_task_is_cancelled(
 ) -> None:
     backend = closing(RayBackend(workers=1))
     fake.actors[0].hold()
-    pending = backend.dispatch(XOR, [A, A], DispatchConfig(timeout=0.2))
+    pending = backend.dispatch(XOR, [A, A], DispatchConfig(timeout=1.0))
     with pytest.raises(DispatchTimeout):
         pending.result(timeout=WAIT_S)
     assert fake.cancelling.wait(WAIT_S)

@@ -181,3 +181,21 @@ def test_fma_is_exactly_rounded_on_hard_cases() -> None:
     # The hard cases are hard: binary64 then binary32 (two roundings) gets some wrong.
     naive = (a[:n].astype(np.float64) * b[:n] + c[:n]).astype(np.float32)
     assert not np.array_equal(naive.view(np.uint32), np.asarray(got)[:n].view(np.uint32))
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "c"),
+    [
+        # |c| far above |a*b|: the sum lands on a binary32 midpoint in binary64, and only
+        # TwoSum's exact error (here -2**-60) says which neighbour is nearer
+        (0x3980_0020, 0x397F_FFC0, 0x3F80_0001),
+        (0x3980_0020, 0x397F_FFC0, 0x3F80_0002),
+        (0xB980_0020, 0x397F_FFC0, 0x3F80_0001),
+        (0x3980_0020, 0x397F_FFC0, 0xBF80_0001),
+    ],
+)
+def test_fma_rounds_once_when_the_addend_dwarfs_the_product(a: int, b: int, c: int) -> None:
+    x, y, z = (np.array([w], np.uint32).view(np.float32) for w in (a, b, c))
+    got = arith.fma_f32(x, y, z)
+    want = oracle.fma(float(x[0]), float(y[0]), float(z[0]))
+    _check(got, [want], DType.F32)

@@ -36,6 +36,7 @@ from vyre_async.ir import (
     Var,
     gid,
     u32,
+    wgid,
 )
 from vyre_reference import execute
 
@@ -148,3 +149,20 @@ def test_an_assignment_in_a_subset_of_a_subset_reaches_its_lanes(conditions: str
         for i in range(N)
     ]
     assert out == want
+
+
+@pytest.mark.parametrize("skipped", [0, 1, 3])
+def test_an_assignment_in_some_whole_workgroups_reaches_their_lanes(skipped: int) -> None:
+    # A condition uniform per workgroup, true in 3 of 4: the branch runs on those
+    # workgroups' rows (a grid subset), and a per-lane value goes back to them.
+    program = Program(
+        [BufferDecl("out", 0, Access.WRITE, U32, N)],
+        (64, 1, 1),
+        [
+            Let("x", u32(7)),
+            If(wgid(0).ne(u32(skipped)), [Assign("x", gid(0))]),
+            Store("out", gid(0), Var("x")),
+        ],
+    )
+    (out,) = _run_both(program, [])
+    assert out == [7 if i // 64 == skipped else i for i in range(N)]
