@@ -661,19 +661,21 @@ def check_tests(
 ) -> dict[str, str]:
     """Run ``tests`` (pytest arguments, today's files) against the last run's open mutants.
 
-    The open mutants are those not caught and not listed as equivalent, and
-    those that crashed mutmut's forked runner (a segfault there may be the
-    runner's, not a test's verdict). They run one after another from the
-    rewritten copy the last run left (mutmut's trampolines pick the mutant named
-    in ``MUTANT_UNDER_TEST``): in one process, or with ``fresh`` each in an
-    interpreter of its own, which is slower but sees a mutant in code that runs
-    at import (a table of functions built once). mutmut's forked runner imports
+    The open mutants are those not caught, not listed as equivalent and not
+    killed by a recorded check, and those that crashed mutmut's forked runner
+    (a segfault there may be the runner's, not a test's verdict). They run one
+    after another from the rewritten copy the last run left (mutmut's
+    trampolines pick the mutant named in ``MUTANT_UNDER_TEST``): in one
+    process, or with ``fresh`` each in an interpreter of its own, which is
+    slower but sees a mutant in code that runs at import (a table of functions
+    built once). mutmut's forked runner imports
     the tests before it forks, so only such a check can catch those.
 
-    The kills are recorded in the work folder's ``checked.json`` (with the tests
-    and the commit), and the next report of the same code counts them as
-    ``killed_by_check``; a new full run starts without them. A
-    ``sample_killed`` check (looking for false kills) records nothing.
+    Each kill is recorded at once in the work folder's ``checked.json`` (with
+    the tests, ``git describe --dirty`` and ``PYTEST_ADDOPTS``), a one-process
+    kill only after a ``fresh`` run confirmed it; the next report of the same
+    code counts them as ``killed_by_check``, and a new full run starts without
+    them. A ``sample_killed`` check (looking for false kills) records nothing.
     """
     work = WORK / package.name
     if not (work / "codes.json").exists():
