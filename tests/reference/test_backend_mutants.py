@@ -22,8 +22,27 @@ import numpy as np
 import pytest
 
 import vyre_reference.backend as backend_module
-from vyre_async import BackendClosed, DeviceOutOfMemory, DispatchFailed
-from vyre_async.ir import Access, BufferDecl, DType, Load, Program, Store, gid
+from vyre_async import (
+    BackendClosed,
+    DeviceOutOfMemory,
+    DispatchConfig,
+    DispatchFailed,
+    DispatchTimeout,
+)
+from vyre_async.ir import (
+    Access,
+    Assign,
+    BufferDecl,
+    DType,
+    Let,
+    Load,
+    Loop,
+    Program,
+    Store,
+    Var,
+    gid,
+    u32,
+)
 from vyre_reference import ReferenceBackend
 
 pytestmark = pytest.mark.anyio
@@ -39,6 +58,23 @@ def _copy(op_id: str, n: int) -> Program:
         [Store("out", gid(0), Load("a", gid(0)))],
         op_id=op_id,
     )
+
+
+def _stick_the_engine(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Make the engine block, outside its safe points, until ``release`` (30 s at most).
+
+    Returns ``(started, release)``: set when a dispatch entered it, and to let it
+    end (it then raises).
+    """
+    started, release = threading.Event(), threading.Event()
+
+    def stuck(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        release.wait(30)  # never checks the cancel event
+        raise RuntimeError("released")
+
+    monkeypatch.setattr(backend_module, "run_plan", stuck)
+    return started, release
 
 
 # 4 elements run inline (tiny), 1 << 16 on the worker pool
@@ -87,15 +123,7 @@ async def test_the_engine_running_out_of_memory_is_device_out_of_memory(
 async def test_a_close_that_gives_up_fails_the_dispatch_and_logs_one_warning(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    release = threading.Event()
-    started = threading.Event()
-
-    def stuck(*args: Any, **kwargs: Any) -> Any:
-        started.set()
-        release.wait(30)  # never checks the cancel event
-        raise RuntimeError("released")
-
-    monkeypatch.setattr(backend_module, "run_plan", stuck)
+    started, release = _stick_the_engine(monkeypatch)
     caplog.set_level(logging.WARNING, logger="vyre_reference")
     backend = ReferenceBackend(close_timeout=0.2)
     try:
@@ -121,15 +149,7 @@ async def test_a_dispatch_that_ends_just_after_the_close_gave_up_still_gets_the_
 ) -> None:
     # The close fails the stuck dispatch first, then warns: the warning is owed to
     # every dispatch it gave up on, even one whose thread ends right after.
-    release = threading.Event()
-    started = threading.Event()
-
-    def stuck(*args: Any, **kwargs: Any) -> Any:
-        started.set()
-        release.wait(30)
-        raise RuntimeError("released")
-
-    monkeypatch.setattr(backend_module, "run_plan", stuck)
+    started, release = _stick_the_engine(monkeypatch)
     caplog.set_level(logging.WARNING, logger="vyre_reference")
     backend = ReferenceBackend(close_timeout=0.2)
     stopped = backend._stopped
@@ -156,9 +176,6 @@ async def test_a_dispatch_that_ends_just_after_the_close_gave_up_still_gets_the_
 
 @pytest.mark.parametrize("stop", ["timeout", "close"])
 async def test_a_runaway_dispatch_stopped_at_a_safe_point_says_why(stop: str) -> None:
-    from vyre_async import DispatchConfig, DispatchTimeout
-    from vyre_async.ir import Assign, Let, Loop, Var, u32
-
     runaway = Program(
         [
             BufferDecl("n", 0, Access.UNIFORM, DType.U32, 1),
