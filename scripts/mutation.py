@@ -165,10 +165,17 @@ PACKAGES: dict[str, Package] = {
         Package(
             "testing",
             ("vyre_async/testing/*",),
-            # (the suite on the reference backend, and the corpus against its oracle; the
-            # judged backends and the plugin's own tests run in subprocesses, which see a
-            # mutant only through --check, on the open mutants afterwards)
-            ("tests/contract", "--vyre-backend=reference", "tests/reference/test_corpus.py"),
+            # (the suite on the reference backend, the corpus against its oracle and its
+            # recorded snapshot: the corpus's cases are built at collection, before mutmut
+            # switches a mutant on, so only the snapshot test, which builds them again, sees a
+            # mutant of corpus.py; the judged backends and the plugin's own tests run in
+            # subprocesses, which see a mutant only through --check, on the open mutants)
+            (
+                "tests/test_corpus_snapshot.py",
+                "tests/contract",
+                "--vyre-backend=reference",
+                "tests/reference/test_corpus.py",
+            ),
         ),
         Package(
             "reference",
