@@ -202,6 +202,7 @@ PACKAGES: dict[str, Package] = {
             # through PYTEST_ADDOPTS) run on the open mutants afterwards with --check --fresh)
             (
                 "tests/ray/test_ray_driver_mutants.py",
+                "tests/ray/test_ray_pool_mutants.py",
                 "tests/ray/test_ray_keys.py",
                 "tests/ray/test_ray_backend.py::test_the_cluster_is_named_or_asked_for",
                 "tests/ray/test_ray_backend.py::test_ray_is_never_preferred_only_asked_for_by_id",
