@@ -255,8 +255,8 @@ def test_an_unreachable_cluster_is_refused_with_its_own_fix() -> None:
         rb._connect(Unreachable(), "127.0.0.1:1", None)
     text = str(info.value)
     assert text.startswith(
-        "the 'ray' backend cannot reach its cluster: the Ray worker failed while connecting "
-        "to the Ray cluster at '127.0.0.1:1': ConnectionError: no GCS at 127.0.0.1:1\n"
+        "the 'ray' backend cannot reach its cluster: connecting to the Ray cluster at "
+        "'127.0.0.1:1' failed: ConnectionError: no GCS at 127.0.0.1:1\n"
     )
     assert text.count("Fix:") == 1
     assert text.endswith("\nFix: check RAY_ADDRESS and that the cluster is up (ray status)")

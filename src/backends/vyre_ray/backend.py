@@ -225,10 +225,16 @@ def cluster_target(
     return "local", local
 
 
-def _without_fix(error: BackendError) -> str:
-    """``error``'s message without its ``Fix:`` line (the caller's error gives its own)."""
-    text, line, _ = error.message.rpartition("\nFix: ")
-    return text if line else error.message
+def _split_fix(error: BackendError) -> tuple[str, str | None]:
+    """``error``'s message without its ``Fix:`` line, and that line's advice.
+
+    The last line counts as the Fix when it starts with ``Fix:``, as `BackendError`
+    decides whether to append one (so a caller's error always ends with its own).
+    """
+    text, _, last = error.message.rpartition("\n")
+    if text and last.startswith("Fix:"):
+        return text, last.removeprefix("Fix:").strip() or None
+    return error.message, None
 
 
 def _connect(ray: Any, address: str | None, workers: int | None) -> tuple[int, bool]:
@@ -252,7 +258,7 @@ def _connect(ray: Any, address: str | None, workers: int | None) -> tuple[int, b
             except Exception as exc:  # a wrong address, a cluster that is not up
                 error = translate(exc, doing=f"connecting to the Ray cluster at {address!r}")
                 raise UnsupportedFeature(
-                    f"the 'ray' backend cannot reach its cluster: {_without_fix(error)}",
+                    f"the 'ray' backend cannot reach its cluster: {_split_fix(error)[0]}",
                     fix="check RAY_ADDRESS and that the cluster is up (ray status)",
                     backend_id="ray",
                     cause="unreachable",
@@ -374,9 +380,13 @@ class RayBackend(VyreBackend):
                 except Exception:  # gone already: the error that matters is the start's
                     _log.debug("killing a worker that did not start failed", exc_info=True)
             error = translate(exc, doing="starting the pool's workers")
+            message, own_fix = _split_fix(error)
             raise UnsupportedFeature(
-                f"the 'ray' backend's workers could not start: {_without_fix(error)}",
-                fix="check the cluster's resources (ray status) and the workers' logs; "
+                f"the 'ray' backend's workers could not start: {message}",
+                # (a worker's own error, its backend refusing to start, knows best)
+                fix=own_fix
+                if error is cause_of(exc) and own_fix
+                else "check the cluster's resources (ray status) and the workers' logs; "
                 "with num_gpus_per_worker, the cluster needs that many GPUs per worker",
                 backend_id="ray",
                 cause="workers",

@@ -84,9 +84,10 @@ def translate(exc: BaseException, *, doing: str) -> BackendError:
             fix="retry: the pool replaces dead workers; check the cluster (ray status) and "
             "the workers' logs (ray logs) for why",
         )
-    else:
+    else:  # (a worker's exception comes wrapped by Ray; anything else failed here)
+        what = f"the Ray worker failed while {doing}" if cause is not exc else f"{doing} failed"
         error = DispatchFailed(
-            f"the Ray worker failed while {doing}: {type(cause).__name__}: {cause}",
+            f"{what}: {type(cause).__name__}: {cause}",
             fix="inspect the chained exception; check the Ray cluster (ray status)",
         )
     error.__cause__ = exc
