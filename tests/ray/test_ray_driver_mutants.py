@@ -757,6 +757,23 @@ def test_workers_whose_backend_refuses_to_start_are_refused_with_the_workers_fix
     assert fake.killed == [(actor, {}) for actor in fake.actors] and len(fake.actors) == 2
 
 
+def test_a_workers_refusal_that_is_all_fix_line_is_kept_whole(
+    fake: FakeRay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(self: Worker) -> dict[str, Any]:
+        raise UnsupportedFeature("Fix: give the worker a GPU")
+
+    monkeypatch.setattr(Worker, "describe", refuse)
+    with pytest.raises(UnsupportedFeature) as info:
+        RayBackend()
+    # (no words but a Fix line: they are what happened, and the pool's own Fix follows)
+    assert str(info.value) == (
+        "the 'ray' backend's workers could not start: Fix: give the worker a GPU\n"
+        "Fix: check the cluster's resources (ray status) and the workers' logs; with "
+        "num_gpus_per_worker, the cluster needs that many GPUs per worker"
+    )
+
+
 # What the pool reports ----------------------------------------------------------------------
 
 
