@@ -375,15 +375,14 @@ def _to_rerun(work: Path, package: Package) -> list[str]:
     kept = work / "codes.json"
     codes = json.loads(kept.read_text(encoding="utf-8")) if kept.exists() else _results(work)
     caught = {"killed", "timeout", "segfault", "caught by type check"}
-    equivalent = _equivalent(package.name)
     checked = _checked(work)
-    return sorted(
+    open_ = [
         name
         for name, code in codes.items()
-        if STATUS.get(code, "suspicious") not in caught
-        and name not in equivalent
-        and name not in checked
-    )
+        if STATUS.get(code, "suspicious") not in caught and name not in checked
+    ]
+    holding, _, _ = _equivalents(work, package.name, open_)
+    return sorted(name for name in open_ if name not in holding)
 
 
 def _equivalent(package: str) -> dict[str, str]:
@@ -393,6 +392,53 @@ def _equivalent(package: str) -> dict[str, str]:
         return {}
     data = tomllib.loads(path.read_text(encoding="utf-8"))
     return {str(m): str(r) for m, r in data.items()}
+
+
+def _pins_path(package: str) -> Path:
+    return EQUIVALENT / f"{package}.changes.json"
+
+
+def _pins(package: str) -> dict[str, str]:
+    """What each listed equivalent changed when it was judged (see `_equivalents`)."""
+    path = _pins_path(package)
+    if not path.exists():
+        return {}
+    return {str(k): str(v) for k, v in json.loads(path.read_text(encoding="utf-8")).items()}
+
+
+def _changes(work: Path, mutants: list[str]) -> dict[str, str]:
+    """Each mutant's change: the removed and added lines of its diff, without context."""
+    out: dict[str, str] = {}
+    for block in survivor_diffs(work, mutants).split("=== ")[1:]:
+        name, _, diff = block.partition("\n")
+        out[name] = "\n".join(
+            line[0] + line[1:].strip() for line in diff.splitlines() if line[:1] in ("-", "+")
+        )
+    return out
+
+
+def _equivalents(
+    work: Path, package: str, survivors: list[str]
+) -> tuple[set[str], list[str], dict[str, str]]:
+    """Which listed equivalents among ``survivors`` still hold, which moved, and the pins.
+
+    A reason is judged against one change; after an edit to the code, mutmut numbers a
+    function's mutants anew, and a listed name can come to mean another change. So the
+    change each listed name had when it was first seen is pinned
+    (``scripts/mutation_equivalent/PACKAGE.changes.json``, written by every report); a
+    name whose change differs from its pin has moved: it counts as open until its reason
+    is checked against the new diff and its pin deleted (the next report pins it again).
+    Returns (holding, moved, the pins to write).
+    """
+    listed = _equivalent(package)
+    pins = _pins(package)
+    mine = [m for m in survivors if m in listed]
+    now = _changes(work, mine) if mine else {}
+    moved = sorted(m for m in mine if m in pins and pins[m] != now[m])
+    holding = {m for m in mine if m not in moved}
+    written = {m: c for m, c in pins.items() if m in listed}
+    written.update({m: now[m] for m in holding if m not in pins})
+    return holding, moved, dict(sorted(written.items()))
 
 
 def _results(work: Path) -> dict[str, int | None]:
@@ -468,8 +514,9 @@ def summarise(work: Path, package: Package, codes: dict[str, int | None]) -> dic
         if status not in caught_statuses:
             by_status[status] = [m for m in by_status[status] if m not in checked]
     survived = by_status.get("survived", [])
-    justified = [m for m in survived if m in equivalent]
-    open_survivors = [m for m in survived if m not in equivalent]
+    holding, moved, pins = _equivalents(work, package.name, survived)
+    justified = [m for m in survived if m in holding]
+    open_survivors = [m for m in survived if m not in holding]
     caught = sum(
         len(by_status.get(s, [])) for s in ("killed", "timeout", "segfault", "caught by type check")
     )
@@ -499,6 +546,9 @@ def summarise(work: Path, package: Package, codes: dict[str, int | None]) -> dic
         # Listed as equivalent yet gone, or caught: after a change to the code a name can
         # mean another mutant (mutmut numbers a function's mutants in order), so check each.
         "stale_equivalents": sorted(set(equivalent) - set(survived)),
+        # Listed, but the name's change is not the one its reason was written for.
+        "moved_equivalents": moved,
+        "pins": pins,
     }
 
 
@@ -586,6 +636,11 @@ def run_package(
                 codes[name] = code
     kept.write_text(json.dumps(codes, indent=0, sort_keys=True) + "\n", encoding="utf-8")
     result = summarise(work, package, codes)
+    pins = result.pop("pins")
+    if pins or _pins_path(package.name).exists():
+        _pins_path(package.name).write_text(
+            json.dumps(pins, indent=0, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
     result["seconds"] = seconds
     result["mutmut_exit"] = done.returncode
     (work / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -84,6 +84,40 @@ def test_rerun_takes_what_was_not_caught_and_not_equivalent(work: Path) -> None:
     assert mutation._to_rerun(work, package) == []
 
 
+def test_an_equivalent_whose_name_comes_to_mean_another_change_counts_as_open(
+    work: Path,
+) -> None:
+    package = mutation.Package("demo", ("pkg/*",), ("tests",))
+    (work / "equivalent").mkdir()
+    (work / "equivalent" / "demo.toml").write_text(
+        '"pkg.mod.x_f__mutmut_1" = "a is never 0"\n', encoding="utf-8"
+    )
+    first = mutation.summarise(work, package, mutation._results(work))
+    assert (first["equivalent"], first["survived"], first["moved_equivalents"]) == (1, 0, [])
+    # (what the reason was written for: the first report pins it)
+    assert first["pins"] == {"pkg.mod.x_f__mutmut_1": "-if a > 0:\n+if a >= 0:"}
+    mutation._pins_path("demo").write_text(json.dumps(first["pins"]), encoding="utf-8")
+    # An edit above it: mutmut numbers the function's mutants anew, and 1 is now the other.
+    mod = work / "mutants" / "src" / "pkg" / "mod.py"
+    swapped = (
+        MUTATED.replace("def x_f__mutmut_1", "def TMP")
+        .replace("def x_f__mutmut_2", "def x_f__mutmut_1")
+        .replace("def TMP", "def x_f__mutmut_2")
+    )
+    mod.write_text(swapped, encoding="utf-8")
+    second = mutation.summarise(work, package, mutation._results(work))
+    assert second["moved_equivalents"] == ["pkg.mod.x_f__mutmut_1"]
+    assert (second["equivalent"], second["survived"]) == (0, 1)
+    assert second["survivors"] == ["pkg.mod.x_f__mutmut_1"]
+    assert second["pins"] == first["pins"]  # (kept until someone checks the reason)
+    assert mutation._to_rerun(work, package) == ["pkg.mod.x_f__mutmut_1"]
+    # Checked against the new diff and its pin deleted: it holds again, pinned anew.
+    mutation._pins_path("demo").write_text("{}", encoding="utf-8")
+    third = mutation.summarise(work, package, mutation._results(work))
+    assert (third["equivalent"], third["moved_equivalents"]) == (1, [])
+    assert third["pins"] == {"pkg.mod.x_f__mutmut_1": "-return a + 1\n+return a - 1"}
+
+
 @pytest.mark.parametrize(
     ("code", "status"),
     [(0, "survived"), (1, "killed"), (-24, "timeout"), (255, "suspicious"), (None, "not checked")],
