@@ -16,7 +16,7 @@ settings there, runs mutmut, and reports::
     .venv/bin/python scripts/mutation.py config cache plan   # several, one after the other
     .venv/bin/python scripts/mutation.py --list              # the packages and their tests
     .venv/bin/python scripts/mutation.py config --survivors  # print each survivor's diff
-    .venv/bin/python scripts/mutation.py ir --resume         # finish an interrupted run
+    .venv/bin/python scripts/mutation.py ir --resume         # go on with a run (after edits too)
     .venv/bin/python scripts/mutation.py ir --reuse          # rerun what is open, today's tests
     .venv/bin/python scripts/mutation.py ir --check tests/ir/test_wire_fuzz.py [--fresh]
 
@@ -349,6 +349,36 @@ def _changed_sources(work: Path, package: Package) -> list[str]:
     return changed
 
 
+def _take_changes(work: Path, changed: list[str]) -> None:
+    """Bring changed files into a run's copy, for a run that goes on with the new code.
+
+    mutmut regenerates a file whose source is newer than its mutants, and resets the
+    verdicts of each function whose hash changed (its mutants are run again); the other
+    functions keep theirs. A ``--check`` kill in a changed file is forgotten (its name
+    may mean another mutant now), and listed equivalents are held to their pins.
+    """
+    files = set()
+    for relative in changed:
+        flat = Path(relative)
+        flat = flat.relative_to("backends") if flat.parts[0] == "backends" else flat
+        shutil.copy2(ROOT / "src" / relative, work / "src" / flat)
+        os.utime(work / "src" / flat)  # (newer than its mutants, whatever copy2 kept)
+        module = flat.parent if flat.name == "__init__.py" else flat.with_suffix("")
+        files.add(module.as_posix())
+    path = work / "checked.json"
+    if path.exists():
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+        kept = {name: e for name, e in recorded.items() if _module_of(name) not in files}
+        path.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _module_of(mutant: str) -> str:
+    """``pkg/mod`` for a mutant name ``pkg.mod.x_f__mutmut_1`` (or a method's ``xǁCǁm``)."""
+    parts = mutant.split(".")
+    index = next(i for i, part in enumerate(parts) if part.startswith(("x_", "xǁ")))
+    return "/".join(parts[:index])
+
+
 def _checked(work: Path) -> dict[str, dict[str, Any]]:
     """The mutants ``--check`` runs killed since the work folder's run, with their tests.
 
@@ -571,10 +601,12 @@ def run_package(
             f"Fix: run scripts/mutation.py {package.name} without --resume"
         )
     if resume and (changed := _changed_sources(work, package)):
-        raise SystemExit(  # the saved verdicts are of the old code
-            f"{package.name}: the code changed since the interrupted run "
-            f"({', '.join(changed[:3])}); its saved verdicts are of the old code\n"
-            f"Fix: run scripts/mutation.py {package.name} without --resume"
+        _take_changes(work, changed)
+        print(
+            f"{package.name}: the code changed since the run ({', '.join(changed[:3])}): "
+            "the mutants of the functions that changed are checked again, the others keep "
+            "their verdicts",
+            file=sys.stderr,
         )
     if reuse and not previous.exists():
         raise SystemExit(
@@ -587,7 +619,8 @@ def run_package(
             raise SystemExit(  # the survivors' names may no longer mean the same mutants
                 f"{package.name}: the code changed since the last run ({', '.join(changed[:3])}); "
                 "--reuse reruns survivors against new tests only\n"
-                f"Fix: run scripts/mutation.py {package.name} without --reuse"
+                f"Fix: run scripts/mutation.py {package.name} --resume (the changed functions' "
+                "mutants are checked again), then --reuse"
             )
         for name in ALSO_COPY:  # the tests as they are now (mutmut copies them on)
             source = ROOT / name
@@ -834,7 +867,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--resume",
         action="store_true",
-        help="finish an interrupted run (same commit's tree; the verdicts saved so far stand)",
+        help="finish an interrupted run; after a change to the code, the changed functions' "
+        "mutants are run again and the others keep their verdicts",
     )
     parser.add_argument(
         "--check",

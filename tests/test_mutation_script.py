@@ -182,16 +182,40 @@ def test_resume_without_an_interrupted_run_is_refused_with_a_fix(
         )
     assert "--resume needs an interrupted run" in str(info.value)
     assert "Fix: run scripts/mutation.py ir without --resume" in str(info.value)
-    # An interrupted run of other code: its saved verdicts are of that code.
-    (tmp_path / "ir" / "mutants").mkdir(parents=True)
-    with pytest.raises(SystemExit, match="the code changed since the interrupted run"):
-        mutation.run_package(
-            mutation.PACKAGES["ir"], max_children=1, survivors=False, reuse=False, resume=True
-        )
     with pytest.raises(SystemExit, match="--resume and --reuse are two different runs"):
         mutation.run_package(
             mutation.PACKAGES["ir"], max_children=1, survivors=False, reuse=True, resume=True
         )
+
+
+def test_a_run_goes_on_with_changed_code_forgetting_only_what_the_change_touched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (the run's copy of the tree is flat: src/backends/vyre_ray is src/vyre_ray there)
+    work = tmp_path / "ray"
+    for name in ("backend.py", "errors.py", "__init__.py"):
+        copy = work / "src" / "vyre_ray" / name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text("old\n", encoding="utf-8")
+        os.utime(copy, (1, 1))
+    checked = {
+        "vyre_ray.backend.x_f__mutmut_1": {"fresh": True},
+        "vyre_ray.errors.x_g__mutmut_2": {"fresh": True},
+        "vyre_ray.x___getattr____mutmut_1": {"fresh": True},
+    }
+    (work / "checked.json").write_text(json.dumps(checked), encoding="utf-8")
+    package = mutation.PACKAGES["ray"]
+    changed = mutation._changed_sources(work, package)
+    assert "backends/vyre_ray/backend.py" in changed and "backends/vyre_ray/__init__.py" in changed
+    mutation._take_changes(work, ["backends/vyre_ray/backend.py", "backends/vyre_ray/__init__.py"])
+    taken = work / "src" / "vyre_ray" / "backend.py"
+    assert taken.read_bytes() == (ROOT / "src/backends/vyre_ray/backend.py").read_bytes()
+    assert taken.stat().st_mtime > time.time() - 60  # (newer than its mutants: regenerated)
+    assert (work / "src" / "vyre_ray" / "errors.py").read_text(encoding="utf-8") == "old\n"
+    assert json.loads((work / "checked.json").read_text(encoding="utf-8")) == {
+        "vyre_ray.errors.x_g__mutmut_2": {"fresh": True}
+    }
+    assert "backends/vyre_ray/backend.py" not in mutation._changed_sources(work, package)
 
 
 def test_only_and_sample_killed_need_check(capsys: pytest.CaptureFixture[str]) -> None:
