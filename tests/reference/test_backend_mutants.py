@@ -7,10 +7,8 @@ naming the program, with the original exception as its cause, on both of the
 backend's paths (a tiny dispatch run inline on the caller's thread, a larger
 one on the worker pool); so does a failure while settling it. A close that
 gives up on a dispatch stuck outside the engine's safe points fails it with
-`BackendClosed` and logs one warning saying how many and after how long. (That
-a close which stops everything logs nothing is not tested here: it rests on
-idle workers ending within the close's 50 ms join, which a loaded machine need
-not give.)
+`BackendClosed` and logs one warning saying how many and after how long (a
+close that stops everything logs nothing: test_lifecycle_mutants).
 
 The dispatch paths: which thread runs a dispatch (``inline_ns``, 0 included),
 fixpoint iterations, a `Launch` without a template, the lane limit and its

@@ -16,6 +16,7 @@ buffers are host arrays owned by the backend instance that made them.
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import math
 import threading
@@ -59,6 +60,8 @@ __all__ = ["ReferenceBackend"]
 __dir__ = _public_dir(__name__)
 
 _log = logging.getLogger("vyre_async.reference")
+#: Numbers calibrate()'s probe programs: each call compiles programs never seen before.
+_CALIBRATIONS = itertools.count()
 
 #: Estimated cost (ns) of handing a dispatch to a worker thread and waking the loop.
 HANDOFF_NS = 60_000
@@ -146,8 +149,10 @@ class ReferenceBackend(VyreBackend):
         probe = ReferenceBackend(max_workers=1, inline_ns=HANDOFF_NS, prefetch=False)
         xor = elementwise_xor(1024)
 
-        def compile_fresh(i: int) -> None:  # a new program: the engine memoises plans
-            compile_program(Program(xor.buffers, xor.workgroup_size, xor.body, op_id=f"cal.{i}"))
+        def compile_fresh(i: int) -> None:  # a new program (the engine memoises plans), new
+            # on every call too: a second calibrate() in a process must not time cache hits
+            name = f"calibrate.{next(_CALIBRATIONS)}.{i}"
+            compile_program(Program(xor.buffers, xor.workgroup_size, xor.body, op_id=name))
 
         return measure_host_costs(self, probe, compile_once=compile_fresh, copy_bytes=4 << 20)
 
@@ -429,7 +434,7 @@ class ReferenceBackend(VyreBackend):
         """The error of a launch stopped at a safe point: closed backend, else its timeout."""
         if self._closed:
             return BackendClosed(
-                f"dispatch {launch.config.label or launch.plan.program.op_id or ''} was stopped: "
+                f"{_called(launch)} was stopped: "
                 "the reference backend was closed while it was queued or running",
                 fix="await the dispatches you need (or backend.flush()) before closing the backend",
             )
@@ -556,15 +561,15 @@ class ReferenceBackend(VyreBackend):
             return
         with anyio.move_on_after(self.close_timeout):
             await poll_until(lambda: not self._running)
-        self._abandon(pool, self.close_timeout)
+        self._abandon(self.close_timeout)
 
     def stop_at_exit(self) -> WorkerPool | None:
         """Interpreter exit: stop all work as `aclose` would; return the pool to join."""
         return self._stop_all()
 
-    def abandon_at_exit(self, pool: WorkerPool, waited: float) -> None:
-        """Interpreter exit: fail what ``pool`` still runs after ``waited`` seconds."""
-        self._abandon(pool, waited)
+    def abandon_at_exit(self, waited: float) -> None:
+        """Interpreter exit: fail what still runs after ``waited`` seconds."""
+        self._abandon(waited)
 
     def _stop_all(self) -> WorkerPool | None:
         """Mark closed, drop queued jobs and ask running ones to stop; return the pool."""
@@ -580,13 +585,14 @@ class ReferenceBackend(VyreBackend):
             job.launch.completer.stop_requested.set()
         return pool
 
-    def _abandon(self, pool: WorkerPool, waited: float) -> None:
+    def _abandon(self, waited: float) -> None:
         """Fail what is still running after ``waited`` seconds; its daemon thread is left."""
         with self._pool_lock:
             stuck = list(self._running)
         for job in stuck:
             job.launch.completer.fail(self._stopped(job.launch))
-        if stuck or not pool.join(0.05):
+        # (with nothing stuck, a worker not ended yet is an idle daemon on its way out)
+        if stuck:
             _log.warning(
                 "reference backend closed with %d dispatch(es) still running after %.1f s; "
                 "they were failed with BackendClosed and their daemon threads abandoned",
@@ -640,8 +646,8 @@ def _stop_live_backends() -> None:
     deadline = time.monotonic() + _EXIT_TIMEOUT_S
     for _, pool in stopping:
         pool.join(max(0.0, deadline - time.monotonic()))
-    for backend, pool in stopping:  # whoever still waits on a stuck dispatch is released
-        backend.abandon_at_exit(pool, _EXIT_TIMEOUT_S)
+    for backend, _ in stopping:  # whoever still waits on a stuck dispatch is released
+        backend.abandon_at_exit(_EXIT_TIMEOUT_S)
 
 
 # threading's exit hooks run before the interpreter joins non-daemon threads (one may be
@@ -714,10 +720,17 @@ class _Shape:
         self.tiny = tiny
 
 
+def _called(launch: Launch) -> str:
+    """How messages name a launch: by its label, else its program's op_id."""
+    name = launch.config.label or launch.plan.program.op_id
+    return f"dispatch {name}" if name else "a dispatch"
+
+
 def _timeout(launch: Launch) -> DispatchTimeout:
+    timeout = launch.config.timeout
     return DispatchTimeout(
-        f"dispatch {launch.config.label or launch.plan.program.op_id or ''} was stopped: "
-        f"past its timeout of {launch.config.timeout} s",
+        f"{_called(launch)} was stopped: "
+        + (f"past its timeout of {timeout} s" if timeout is not None else "its stop was requested"),
         fix="raise DispatchConfig.timeout or split the work into smaller dispatches",
-        timeout=launch.config.timeout,
+        timeout=timeout,
     )
