@@ -803,11 +803,13 @@ def check_tests(
         )
     names = matching
     # The rewritten copy's modules are large (the corpus's is 25 MB): with
-    # PYTHONDONTWRITEBYTECODE set, every fresh interpreter would compile them again
-    # (15 s for the corpus alone). compileall writes the bytecode whatever it says.
+    # PYTHONDONTWRITEBYTECODE set, every fresh interpreter would compile them again (15 s
+    # for the corpus), and pytest would rewrite the asserts of the plugin's package again
+    # (45 s). compileall writes the bytecode whatever it says; the checks' interpreters
+    # may write theirs (pytest's rewritten modules are cached on the first run).
     compileall.compile_dir(work / "mutants" / "src", quiet=1, workers=0)
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
         "PYTHONPATH": str(work / "mutants" / "src"),
         # no deadlines on the slower rewritten copy: a deadline error is no kill
         "VYRE_HYPOTHESIS_PROFILE": "mutation",
