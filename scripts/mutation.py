@@ -173,6 +173,7 @@ PACKAGES: dict[str, Package] = {
             # subprocesses, which see a mutant only through --check, on the open mutants)
             (
                 "tests/test_corpus_snapshot.py",
+                "tests/test_contract_helpers_mutants.py",
                 "tests/contract",
                 "--vyre-backend=reference",
                 "tests/reference/test_corpus.py",

@@ -19,10 +19,11 @@ here as shipped:
   count of at least ``least`` scaled to ``seconds``, capped at 2**31 (a u32);
   timed on a fake clock, so nothing here races;
 - ``_rss_bytes``: the resident set in bytes (it grows by what is touched);
-- ``_resident_setup``: its skip names the backend without resident buffers.
-
-The mutants no backend author can tell apart are listed with their reasons in
-``scripts/mutation_equivalent/testing.toml``.
+- ``_resident_setup``: its skip names the backend without resident buffers;
+- the kernels themselves, by fingerprint (`SHIPPED_KERNELS`): the slow kernel's
+  guarded store is first met after 1 529 123 826 turns, far beyond the suite's
+  counts but a second's work on a GPU, so a change to its recurrence or guard
+  is a change to the contract too.
 """
 
 from __future__ import annotations
@@ -352,3 +353,30 @@ def test_rss_bytes_counts_the_bytes_of_pages_the_process_touches() -> None:
         block.close()
     assert type(before) is int and type(after) is int
     assert size - 2**20 <= after - before < 4 * size
+
+
+#: The suite's kernels as shipped, by fingerprint. What they compute beyond the counts the
+#: suite dispatches (the slow kernel's guarded store, first met after 1 529 123 826 turns,
+#: which a GPU runs in about a second) is part of what a backend author runs: a change to
+#: a kernel is a change to the contract, made on purpose with this table.
+SHIPPED_KERNELS = {
+    "spin()": "71b7a72a4e189f65de0c727cc1e25ac8",
+    "spin(64)": "63356d4dd1f0ad4907732c0be7e5170a",
+    "lane_ids((4, 2, 3))": "7d4125d0cce045e311194de2d3e79df9",
+    "resident_order_programs(64)[0]": "b8faa1b60545949750bb945a2bba5c07",
+    "resident_order_programs(64)[1]": "5265f3f8b01a40f5822a7b5b8203d7b2",
+    "resident_order_programs(64)[2]": "1f2c43b52eb3db762905f75199182e78",
+}
+
+
+def test_the_suites_kernels_are_the_shipped_ones() -> None:
+    built = {
+        "spin()": suite.spin(),
+        "spin(64)": suite.spin(64),
+        "lane_ids((4, 2, 3))": suite.lane_ids((4, 2, 3)),
+        **{
+            f"resident_order_programs(64)[{i}]": program
+            for i, program in enumerate(suite.resident_order_programs(64))
+        },
+    }
+    assert {name: p.fingerprint().hex()[:32] for name, p in built.items()} == SHIPPED_KERNELS
