@@ -175,6 +175,7 @@ PACKAGES: dict[str, Package] = {
                 "tests/test_corpus_snapshot.py",
                 "tests/test_contract_helpers_mutants.py",
                 "tests/test_corpus_mutants.py",
+                "tests/test_testing_plugin_mutants.py",
                 "tests/contract",
                 "--vyre-backend=reference",
                 "tests/reference/test_corpus.py",
