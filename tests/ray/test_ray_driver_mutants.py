@@ -121,6 +121,11 @@ GONE = (
     "(acquire_backend('ray') builds a fresh one after close), which connects again"
 )
 OWN_FIX = "\nFix: inspect the chained exception; check the Ray cluster (ray status)"
+#: The pool's own Fix when its workers cannot start (and their error has none of its own).
+WORKERS_FIX = (
+    "\nFix: check the cluster's resources (ray status) and the workers' logs; with "
+    "num_gpus_per_worker, the cluster needs that many GPUs per worker"
+)
 
 
 # The fake ------------------------------------------------------------------------------------
@@ -730,9 +735,7 @@ def test_workers_that_cannot_start_are_killed_and_refused_with_their_own_fix(
         RayBackend(inner="no-such-backend")  # each worker's constructor fails
     assert str(info.value) == (
         "the 'ray' backend's workers could not start: a Ray worker died or did not answer while "
-        "starting the pool's workers: ActorDiedError\n"
-        "Fix: check the cluster's resources (ray status) and the workers' logs; with "
-        "num_gpus_per_worker, the cluster needs that many GPUs per worker"
+        "starting the pool's workers: ActorDiedError" + WORKERS_FIX
     )
     assert info.value.context == {"backend_id": "ray", "cause": "workers"}
     assert isinstance(info.value.__cause__, rex.ActorDiedError)
@@ -768,9 +771,7 @@ def test_a_workers_refusal_that_is_all_fix_line_is_kept_whole(
         RayBackend()
     # (no words but a Fix line: they are what happened, and the pool's own Fix follows)
     assert str(info.value) == (
-        "the 'ray' backend's workers could not start: Fix: give the worker a GPU\n"
-        "Fix: check the cluster's resources (ray status) and the workers' logs; with "
-        "num_gpus_per_worker, the cluster needs that many GPUs per worker"
+        "the 'ray' backend's workers could not start: Fix: give the worker a GPU" + WORKERS_FIX
     )
 
 
