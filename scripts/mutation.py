@@ -376,6 +376,16 @@ def _take_changes(work: Path, changed: list[str]) -> None:
         path.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def _take_tests(work: Path) -> None:
+    """Bring today's tests (and what they read) into a run's copy; mutmut copies them on."""
+    for name in ALSO_COPY:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, work / name, dirs_exist_ok=True)
+        else:
+            shutil.copy2(source, work / name)
+
+
 def _module_of(mutant: str) -> str:
     """``pkg/mod`` for a mutant name ``pkg.mod.x_f__mutmut_1`` (or a method's ``xǁCǁm``)."""
     parts = mutant.split(".")
@@ -606,6 +616,7 @@ def run_package(
         )
     if resume and (changed := _changed_sources(work, package)):
         _take_changes(work, changed)
+        _take_tests(work)  # (a change to the code may come with its tests: a re-recorded snapshot)
         print(
             f"{package.name}: the code changed since the run ({', '.join(changed[:3])}): "
             "the mutants of the functions that changed are checked again, the others keep "
@@ -626,12 +637,7 @@ def run_package(
                 f"Fix: run scripts/mutation.py {package.name} --resume (the changed functions' "
                 "mutants are checked again), then --reuse"
             )
-        for name in ALSO_COPY:  # the tests as they are now (mutmut copies them on)
-            source = ROOT / name
-            if source.is_dir():
-                shutil.copytree(source, work / name, dirs_exist_ok=True)
-            else:
-                shutil.copy2(source, work / name)
+        _take_tests(work)
         with (work / "pyproject.toml").open("a", encoding="utf-8") as f:
             f.write(_settings(package, max_children))
         rerun = _to_rerun(work, package)
@@ -878,7 +884,7 @@ def main(argv: list[str] | None = None) -> int:
         "--resume",
         action="store_true",
         help="finish an interrupted run; after a change to the code, the changed functions' "
-        "mutants are run again and the others keep their verdicts",
+        "mutants are run again (with today's tests) and the others keep their verdicts",
     )
     parser.add_argument(
         "--check",

@@ -216,6 +216,9 @@ def test_a_run_goes_on_with_changed_code_forgetting_only_what_the_change_touched
         "vyre_ray.errors.x_g__mutmut_2": {"fresh": True}
     }
     assert "backends/vyre_ray/backend.py" not in mutation._changed_sources(work, package)
+    mutation._take_tests(work)  # (what --resume does next: a change may come with its tests)
+    snapshot = work / "tests" / "corpus_snapshot.json"
+    assert snapshot.read_bytes() == (ROOT / "tests" / "corpus_snapshot.json").read_bytes()
 
 
 def test_only_and_sample_killed_need_check(capsys: pytest.CaptureFixture[str]) -> None:

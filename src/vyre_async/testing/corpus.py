@@ -544,9 +544,30 @@ def _f32_cases() -> list[Case]:
     ]
     # a*b+c where a fused multiply-add would give 2**-24 but two roundings give 0.
     p = r32(1 + 2.0**-12)
-    fa = [p, p, MAX_F32, 1.0, 1.5, 0.0, -0.0, INF, 1.0, MIN_SUB]
-    fb = [p, p, 2.0, -1.0, 1.5, 5.0, 1.0, 0.0, 1.0, 0.5]
+    # Then: a subnormal result that is not a tie (0.625 * 2**-149 rounds up to
+    # 2**-149), two that round past MAX_F32 (a sum of two, and MAX_F32 plus half
+    # its last place: a tie that rounds to even, up, to infinity), and an
+    # infinite operand beside finite ones.
+    fa = [
+        p,
+        p,
+        MAX_F32,
+        1.0,
+        1.5,
+        0.0,
+        -0.0,
+        INF,
+        1.0,
+        MIN_SUB,
+        MIN_SUB,
+        MAX_F32,
+        MAX_F32,
+        INF,
+        1.0,
+    ]
+    fb = [p, p, 2.0, -1.0, 1.5, 5.0, 1.0, 0.0, 1.0, 0.5, 0.625, 1.0, 1.0, 1.0, 1.0]
     fc = [r32(-(1 + 2.0**-11)), 2.0**-60, -MAX_F32, 1.0, -2.25, -0.0, -0.0, 1.0, MIN_SUB, 0.0]
+    fc += [0.0, MAX_F32, 2.0**103, 1.0, -INF]
     out.append(
         _elementwise(
             "f32_fma_single_rounding",
@@ -576,8 +597,8 @@ def _f32_cases() -> list[Case]:
             ],
         )
     )
-    ma = [NAN, 1.0, NAN, 0.0, -0.0, -INF, 3.0, -0.0, NAN]
-    mb = [1.0, NAN, NAN, -0.0, 0.0, INF, -2.0, -0.0, -0.0]
+    ma = [NAN, 1.0, NAN, 0.0, -0.0, -INF, 3.0, -0.0, NAN, 0.0]
+    mb = [1.0, NAN, NAN, -0.0, 0.0, INF, -2.0, -0.0, -0.0, 0.0]
     out.append(
         _elementwise(
             "f32_min_max",
@@ -607,8 +628,8 @@ def _f32_cases() -> list[Case]:
             "f32_mod_div_by_zero",
             ("f32.mod", "f32.div0"),
             [
-                (DType.F32, [5.5, -5.5, 5.5, 1.0, INF, 1.0, -0.0, 1.0, -1.0, 0.0, INF]),
-                (DType.F32, [2.0, 2.0, -2.0, 0.0, 1.0, INF, 1.0, 0.0, 0.0, 0.0, INF]),
+                (DType.F32, [5.5, -5.5, 5.5, 1.0, INF, 1.0, -0.0, 1.0, -1.0, 0.0, INF, NAN, 2.0]),
+                (DType.F32, [2.0, 2.0, -2.0, 0.0, 1.0, INF, 1.0, 0.0, 0.0, 0.0, INF, 2.0, NAN]),
             ],
             [(DType.F32, _bin("mod"), _fmod), (DType.F32, _bin("div"), _f_div)],
         )
@@ -747,8 +768,10 @@ def _f2i(lo: int, hi: int) -> Callable[[float], int]:
 
 def _cast_cases() -> list[Case]:
     fv = [1.9, -1.9, -0.5, 3e9, -3e9, 5e9, NAN, INF, -INF, 2147483520.0, 4294967040.0, -0.0, 2.5e9]
-    uv = [16777217, 16777219, U32_MAX, 0x8000_0080, 0x8000_0181, 0, 33554435]
-    iv = [-16777217, I32_MIN, I32_MAX, -1, 16777219, 0, -33554435]
+    # The last lane: just below a halfway point (0x8000_017F rounds down to
+    # 0x8000_0100; rounding to 25 bits first would give 0x8000_0200).
+    uv = [16777217, 16777219, U32_MAX, 0x8000_0080, 0x8000_0181, 0, 33554435, 0x8000_017F]
+    iv = [-16777217, I32_MIN, I32_MAX, -1, 16777219, 0, -33554435, 0x4000_00BF]
     return [
         _elementwise(
             "cast_f32_to_int",
@@ -967,7 +990,8 @@ def _memory_cases() -> list[Case]:
 def _control_cases() -> list[Case]:
     cases: list[Case] = []
     g, x, acc = gid(), Var("x"), Var("acc")
-    data = [3, 8, 5, 0, 12, 7, 1, 6, 9, 4]
+    # Lane 5 (1) gives the loop below a start above its end (5 % 3 = 2): no trip.
+    data = [3, 8, 5, 0, 12, 1, 7, 6, 9, 4]
     # Divergent If/else, nested, assigning an outer variable under masks.
     prog = Program(
         [
