@@ -1,7 +1,7 @@
 """The ``ray`` pool's start, refusals and close, and a worker's own set-up, without a cluster.
 
 Written for mutation testing (issue 28), with the fake ``ray`` of
-``test_ray_driver_mutants.py`` (its actors hold real `vyre_ray.worker.Worker`s
+``fake_ray.py`` (its actors hold real `vyre_ray.worker.Worker`s
 in this process). What is checked is what a user sees: the errors a pool is
 refused or a dispatch fails with, their ``context``; which actor options Ray is
 given; that closing neither waits for a submission stuck in Ray nor sends
@@ -34,7 +34,7 @@ from opentelemetry import trace as otel_trace
 
 import vyre_async.registry as registry
 import vyre_ray.backend as rb
-from tests.ray.test_ray_driver_mutants import (  # the fake ray and its fixtures
+from tests.ray.fake_ray import (  # the fake ray and its fixtures
     ACTOR_OPTIONS,
     CLOSED,
     WAIT_S,
