@@ -9,12 +9,20 @@ lane-subset paths:
 - a ``Return`` in a frame that already lost lanes to a nested ``Return``
   keeps both sets of lanes returned when the frames merge;
 - a variable assigned in an ``If`` nested in another sparse ``If`` (a lane
-  subset of a lane subset) is written back to the right lanes.
+  subset of a lane subset) is written back to the right lanes;
+- a comparison of a lane-affine value (``gid``, ``lid``, ``wgid`` and what
+  ``+ - *`` make of them) with a constant, which the engine decides from the
+  value's bounds or builds as a prefix/suffix mask of the lanes: every operator,
+  both operand orders, constants at the first and last lane and past them,
+  values the same on every lane, values that wrap past 2**32, and lane subsets
+  of every kind (a run or list of lanes, of workgroups, of local lanes);
+- a ``cas`` whose expected value is a variable.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -25,16 +33,24 @@ from vyre_async.ir import (
     Assign,
     Atomic,
     AtomicOp,
+    Bin,
+    BinOp,
     BufferDecl,
+    Cast,
     DType,
     Expr,
     If,
     Let,
     Program,
     Return,
+    Select,
+    Stmt,
     Store,
+    Un,
+    UnOp,
     Var,
     gid,
+    lid,
     u32,
     wgid,
 )
@@ -44,9 +60,11 @@ U32 = DType.U32
 N = 256  # lanes: 4 workgroups of 64
 
 
-def _run_both(program: Program, inputs: list[np.ndarray]) -> list[list[int]]:
-    got = execute(program, [a.copy() for a in inputs])
-    want = run_slow(program, [a.copy() for a in inputs])
+def _run_both(
+    program: Program, inputs: list[np.ndarray], grid: tuple[int, int, int] | None = None
+) -> list[list[int]]:
+    got = execute(program, [a.copy() for a in inputs], grid_override=grid)
+    want = run_slow(program, [a.copy() for a in inputs], grid_override=grid)
     assert [g.tolist() for g in got] == [w.tolist() for w in want]
     return [g.tolist() for g in got]
 
@@ -166,3 +184,185 @@ def test_an_assignment_in_some_whole_workgroups_reaches_their_lanes(skipped: int
     )
     (out,) = _run_both(program, [])
     assert out == [7 if i // 64 == skipped else i for i in range(N)]
+
+
+# -- comparisons of lane-affine values with constants ---------------------------------
+
+_PY_OPS: dict[BinOp, Callable[[int, int], bool]] = {
+    BinOp.LT: operator.lt,
+    BinOp.LE: operator.le,
+    BinOp.GT: operator.gt,
+    BinOp.GE: operator.ge,
+    BinOp.EQ: operator.eq,
+    BinOp.NE: operator.ne,
+}
+_OPS = list(_PY_OPS)
+Value = Callable[[int], int]  # a lane's linear id -> the value's u32 word there
+
+
+def _check_comparisons(
+    op: BinOp,
+    x: Expr,
+    x_at: Value,
+    ks: Sequence[int],
+    *,
+    guards: Sequence[tuple[Expr, Truth]] = (),
+    lane: Expr | None = None,
+    workgroup: int | tuple[int, int, int] = 64,
+    grid: tuple[int, int, int] = (4, 1, 1),
+) -> None:
+    """Run ``x op k`` and ``k op x`` for each ``k`` inside the nested ``guards``.
+
+    The grid has ``N`` lanes (the output, one slot of ``N`` words per comparison,
+    would make it larger). Slot ``s`` holds, at lane ``i``, 2 where comparison
+    ``s`` is true, 1 where it is false and 0 where a guard keeps the lane out.
+    """
+    lane = gid(0) if lane is None else lane
+    pairs = [(k, flipped) for k in ks for flipped in (False, True)]
+    body: list[Stmt] = [
+        Store(
+            "out",
+            lane + u32(N * slot),
+            Select(Bin(op, u32(k), x) if flipped else Bin(op, x, u32(k)), u32(2), u32(1)),
+        )
+        for slot, (k, flipped) in enumerate(pairs)
+    ]
+    for guard, _ in reversed(guards):
+        body = [If(guard, body)]
+    program = Program([BufferDecl("out", 0, Access.WRITE, U32, N * len(pairs))], workgroup, body)
+    (out,) = _run_both(program, [], grid)
+    compare = _PY_OPS[op]
+    want = []
+    for k, flipped in pairs:
+        for i in range(N):
+            if not all(at(i) for _, at in guards):
+                want.append(0)
+                continue
+            v = x_at(i) % (1 << 32)
+            want.append(2 if (compare(k, v) if flipped else compare(v, k)) else 1)
+    assert out == want
+
+
+_EDGES = [0, 1, 63, 64, 128, 254, 255, 256, 0xFFFFFFFF]
+
+
+@pytest.mark.parametrize("op", _OPS, ids=str)
+def test_the_lane_id_compared_with_constants_at_the_edges_of_the_grid(op: BinOp) -> None:
+    _check_comparisons(op, gid(0), lambda i: i, _EDGES)
+
+
+@pytest.mark.parametrize("op", _OPS, ids=str)
+def test_a_lane_value_the_same_on_every_lane_compared_with_constants(op: BinOp) -> None:
+    # lid(1) is 0 in a 64 x 1 x 1 workgroup: the value is 5 on every lane, but
+    # symbolic (it has a lane term), so bounds with low == high decide it.
+    _check_comparisons(op, lid(1) + u32(5), lambda i: 5, [4, 5, 6])
+
+
+_WRAPPING: dict[str, tuple[Expr, Value]] = {
+    # the highest lanes wrap past 2**32 to small values
+    "lanes 10 and up wrap": (gid(0) + u32(2**32 - 10), lambda i: i + 2**32 - 10),
+    # only the last lane wraps, to 0: the unwrapped high bound is exactly 2**32
+    "only the last lane wraps": (gid(0) + u32(2**32 - (N - 1)), lambda i: i + 2**32 - (N - 1)),
+    # below zero on every lane but the first few
+    "5 - gid goes below zero": (u32(5) - gid(0), lambda i: 5 - i),
+}
+
+
+@pytest.mark.parametrize("value", list(_WRAPPING))
+@pytest.mark.parametrize("op", _OPS, ids=str)
+def test_a_lane_value_that_wraps_compared_with_constants(op: BinOp, value: str) -> None:
+    x, x_at = _WRAPPING[value]
+    _check_comparisons(op, x, x_at, [0, 3, 5, 100, 2**32 - 5])
+
+
+_SUBSETS: dict[str, list[tuple[Expr, Truth]]] = {
+    # gid >= 20: a run of lanes starting inside workgroup 0 (a flat lane range)
+    "lanes from 20": [(gid(0).ge(u32(20)), lambda i: i >= 20)],
+    # every 9th lane of that run (a list of lanes cut from a flat range)
+    "every 9th lane from 20": [
+        (gid(0).ge(u32(20)), lambda i: i >= 20),
+        ((gid(0) % u32(9)).eq(u32(0)), lambda i: i % 9 == 0),
+    ],
+    "workgroups 2 and 3": [(wgid(0).ge(u32(2)), lambda i: i // 64 >= 2)],
+    "workgroups 0 and 2": [((wgid(0) % u32(2)).eq(u32(0)), lambda i: (i // 64) % 2 == 0)],
+    "local lanes below 32": [(lid(0).lt(u32(32)), lambda i: i % 64 < 32)],
+    "even local lanes": [((lid(0) % u32(2)).eq(u32(0)), lambda i: i % 2 == 0)],
+}
+
+
+@pytest.mark.parametrize("subset", list(_SUBSETS))
+@pytest.mark.parametrize("op", _OPS, ids=str)
+def test_the_lane_id_compared_with_constants_on_a_subset_of_lanes(op: BinOp, subset: str) -> None:
+    ks = [0, 15, 20, 21, 100, 150, 255, 256]
+    _check_comparisons(op, gid(0), lambda i: i, ks, guards=_SUBSETS[subset])
+
+
+@pytest.mark.parametrize("op", _OPS, ids=str)
+def test_a_comparison_in_a_workgroup_along_y_on_a_run_of_lanes(op: BinOp) -> None:
+    # Workgroups of 1 x 64 x 1 lanes on a 1 x 4 x 1 grid, then the run of lanes
+    # from 20: wgid(1) + lid(1) is not the lane's position there (it restarts
+    # near 0 in each workgroup), so it cannot be cut as a run of positions.
+    _check_comparisons(
+        op,
+        wgid(1) + lid(1),
+        lambda i: i // 64 + i % 64,
+        [0, 20, 21, 40, 64, 66, 100],
+        guards=[(gid(1).ge(u32(20)), lambda i: i >= 20)],
+        lane=gid(1),
+        workgroup=(1, 64, 1),
+        grid=(1, 4, 1),
+    )
+
+
+def test_a_comparison_result_in_every_use_of_a_bool() -> None:
+    # gid < 100 on the lanes from 20 is a mask built by slicing; it is stored,
+    # cast, negated, compared and selected on.
+    lane = gid(0)
+    cond = lane.lt(u32(100))
+    program = Program(
+        [
+            BufferDecl("flags", 0, Access.WRITE, DType.BOOL, N),
+            BufferDecl("out", 1, Access.WRITE, U32, 4 * N),
+            BufferDecl("fl", 2, Access.WRITE, DType.F32, N),
+        ],
+        (64, 1, 1),
+        [
+            If(
+                lane.ge(u32(20)),
+                [
+                    Let("c", cond),
+                    Store("flags", lane, Var("c")),
+                    Store("out", lane, Cast(U32, Var("c"))),
+                    Store("out", lane + u32(N), Cast(U32, Cast(DType.I32, Var("c")))),
+                    Store("out", lane + u32(2 * N), Cast(U32, Un(UnOp.LNOT, Var("c")))),
+                    Store("out", lane + u32(3 * N), Cast(U32, Var("c").eq(lane.lt(u32(50))))),
+                    Store("fl", lane, Cast(DType.F32, Var("c"))),
+                ],
+            )
+        ],
+    )
+    flags, out, fl = _run_both(program, [], (4, 1, 1))
+    assert flags == [int(20 <= i < 100) for i in range(N)]
+    assert out[:N] == flags
+    assert out[N : 2 * N] == flags
+    assert out[2 * N : 3 * N] == [int(i >= 100) for i in range(N)]
+    assert out[3 * N :] == [0 if i < 20 else int((i < 100) == (i < 50)) for i in range(N)]
+    assert fl == [float(f) for f in flags]
+
+
+def test_a_cas_whose_expected_value_is_a_variable() -> None:
+    program = Program(
+        [
+            BufferDecl("words", 0, Access.READ_WRITE, U32),
+            BufferDecl("old", 1, Access.WRITE, U32, N),
+        ],
+        (64, 1, 1),
+        [
+            Let("expected", gid(0) % u32(8)),
+            Store("old", gid(0), Atomic(AtomicOp.CAS, "words", gid(0), u32(99), Var("expected"))),
+        ],
+    )
+    words = np.array([i % 8 if i % 3 else 1000 for i in range(N)], dtype=np.uint32)
+    got_words, old = _run_both(program, [words])
+    assert old == words.tolist()
+    assert got_words == [99 if i % 3 else 1000 for i in range(N)]
