@@ -376,14 +376,19 @@ def _take_changes(work: Path, changed: list[str]) -> None:
         path.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _take_tests(work: Path) -> None:
-    """Bring today's tests (and what they read) into a run's copy; mutmut copies them on."""
+def _take_tests(work: Path, package: Package, max_children: int) -> None:
+    """Bring today's tests (and what they read) into a run's copy; mutmut copies them on.
+
+    ``pyproject.toml`` is among them: mutmut's settings are written to it again.
+    """
     for name in ALSO_COPY:
         source = ROOT / name
         if source.is_dir():
             shutil.copytree(source, work / name, dirs_exist_ok=True)
         else:
             shutil.copy2(source, work / name)
+    with (work / "pyproject.toml").open("a", encoding="utf-8") as f:
+        f.write(_settings(package, max_children))
 
 
 def _module_of(mutant: str) -> str:
@@ -616,7 +621,7 @@ def run_package(
         )
     if resume and (changed := _changed_sources(work, package)):
         _take_changes(work, changed)
-        _take_tests(work)  # (a change to the code may come with its tests: a re-recorded snapshot)
+        _take_tests(work, package, max_children)  # (a change may come with its tests)
         print(
             f"{package.name}: the code changed since the run ({', '.join(changed[:3])}): "
             "the mutants of the functions that changed are checked again, the others keep "
@@ -637,9 +642,7 @@ def run_package(
                 f"Fix: run scripts/mutation.py {package.name} --resume (the changed functions' "
                 "mutants are checked again), then --reuse"
             )
-        _take_tests(work)
-        with (work / "pyproject.toml").open("a", encoding="utf-8") as f:
-            f.write(_settings(package, max_children))
+        _take_tests(work, package, max_children)
         rerun = _to_rerun(work, package)
         run_mutmut = bool(rerun)  # none left: only the verdicts are read again
         command += rerun

@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import time
+import tomllib
 from pathlib import Path
 from types import ModuleType
 
@@ -216,9 +217,11 @@ def test_a_run_goes_on_with_changed_code_forgetting_only_what_the_change_touched
         "vyre_ray.errors.x_g__mutmut_2": {"fresh": True}
     }
     assert "backends/vyre_ray/backend.py" not in mutation._changed_sources(work, package)
-    mutation._take_tests(work)  # (what --resume does next: a change may come with its tests)
-    snapshot = work / "tests" / "corpus_snapshot.json"
+    mutation._take_tests(work, package, 1)  # (what --resume does next: a change may come with
+    snapshot = work / "tests" / "corpus_snapshot.json"  # its tests, e.g. a re-recorded snapshot)
     assert snapshot.read_bytes() == (ROOT / "tests" / "corpus_snapshot.json").read_bytes()
+    settings = tomllib.loads((work / "pyproject.toml").read_text(encoding="utf-8"))
+    assert settings["tool"]["mutmut"]["only_mutate"] == ["src/vyre_ray/*"]  # (kept: mutmut's own)
 
 
 def test_only_and_sample_killed_need_check(capsys: pytest.CaptureFixture[str]) -> None:
