@@ -727,10 +727,18 @@ def _called(launch: Launch) -> str:
 
 
 def _timeout(launch: Launch) -> DispatchTimeout:
+    """The error of a launch stopped with the backend open: past its deadline, or asked to
+    stop before it (``PendingDispatch.stop_requested`` set by hand)."""
     timeout = launch.config.timeout
+    if timeout is not None and time.monotonic() - launch.pending.created >= timeout:
+        return DispatchTimeout(
+            f"{_called(launch)} was stopped: past its timeout of {timeout} s",
+            fix="raise DispatchConfig.timeout or split the work into smaller dispatches",
+            timeout=timeout,
+        )
     return DispatchTimeout(
-        f"{_called(launch)} was stopped: "
-        + (f"past its timeout of {timeout} s" if timeout is not None else "its stop was requested"),
-        fix="raise DispatchConfig.timeout or split the work into smaller dispatches",
+        f"{_called(launch)} was stopped: its stop was requested",
+        fix="its PendingDispatch.stop_requested was set before it finished; dispatch it again "
+        "if you need its outputs",
         timeout=timeout,
     )
