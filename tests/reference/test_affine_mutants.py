@@ -13,6 +13,10 @@ interpreter and the value computed in Python modulo 2**32:
   2**40 (the constant and the other terms stay small);
 - a lane-independent value grown past 2**40 and then added to a lane id (only
   the constant term is large).
+
+A last program does the same on a 2 x 2 x 2 grid of 2 x 2 x 2 workgroups, where
+every workgroup and local axis has its own term (the third axes and the local
+second axis are reduced too, each into its own place).
 """
 
 from __future__ import annotations
@@ -74,3 +78,27 @@ def test_a_lane_value_past_2_to_the_40_is_stored_modulo_2_to_the_32(case: str) -
     want = run_slow(program, [], grid_override=GRID)[0].tolist()
     assert got == want
     assert got == [value_at(v) % (1 << 32) for v in _lanes()]
+
+
+def test_a_lane_value_past_2_to_the_40_on_every_axis_is_stored_modulo_2_to_the_32() -> None:
+    # distinct odd weights, so a term moved to another axis changes the words
+    weights = (1, 3, 5, 7, 11, 13)
+    ids = (wgid(0), wgid(1), wgid(2), lid(0), lid(1), lid(2))
+    value: Expr = u32(17)
+    for weight, lane_id in zip(weights, ids, strict=True):
+        value = value + lane_id * u32(weight)
+    program = Program(
+        [BufferDecl("out", 0, Access.WRITE, DType.U32, 64)],
+        (2, 2, 2),
+        [Store("out", gid(0) + gid(1) * u32(4) + gid(2) * u32(16), value * u32(K) * u32(K))],
+    )
+    got = execute(program, [], grid_override=(2, 2, 2))[0].tolist()
+    assert got == run_slow(program, [], grid_override=(2, 2, 2))[0].tolist()
+    want = [0] * 64
+    for g0 in range(4):
+        for g1 in range(4):
+            for g2 in range(4):
+                coords = (g0 // 2, g1 // 2, g2 // 2, g0 % 2, g1 % 2, g2 % 2)
+                total = 17 + sum(w * c for w, c in zip(weights, coords, strict=True))
+                want[g0 + 4 * g1 + 16 * g2] = total * K * K % (1 << 32)
+    assert got == want

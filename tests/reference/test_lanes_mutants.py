@@ -190,3 +190,20 @@ def test_a_sparse_branch_inside_a_run_that_does_not_start_at_lane_0_reaches_its_
         ],
     )
     assert out == [_mix_at(i // 8, i % 8, 8) if i in taken else 7 for i in range(32)]
+
+
+@pytest.mark.parametrize(
+    ("value", "word"),
+    [
+        (gid() - gid() + u32(7), 7),
+        (lid() * u32(0) + u32(0xFFFF_FFF0), 0xFFFF_FFF0),
+        ((wgid() - wgid() + u32(3)) * u32(0x9E37_79B9) * u32(0x9E37_79B9), 3 * 0x9E37_79B9**2),
+    ],
+)
+def test_a_lane_value_that_no_longer_depends_on_the_lane_is_stored_on_every_lane(
+    value: Expr, word: int
+) -> None:
+    # the lane ids cancel (or are multiplied by 0): the same word on every lane,
+    # modulo 2**32 when the constant grew past it
+    out = _run_both((4, 1, 1), (2, 1, 1), [Store("out", gid(), value)])
+    assert out == [word % (1 << 32)] * 8
