@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 import pytest
 
 from vyre_async.ir import If, Store, Un
-from vyre_async.testing.corpus import Case, cases
+from vyre_async.testing.corpus import MAX_F32, Case, cases, exact_r32
 
 
 @pytest.fixture
@@ -157,3 +158,12 @@ def test_config_carries_the_case_settings(corpus: list[Case]) -> None:
 
 def test_the_budgeted_case_dispatches_with_its_budget(budgeted: Case) -> None:
     assert budgeted.config().ulp_budget == 2
+
+
+def test_exact_rounding_overflows_to_infinity_from_the_tie_above_max_f32() -> None:
+    # The corpus's fma lanes reach these only through _array's float32 cast, which
+    # makes inf of a too-large finite float64 too (with a warning): so checked here.
+    tie = Fraction(2**128 - 2**103)  # MAX_F32 plus half its last place: to even, up
+    assert exact_r32(tie) == INF and exact_r32(-tie) == -INF
+    assert exact_r32(Fraction(2**129 - 2**105)) == INF  # MAX_F32 + MAX_F32
+    assert exact_r32(tie - 1) == MAX_F32  # below the tie: down

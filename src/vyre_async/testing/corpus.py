@@ -628,8 +628,17 @@ def _f32_cases() -> list[Case]:
             "f32_mod_div_by_zero",
             ("f32.mod", "f32.div0"),
             [
-                (DType.F32, [5.5, -5.5, 5.5, 1.0, INF, 1.0, -0.0, 1.0, -1.0, 0.0, INF, NAN, 2.0]),
-                (DType.F32, [2.0, 2.0, -2.0, 0.0, 1.0, INF, 1.0, 0.0, 0.0, 0.0, INF, 2.0, NAN]),
+                # (the last four: NaN operands, a NaN over a zero is NaN, not an infinity)
+                (
+                    DType.F32,
+                    [5.5, -5.5, 5.5, 1.0, INF, 1.0, -0.0, 1.0, -1.0, 0.0, INF, NAN, 2.0]
+                    + [NAN, NAN],
+                ),
+                (
+                    DType.F32,
+                    [2.0, 2.0, -2.0, 0.0, 1.0, INF, 1.0, 0.0, 0.0, 0.0, INF, 2.0, NAN]
+                    + [0.0, -0.0],
+                ),
             ],
             [(DType.F32, _bin("mod"), _fmod), (DType.F32, _bin("div"), _f_div)],
         )
@@ -990,8 +999,9 @@ def _memory_cases() -> list[Case]:
 def _control_cases() -> list[Case]:
     cases: list[Case] = []
     g, x, acc = gid(), Var("x"), Var("acc")
-    # Lane 5 (1) gives the loop below a start above its end (5 % 3 = 2): no trip.
-    data = [3, 8, 5, 0, 12, 1, 7, 6, 9, 4]
+    # The loop below starts at lane % 3: lane 5 (1) has its start above its end and
+    # lane 7 (1) its start equal to a non-zero end: no trip for either.
+    data = [3, 8, 5, 0, 12, 1, 7, 1, 9, 4]
     # Divergent If/else, nested, assigning an outer variable under masks.
     prog = Program(
         [
