@@ -17,7 +17,7 @@ settings there, runs mutmut, and reports::
     .venv/bin/python scripts/mutation.py --list              # the packages and their tests
     .venv/bin/python scripts/mutation.py config --survivors  # print each survivor's diff
     .venv/bin/python scripts/mutation.py ir --resume         # go on with a run (after edits too)
-    .venv/bin/python scripts/mutation.py ir --reuse          # rerun what is open, today's tests
+    .venv/bin/python scripts/mutation.py ir --reuse          # rerun what is open, committed tests
     .venv/bin/python scripts/mutation.py ir --check tests/ir/test_wire_fuzz.py [--fresh]
 
 Each package's result is written to ``build/mutation/PACKAGE/result.json`` and
@@ -36,6 +36,7 @@ import ast
 import compileall
 import difflib
 import fnmatch
+import io
 import json
 import os
 import random
@@ -44,6 +45,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import tomllib
 from collections.abc import Callable
@@ -339,16 +341,31 @@ def _settings(package: Package, max_children: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _committed(*paths: str) -> dict[str, bytes]:
+    """The committed files (``HEAD``) under ``paths``, by path: a run measures a commit."""
+    command = ["git", "archive", "--format=tar", "HEAD", *paths]
+    archive = subprocess.run(command, cwd=ROOT, capture_output=True, check=True).stdout
+    files = {}
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        for member in tar.getmembers():
+            data = tar.extractfile(member) if member.isfile() else None
+            if data is not None:
+                files[member.name] = data.read()
+    return files
+
+
 def _changed_sources(work: Path, package: Package) -> list[str]:
-    """The package's files that differ between the working tree and the work folder's copy."""
+    """The package's committed files that differ from the work folder's copy (under src/)."""
     changed = []
-    for source in (ROOT / "src").glob("**/*.py"):
-        relative = source.relative_to(ROOT / "src")
+    for name, data in sorted(_committed("src").items()):
+        relative = Path(name).relative_to("src")
         flat = relative.relative_to("backends") if relative.parts[0] == "backends" else relative
-        if not any(fnmatch.fnmatch(str(flat), pattern) for pattern in package.paths):
+        if relative.suffix != ".py" or not any(
+            fnmatch.fnmatch(str(flat), pattern) for pattern in package.paths
+        ):
             continue
         copy = work / "src" / flat
-        if not copy.exists() or copy.read_bytes() != source.read_bytes():
+        if not copy.exists() or copy.read_bytes() != data:
             changed.append(str(relative))
     return changed
 
@@ -362,11 +379,11 @@ def _take_changes(work: Path, changed: list[str]) -> None:
     may mean another mutant now), and listed equivalents are held to their pins.
     """
     files = set()
+    committed = _committed(*(f"src/{relative}" for relative in changed))
     for relative in changed:
         flat = Path(relative)
         flat = flat.relative_to("backends") if flat.parts[0] == "backends" else flat
-        shutil.copy2(ROOT / "src" / relative, work / "src" / flat)
-        os.utime(work / "src" / flat)  # (newer than its mutants, whatever copy2 kept)
+        (work / "src" / flat).write_bytes(committed[f"src/{relative}"])  # (newer than its mutants)
         module = flat.parent if flat.name == "__init__.py" else flat.with_suffix("")
         files.add(module.as_posix())
     path = work / "checked.json"
@@ -377,16 +394,20 @@ def _take_changes(work: Path, changed: list[str]) -> None:
 
 
 def _take_tests(work: Path, package: Package, max_children: int) -> None:
-    """Bring today's tests (and what they read) into a run's copy; mutmut copies them on.
+    """Put the committed tests (and what they read) in a run's copy; mutmut copies them on.
 
-    ``pyproject.toml`` is among them: mutmut's settings are written to it again.
+    What was there goes first (a test deleted since is gone). ``pyproject.toml`` is
+    among them: mutmut's settings are written to it again.
     """
     for name in ALSO_COPY:
-        source = ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, work / name, dirs_exist_ok=True)
-        else:
-            shutil.copy2(source, work / name)
+        target = work / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+    for name, data in _committed(*ALSO_COPY).items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_bytes(data)
     with (work / "pyproject.toml").open("a", encoding="utf-8") as f:
         f.write(_settings(package, max_children))
 
@@ -612,16 +633,17 @@ def run_package(
         raise SystemExit(
             f"{package.name}: --resume and --reuse are two different runs\n"
             "Fix: --resume finishes an interrupted run; --reuse reruns a finished run's "
-            "open mutants against today's tests: pass one of them"
+            "open mutants against the committed tests: pass one of them"
         )
     if resume and not (work / "mutants").is_dir():
         raise SystemExit(
             f"{package.name}: --resume needs an interrupted run in {work}\n"
             f"Fix: run scripts/mutation.py {package.name} without --resume"
         )
+    if resume:  # (the committed tests, whether or not the code changed; mutmut's settings)
+        _take_tests(work, package, max_children)
     if resume and (changed := _changed_sources(work, package)):
         _take_changes(work, changed)
-        _take_tests(work, package, max_children)  # (a change may come with its tests)
         print(
             f"{package.name}: the code changed since the run ({', '.join(changed[:3])}): "
             "the mutants of the functions that changed are checked again, the others keep "
@@ -668,9 +690,12 @@ def run_package(
             else f"mutmut exited with status {done.returncode}"
         )
         fix = (
-            f"run scripts/mutation.py {package.name} without --reuse (today's tests run on the "
-            "last run's copy of the code, and code they test changed since)"
+            f"run scripts/mutation.py {package.name} without --reuse (the committed tests run on "
+            "the last run's copy of the code, and code they test changed since)"
             if reuse
+            else f"run scripts/mutation.py {package.name} without --resume (a resumed run has the "
+            "committed tests and package, but the other packages' code of the day it began)"
+            if resume
             else f"make `pytest {shlex.join(package.tests)}` pass at HEAD, then run it again"
         )
         raise SystemExit(f"{package.name}: {why} (see {work / 'mutmut.log'})\nFix: {fix}")
@@ -881,13 +906,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reuse",
         action="store_true",
-        help="rerun the last run's mutants not caught and not equivalent, against today's tests",
+        help="rerun the last run's mutants not caught and not equivalent, against the committed "
+        "tests",
     )
     parser.add_argument(
         "--resume",
         action="store_true",
         help="finish an interrupted run; after a change to the code, the changed functions' "
-        "mutants are run again (with today's tests) and the others keep their verdicts",
+        "mutants are run again and the others keep their verdicts (with the committed tests)",
     )
     parser.add_argument(
         "--check",

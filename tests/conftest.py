@@ -18,6 +18,8 @@ from hypothesis import HealthCheck, Phase, settings
 from tests import orphan_guard, ray_cluster
 from tests.otlp_receiver import receiver  # noqa: F401 - an in-test OTLP receiver fixture
 
+pytest.register_assert_rewrite("tests.ray.fake_ray")  # (its helpers assert; tests import it)
+
 # Property tests run the same examples on every run ("ci", the default): a bug a
 # test can find is found every time, never by luck. "explore" draws new examples
 # each run, to look for bugs nobody has a case for yet (make explore); each one

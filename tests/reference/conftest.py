@@ -1,12 +1,13 @@
 """Each reference test compiles its programs itself.
 
 The engine keeps compiled programs (``compile_program``'s cache) and launch
-geometries (``memory._builtins``) for the whole process. mutmut runs a
-mutant's tests in a child forked from the process that ran every test once
-cleanly, so without this a program compiled there came back from the cache
-and a mutant of the compiler was never run (a false survivor); the same holds
-for one test's program met again in a later test. Clearing before each test
-costs the suite a few seconds.
+geometries (``memory._builtins``) for the whole process. mutmut's clean run
+ties a function to the tests during which it ran: a test whose program an
+earlier test compiled never reaches the compiler, so the compiler's mutants
+were not run against it. In one process (``scripts/mutation.py --check``, the
+triage's kill checks) a program compiled by the clean pass came back from the
+cache under every mutant. Clearing before each test costs the suite no
+measurable time (29.7 s for ``tests/reference`` with it, 31.8 s without).
 """
 
 from __future__ import annotations
