@@ -999,9 +999,9 @@ def _memory_cases() -> list[Case]:
 def _control_cases() -> list[Case]:
     cases: list[Case] = []
     g, x, acc = gid(), Var("x"), Var("acc")
-    # The loop below starts at lane % 3: lane 5 (1) has its start above its end and
-    # lane 7 (1) its start equal to a non-zero end: no trip for either.
-    data = [3, 8, 5, 0, 12, 1, 7, 1, 9, 4]
+    # The loop below starts at lane % 3 and ends at the lane's value: lane 2 (1)
+    # starts above its end, lanes 5 (2) and 7 (1) at a non-zero end: no trip for any.
+    data = [3, 8, 1, 0, 12, 2, 7, 1, 9, 4]
     # Divergent If/else, nested, assigning an outer variable under masks.
     prog = Program(
         [
