@@ -16,7 +16,14 @@ lane-subset paths:
   both operand orders, constants at the first and last lane and past them,
   values the same on every lane, values that wrap past 2**32, and lane subsets
   of every kind (a run or list of lanes, of workgroups, of local lanes);
-- a ``cas`` whose expected value is a variable.
+- a ``cas`` whose expected value is a variable;
+- products and comparisons of two lane-affine values, neither of them a
+  constant (the engine must not scale by, or compare with, the other's
+  constant term);
+- a lane-affine value (the lane id, and one whose lane terms cancel, the
+  same on every lane) added to, subtracted from, multiplied by and compared
+  with loaded words in both operand orders: the engine's shortcuts must leave
+  a per-lane operand to the general path.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from vyre_async.ir import (
     Expr,
     If,
     Let,
+    Load,
     Program,
     Return,
     Select,
@@ -366,3 +374,96 @@ def test_a_cas_whose_expected_value_is_a_variable() -> None:
     got_words, old = _run_both(program, [words])
     assert old == words.tolist()
     assert got_words == [99 if i % 3 else 1000 for i in range(N)]
+
+
+# -- lane-affine values combined with other lane values --------------------------------
+
+Words = Callable[[int, int], int]  # (lane's linear id, the word loaded there) -> u32 word
+
+
+def _check_slots(slots: Sequence[tuple[Expr, Words]], words: np.ndarray) -> None:
+    """Store each expression in its own slot of ``N`` words and compare with Python.
+
+    ``Load("words", gid)`` reads ``words`` (``N`` of them) in the expressions.
+    """
+    lane = gid(0)
+    program = Program(
+        [
+            BufferDecl("words", 0, Access.READ, U32, N),
+            BufferDecl("out", 1, Access.WRITE, U32, N * len(slots)),
+        ],
+        (64, 1, 1),
+        [Store("out", lane + u32(N * slot), expr) for slot, (expr, _) in enumerate(slots)],
+    )
+    (out,) = _run_both(program, [words], (4, 1, 1))
+    want = [at(i, int(words[i])) % (1 << 32) for _, at in slots for i in range(N)]
+    assert out == want
+
+
+def _flag(cond: Expr) -> Expr:
+    return Select(cond, u32(2), u32(1))
+
+
+def test_products_and_comparisons_of_two_lane_values() -> None:
+    # Both operands depend on the lane: the product is not a scaling by the
+    # other's constant term, and the comparison is not with that constant.
+    lane = gid(0)
+    slots: list[tuple[Expr, Words]] = [
+        (lane * lane, lambda i, w: i * i),
+        (lane * lid(0), lambda i, w: i * (i % 64)),
+        ((lane + u32(3)) * (lane + u32(1)), lambda i, w: (i + 3) * (i + 1)),
+        (_flag(lane.lt(lane + u32(1))), lambda i, w: 2),
+        (_flag(lane.ge(lane + u32(5))), lambda i, w: 1),
+        (_flag((lane * u32(2)).gt(lane + u32(100))), lambda i, w: 2 if 2 * i > i + 100 else 1),
+    ]
+    _check_slots(slots, np.zeros(N, dtype=np.uint32))
+
+
+_WORDS = np.array([(i * 37) % 16 if i % 5 else 0xFFFFFFFF - i for i in range(N)], dtype=np.uint32)
+
+
+def _both_orders(fn: Callable[[int, int], int], x_at: Value) -> tuple[Words, Words]:
+    """Return ``fn(x, word)`` and ``fn(word, x)`` as functions of (lane, word)."""
+
+    def x_first(i: int, v: int) -> int:
+        return fn(x_at(i), v)
+
+    def word_first(i: int, v: int) -> int:
+        return fn(v, x_at(i))
+
+    return x_first, word_first
+
+
+def _as_flag(compare: Callable[[int, int], bool]) -> Callable[[int, int], int]:
+    def flag(p: int, q: int) -> int:
+        return 2 if compare(p, q) else 1
+
+    return flag
+
+
+_LANE_VALUES: dict[str, tuple[Expr, Value]] = {
+    "gid": (gid(0), lambda i: i),
+    # 7 on every lane but still a lane value (its lane terms cancelled): a
+    # constant for the engine's shortcuts, which must still leave a loaded
+    # (per-lane) operand to the general path
+    "gid - gid + 7": (gid(0) - gid(0) + u32(7), lambda i: 7),
+}
+
+
+@pytest.mark.parametrize("value", list(_LANE_VALUES))
+def test_a_lane_value_combined_with_loaded_words(value: str) -> None:
+    x, x_at = _LANE_VALUES[value]
+    w = Load("words", gid(0))
+    arith_ops: dict[BinOp, Callable[[int, int], int]] = {
+        BinOp.ADD: operator.add,
+        BinOp.SUB: operator.sub,
+        BinOp.MUL: operator.mul,
+    }
+    slots: list[tuple[Expr, Words]] = []
+    for op, fn in arith_ops.items():
+        x_first, word_first = _both_orders(fn, x_at)
+        slots += [(Bin(op, x, w), x_first), (Bin(op, w, x), word_first)]
+    for op, compare in _PY_OPS.items():
+        x_first, word_first = _both_orders(_as_flag(compare), x_at)
+        slots += [(_flag(Bin(op, x, w)), x_first), (_flag(Bin(op, w, x)), word_first)]
+    _check_slots(slots, _WORDS)
