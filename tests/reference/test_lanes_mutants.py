@@ -14,10 +14,17 @@ chosen so that the engine runs their bodies on a particular kind of lane set:
   (``gid % 3 != 0``: too many lanes to compact, not a run): the masked-out lanes
   must stay out;
 - a branch on some workgroups or some local lanes that reads variables of the
-  enclosing code, per lane, per local lane and per workgroup.
+  enclosing code, per lane, per local lane and per workgroup;
+- comparisons of one workgroup or local coordinate with a constant on 2-D grids
+  and workgroups, which the engine decides from the coordinate's range on the
+  branch's lanes when it can (so that range must be right);
+- assignments, returns and a whole launch returning inside branches on cut lane
+  sets, which the engine brings back to the enclosing code.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pytest
@@ -25,12 +32,15 @@ import pytest
 from tests.reference.slow_interpreter import run_slow
 from vyre_async.ir import (
     Access,
+    Assign,
     BufferDecl,
     DType,
     Expr,
     If,
     Let,
+    Loop,
     Program,
+    Return,
     Stmt,
     Store,
     Var,
@@ -207,3 +217,145 @@ def test_a_lane_value_that_no_longer_depends_on_the_lane_is_stored_on_every_lane
     # modulo 2**32 when the constant grew past it
     out = _run_both((4, 1, 1), (2, 1, 1), [Store("out", gid(), value)])
     assert out == [word % (1 << 32)] * 8
+
+
+def _lane_2d(grid_x: int, workgroup_x: int) -> Expr:
+    """The linear lane id on a grid ``(grid_x, *, 1)`` of workgroups ``(workgroup_x, 2, 1)``."""
+    nl = workgroup_x * 2
+    return (wgid(0) + wgid(1) * u32(grid_x)) * u32(nl) + lid(0) + lid(1) * u32(workgroup_x)
+
+
+def test_a_workgroup_coordinate_compared_inside_a_branch_on_the_other_one_is_exact() -> None:
+    # 4 x 2 workgroups of 2 lanes: wgid(1) == 1 keeps workgroups 4..7 (linear ids),
+    # whose wgid(0) is 0..3, not their linear ids 4..7 and not local ids 0..1
+    lane = (wgid(0) + wgid(1) * u32(4)) * u32(2) + lid(0)
+    out = _run_both(
+        (2, 1, 1),
+        (4, 2, 1),
+        [
+            Store("out", lane, u32(1)),
+            If(
+                wgid(1).eq(u32(1)),
+                [
+                    If(wgid(0).lt(u32(2)), [Store("out", lane, u32(2))]),
+                    If(wgid(0).ge(u32(3)), [Store("out", lane, u32(3))]),
+                ],
+            ),
+        ],
+    )
+    want = []
+    for w in range(8):
+        x, y = w % 4, w // 4
+        want += [(2 if x < 2 else 3 if x >= 3 else 1) if y == 1 else 1] * 2
+    assert out == want
+
+
+def test_coordinates_of_a_2d_workgroup_and_a_1d_grid_compare_over_their_own_extents() -> None:
+    # 4 workgroups of 2 x 2 lanes: wgid(0) runs over 0..3 (not the workgroup's 0..1)
+    # and lid(1) over 0..1 (not the grid's single row 0)
+    lane = _lane_2d(4, 2)
+    out = _run_both(
+        (2, 2, 1),
+        (4, 1, 1),
+        [
+            Store("out", lane, u32(0)),
+            If(wgid(0).lt(u32(2)), [Store("out", lane, u32(10))]),
+            If(lid(1).lt(u32(1)), [Store("out", lane, lane + u32(100))]),
+        ],
+    )
+    want = []
+    for i in range(16):
+        w, local = i // 4, i % 4
+        want.append(i + 100 if local // 2 < 1 else 10 if w < 2 else 0)
+    assert out == want
+
+
+def test_assignments_in_a_branch_on_some_workgroups_all_reach_the_enclosing_code() -> None:
+    # eight outer variables and eight variables of the branch's own, all assigned
+    # there: every outer one must come back, whatever order the names are kept in
+    body: list[Stmt] = []
+    inner: list[Stmt] = []
+    for i in range(8):
+        body.append(Let(f"x{i}", u32(0)))
+        inner += [
+            Let(f"t{i}", gid() * u32(0)),
+            Assign(f"t{i}", Var(f"t{i}") + u32(1 << i)),
+            Assign(f"x{i}", Var(f"t{i}")),
+        ]
+    total: Expr = Var("x0")
+    for i in range(1, 8):
+        total = total + Var(f"x{i}")
+    out = _run_both(
+        (8, 1, 1),
+        (4, 1, 1),
+        [*body, If(wgid().eq(u32(2)), inner), Store("out", gid(), total + u32(1000))],
+    )
+    assert out == [1255 if i // 8 == 2 else 1000 for i in range(32)]
+
+
+def test_an_assignment_two_branches_deep_reaches_the_enclosing_code() -> None:
+    # workgroup 1, then its local lanes below 3: both cut the lane set
+    out = _run_both(
+        (8, 1, 1),
+        (4, 1, 1),
+        [
+            Let("x", u32(1)),
+            If(wgid().eq(u32(1)), [If(lid().lt(u32(3)), [Assign("x", gid() + u32(50))])]),
+            Store("out", gid(), Var("x")),
+        ],
+    )
+    assert out == [i + 50 if i // 8 == 1 and i % 8 < 3 else 1 for i in range(32)]
+
+
+def test_lanes_returned_in_two_sibling_branches_both_stay_returned() -> None:
+    # in workgroup 1, local lane 0 returns in one branch and local lane 1 in the
+    # next: neither may run the store after the enclosing branch
+    out = _run_both(
+        (4, 1, 1),
+        (4, 1, 1),
+        [
+            If(
+                wgid().eq(u32(1)),
+                [If(lid().eq(u32(0)), [Return()]), If(lid().eq(u32(1)), [Return()])],
+            ),
+            Store("out", gid(), gid() + u32(1)),
+        ],
+    )
+    assert out == [0 if i in (4, 5) else i + 1 for i in range(16)]
+
+
+class _Watchdog(threading.Event):
+    """A cancel event that a user's watchdog sets once the launch has run a while.
+
+    The engine polls it before every statement and loop iteration; it reads as
+    set from the ``after``-th poll on.
+    """
+
+    def __init__(self, after: int) -> None:
+        super().__init__()
+        self.polls = 0
+        self.after = after
+
+    def is_set(self) -> bool:
+        self.polls += 1
+        return self.polls >= self.after or super().is_set()
+
+
+def test_a_launch_whose_lanes_all_returned_in_branches_runs_nothing_after_them() -> None:
+    # the local lanes below 2 return in the then branch, the others in the else
+    # branch: the long loop after it must not run (it would take minutes, and the
+    # watchdog would cancel the launch)
+    program = Program(
+        [BufferDecl("out", 0, Access.WRITE, U32, 16)],
+        (4, 1, 1),
+        [
+            Store("out", gid(), u32(9)),
+            If(lid().lt(u32(2)), [Return()], [Return()]),
+            Loop("i", u32(0), u32(1 << 30), [Store("out", gid(), Var("i"))]),
+        ],
+    )
+    watchdog = _Watchdog(after=1000)
+    (got,) = execute(program, [], grid_override=(4, 1, 1), cancel=watchdog)
+    (want,) = run_slow(program, [], grid_override=(4, 1, 1))
+    assert got.tolist() == want.tolist() == [9] * 16
+    assert watchdog.polls < 1000
