@@ -999,9 +999,10 @@ def _memory_cases() -> list[Case]:
 def _control_cases() -> list[Case]:
     cases: list[Case] = []
     g, x, acc = gid(), Var("x"), Var("acc")
-    # The loop below starts at lane % 3 and ends at the lane's value: lane 2 (1)
+    # The loop below starts at lane % 3 and ends at the lane's value: lane 8 (1)
     # starts above its end, lanes 5 (2) and 7 (1) at a non-zero end: no trip for any.
-    data = [3, 8, 1, 0, 12, 2, 7, 1, 9, 4]
+    # (The If below needs 5 and 7: odd values each side of its x > 5.)
+    data = [3, 8, 5, 0, 12, 2, 7, 1, 1, 4]
     # Divergent If/else, nested, assigning an outer variable under masks.
     prog = Program(
         [
