@@ -628,15 +628,16 @@ def _f32_cases() -> list[Case]:
             "f32_mod_div_by_zero",
             ("f32.mod", "f32.div0"),
             [
-                # (the last four: NaN operands, a NaN over a zero is NaN, not an infinity)
+                # (the last four: NaN operands, a NaN over a zero is NaN, not an infinity;
+                # written apart, hence the concatenations)
                 (
                     DType.F32,
-                    [5.5, -5.5, 5.5, 1.0, INF, 1.0, -0.0, 1.0, -1.0, 0.0, INF, NAN, 2.0]
+                    [5.5, -5.5, 5.5, 1.0, INF, 1.0, -0.0, 1.0, -1.0, 0.0, INF, NAN, 2.0]  # noqa: RUF005
                     + [NAN, NAN],
                 ),
                 (
                     DType.F32,
-                    [2.0, 2.0, -2.0, 0.0, 1.0, INF, 1.0, 0.0, 0.0, 0.0, INF, 2.0, NAN]
+                    [2.0, 2.0, -2.0, 0.0, 1.0, INF, 1.0, 0.0, 0.0, 0.0, INF, 2.0, NAN]  # noqa: RUF005
                     + [0.0, -0.0],
                 ),
             ],
