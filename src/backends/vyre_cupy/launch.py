@@ -103,16 +103,31 @@ def annotate_copy(launch: Launch, verdict: CopyVerdict, target: str = "private_a
 
 
 def timeout_error(launch: Launch, *, started: bool = False) -> DispatchTimeout:
-    """The `DispatchTimeout` of a dispatch past its timeout (not started, or ended late)."""
-    name = launch.config.label or launch.plan.program.op_id or ""
+    """The `DispatchTimeout` of a dispatch stopped (not started, or its result discarded).
+
+    Past its deadline it says so; before it, its stop was asked through
+    ``PendingDispatch.stop_requested``.
+    """
+    name = launch.config.label or launch.plan.program.op_id
+    called = f"dispatch {name}" if name else "a dispatch"
+    timeout = launch.config.timeout
+    if timeout is None or time.monotonic() - launch.pending.created < timeout:
+        return DispatchTimeout(
+            f"{called} was stopped: its stop was requested"
+            + ("; its result was discarded" if started else ""),
+            fix="its PendingDispatch.stop_requested was set before it finished; dispatch it "
+            "again if you need its outputs",
+            timeout=timeout,
+        )
     what = (
-        "ended after its timeout of {} s; its result was discarded"
+        f"ended after its timeout of {timeout} s; its result was discarded"
         if started
-        else "was not started: past its timeout of {} s"
+        else f"was not started: past its timeout of {timeout} s"
     )
     return DispatchTimeout(
-        f"dispatch {name} " + what.format(launch.config.timeout),
+        f"{called} {what}",
         fix="raise DispatchConfig.timeout or split the work into smaller dispatches",
+        timeout=timeout,
     )
 
 
