@@ -239,6 +239,7 @@ PACKAGES: dict[str, Package] = {
                 "tests/cupy/test_cupy_batch.py",
                 "tests/cupy/test_cupy_keys.py",
                 "tests/cupy/test_cupy_polling.py",
+                "tests/cupy/test_cupy_stop_messages.py",
                 "tests/cupy/test_cupy_fake_device.py",
                 "tests/cupy/test_cupy_differential.py::test_the_fake_device_matches_the_reference",
                 "-k",
