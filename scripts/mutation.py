@@ -397,6 +397,25 @@ def _take_changes(work: Path, changed: list[str]) -> None:
         path.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def _same_selection(work: Path, package: Package) -> None:
+    """Refuse to resume a run whose package now selects other tests.
+
+    mutmut keys its verdicts to its settings: a changed test selection (a test
+    deselected or added to the package) resets every verdict of the run.
+    """
+    path = work / "pyproject.toml"
+    recorded = tomllib.loads(path.read_text(encoding="utf-8")).get("tool", {}).get("mutmut", {})
+    wanted = tomllib.loads(_settings(package, 1))["tool"]["mutmut"]
+    key = "pytest_add_cli_args_test_selection"
+    if recorded and recorded.get(key) != wanted[key]:
+        raise SystemExit(
+            f"{package.name}: the package's test selection changed since its run began; "
+            "mutmut would reset every verdict of the run\n"
+            f"Fix: run scripts/mutation.py {package.name} without --resume (a full run), or "
+            "restore the selection in scripts/mutation.py until the run is over"
+        )
+
+
 def _take_tests(work: Path, package: Package, max_children: int) -> None:
     """Put the committed tests (and what they read) in a run's copy; mutmut copies them on.
 
@@ -645,6 +664,7 @@ def run_package(
             f"Fix: run scripts/mutation.py {package.name} without --resume"
         )
     if resume:  # (the committed tests, whether or not the code changed; mutmut's settings)
+        _same_selection(work, package)
         _take_tests(work, package, max_children)
     if resume and (changed := _changed_sources(work, package)):
         _take_changes(work, changed)

@@ -373,3 +373,17 @@ def test_every_test_file_written_for_mutants_is_run_by_a_package() -> None:
             str(relative) == test or str(relative).startswith(test.rstrip("/") + "/")
             for test in covered
         ), relative
+
+
+def test_a_run_is_not_resumed_with_another_test_selection(tmp_path: Path) -> None:
+    # mutmut resets every verdict of a run whose test selection changed (found the hard way).
+    package = mutation.PACKAGES["config"]
+    work = tmp_path / "config"
+    work.mkdir()
+    (work / "pyproject.toml").write_text(mutation._settings(package, 2), encoding="utf-8")
+    mutation._same_selection(work, package)  # the same: goes on
+    other = mutation.Package(package.name, package.paths, (*package.tests, "tests/test_x.py"))
+    with pytest.raises(SystemExit) as info:
+        mutation._same_selection(work, other)
+    assert "the package's test selection changed since its run began" in str(info.value)
+    assert "Fix: run scripts/mutation.py config without --resume" in str(info.value)
