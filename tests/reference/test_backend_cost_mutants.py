@@ -140,6 +140,15 @@ CASES = {
         steps=(1 + 3) + (1 + 2) + 3 * (1 + 1 + 4) + (1 + 2),
         atomics=1,
     ),
+    # an atomic inside a literal loop counts once per trip: the Loop (its bounds: 2 nodes),
+    # then 3 trips over the atomic (3 nodes, one of them the atomic)
+    "atomic loop": _Case(
+        [_ACC, _OUT],
+        [Loop("i", u32(0), u32(3), [_bump()]), Store("out", gid(), u32(1))],
+        fixed=(S + 2 * X) + 3 * (ITER + S + 3 * X) + (S + 2 * X),
+        steps=(1 + 2) + 3 * (1 + 1 + 3) + (1 + 2),
+        atomics=3,
+    ),
     # every workgroup zero-fills its 256-word WORKGROUP buffer (3 nodes per store)
     "shared": _Case(
         [_X, _OUT, _SHARED],
