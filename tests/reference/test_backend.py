@@ -303,7 +303,7 @@ def test_a_done_callback_may_download_after_its_dispatch_failed() -> None:
         seen.append(backend.download(x).tolist())
         finished.set()
 
-    first = backend.dispatch(slow_add, [x, np.array([300_000], U)])
+    first = backend.dispatch(slow_add, [x, np.array([30_000], U)])  # ~0.1 s: past 0.01 s
     second = backend.dispatch(triple, [x], DispatchConfig(timeout=0.01))
     second.add_done_callback(callback)
     assert finished.wait(30), "the done-callback of a failed dispatch blocked on its own buffer"
