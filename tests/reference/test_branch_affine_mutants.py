@@ -18,19 +18,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.reference.slow_interpreter import run_slow
+from tests.reference.oracle_check import run_both
 from vyre_async.ir import Access, BufferDecl, DType, Load, Program, Store, gid, lid, u32, wgid
-from vyre_reference import execute
 
 U32 = DType.U32
-
-
-def _run_both(program: Program, inputs: list[np.ndarray], grid: int) -> list[list[int]]:
-    got = execute(program, [a.copy() for a in inputs], grid_override=grid)
-    want = run_slow(program, [a.copy() for a in inputs], grid_override=grid)
-    assert [g.dtype for g in got] == [w.dtype for w in want]
-    assert [g.tolist() for g in got] == [w.tolist() for w in want]
-    return [g.tolist() for g in got]
 
 
 @pytest.mark.parametrize(("groups", "size"), [(4, 4), (3, 4), (4, 2)])
@@ -42,7 +33,7 @@ def test_overlapping_affine_stores_keep_the_last_lanes_value(groups: int, size: 
         (size, 1, 1),
         [Store("out", wgid() + lid() * u32(2), gid() + u32(100))],
     )
-    (out,) = _run_both(program, [], groups)
+    (out,) = run_both(program, [], groups)
     want = [0] * 32
     for w in range(groups):
         for j in range(size):
@@ -56,7 +47,7 @@ def test_a_store_indexed_by_workgroup_keeps_the_last_lane_of_each_workgroup() ->
         (2, 1, 1),
         [Store("out", wgid(), lid() + u32(7))],
     )
-    (out,) = _run_both(program, [], 4)
+    (out,) = run_both(program, [], 4)
     assert out == [8, 8, 8, 8, 0, 0, 0, 0]
 
 
@@ -72,5 +63,5 @@ def test_a_load_with_interleaved_rows_reads_each_lanes_word() -> None:
         [Store("out", gid(), Load("inp", wgid() + lid() * u32(2)))],
     )
     inp = np.arange(10, 18, dtype=np.uint32)
-    (out,) = _run_both(program, [inp], 4)
+    (out,) = run_both(program, [inp], 4)
     assert out == [10, 12, 11, 13, 12, 14, 13, 15]

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
 
-from tests.reference.slow_interpreter import run_slow
+from tests.reference.oracle_check import run_both
 from vyre_async.ir import (
     Access,
     Barrier,
@@ -38,14 +37,6 @@ from vyre_reference import Cancelled, execute
 
 U32 = DType.U32
 MASK = 0xFFFF_FFFF
-
-
-def _run_both(program: Program, inputs: list[np.ndarray]) -> list[list[int]]:
-    got = execute(program, [a.copy() for a in inputs])
-    want = run_slow(program, [a.copy() for a in inputs])
-    assert [g.dtype for g in got] == [w.dtype for w in want]
-    assert [g.tolist() for g in got] == [w.tolist() for w in want]
-    return [g.tolist() for g in got]
 
 
 def test_a_cancelled_launch_says_the_dispatch_was_cancelled() -> None:
@@ -74,7 +65,7 @@ def test_a_shifted_workgroup_load_reads_u32_zeros_past_the_end(shift: int) -> No
             Store("out", gid(), Load("sh", lid() + u32(shift)) ^ u32(MASK)),
         ],
     )
-    (out,) = _run_both(program, [])
+    (out,) = run_both(program, [])
     for i, word in enumerate(out):
         local = i % 8 + shift
         read = (i - i % 8 + local) * 3 + 1 if local < 8 else 0
@@ -94,7 +85,7 @@ def test_a_uniform_workgroup_load_past_the_end_reads_a_u32_zero() -> None:
             Store("out", gid(), Load("sh", u32(100)) ^ gid()),
         ],
     )
-    (out,) = _run_both(program, [])
+    (out,) = run_both(program, [])
     assert out == list(range(32))
 
 
@@ -113,7 +104,7 @@ def test_a_uniform_workgroup_load_past_the_end_on_a_run_of_lanes_reads_a_u32_zer
             If(gid().ge(u32(4)), [Store("out", gid(), Load("sh", u32(100)) ^ gid())]),
         ],
     )
-    (out,) = _run_both(program, [])
+    (out,) = run_both(program, [])
     assert out == [0, 0, 0, 0, *range(4, 32)]
 
 
@@ -132,7 +123,7 @@ def test_a_lane_affine_index_equal_on_every_lane_is_one_workgroup_slot(slot: int
             Store("out", gid(), Load("sh", same)),
         ],
     )
-    (out,) = _run_both(program, [])
+    (out,) = run_both(program, [])
     assert out == [i // 8 + 10 for i in range(32)]
 
 
@@ -149,5 +140,5 @@ def test_a_workgroup_store_past_the_end_writes_only_the_lanes_in_bounds() -> Non
             Store("out", gid(), Load("sh", lid())),
         ],
     )
-    (out,) = _run_both(program, [])
+    (out,) = run_both(program, [])
     assert out == [1, 0, 3, 0, 5, 0, 7, 0]
