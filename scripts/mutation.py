@@ -16,9 +16,11 @@ settings there, runs mutmut, and reports::
     .venv/bin/python scripts/mutation.py config cache plan   # several, one after the other
     .venv/bin/python scripts/mutation.py --list              # the packages and their tests
     .venv/bin/python scripts/mutation.py config --survivors  # print each survivor's diff
-    .venv/bin/python scripts/mutation.py ir --resume         # go on with a run (after edits too)
+    .venv/bin/python scripts/mutation.py ir --resume         # go on with a run (after edits too;
+                                                             # or from its committed checkpoint)
     .venv/bin/python scripts/mutation.py ir --reuse          # rerun what is open, committed tests
     .venv/bin/python scripts/mutation.py ir --check tests/ir/test_wire_fuzz.py [--fresh]
+    .venv/bin/python scripts/mutation.py ir --checkpoint     # save a run's verdicts (to commit)
 
 Each package's result is written to ``build/mutation/PACKAGE/result.json`` and
 summarised on stdout as JSON (a line per package). Mutants judged equivalent
@@ -56,6 +58,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "build" / "mutation"
 EQUIVALENT = ROOT / "scripts" / "mutation_equivalent"
+CHECKPOINTS = ROOT / "scripts" / "mutation_checkpoints"
 
 # What the tests read besides the code (copied into mutmut's "mutants" folder).
 ALSO_COPY = [
@@ -416,6 +419,125 @@ def _same_selection(work: Path, package: Package) -> None:
         )
 
 
+def _selection(package: Package) -> list[str]:
+    """The pytest arguments selecting a package's tests (mutmut keys its verdicts to them)."""
+    wanted = tomllib.loads(_settings(package, 1))["tool"]["mutmut"]
+    return [str(a) for a in wanted["pytest_add_cli_args_test_selection"]]
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository where it is in it (for messages)."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _checkpoint_path(package: str) -> Path:
+    return CHECKPOINTS / f"{package}.json"
+
+
+def checkpoint(work: Path, package: Package) -> dict[str, Any]:
+    """Save a run's verdicts so far to ``scripts/mutation_checkpoints/PACKAGE.json``, to commit.
+
+    ``build/`` is not committed, and a long run (the reference engine's takes hours on
+    two cores) can outlive the machine it began on. The checkpoint keeps, per mutated
+    file, mutmut's hash of each function and every verdict reached, and the ``--check``
+    kills; ``--resume`` on a machine without the work folder starts from it (see
+    `_seed`). It can be written while mutmut runs: a verdict is in a .meta file once
+    mutmut has it.
+    """
+    files: dict[str, Any] = {}
+    for meta in sorted((work / "mutants").rglob("*.meta")):
+        for _ in range(20):  # (mutmut may be writing it)
+            try:
+                data = json.loads(meta.read_text(encoding="utf-8"))
+                break
+            except json.JSONDecodeError:
+                time.sleep(0.1)
+        else:
+            raise SystemExit(f"{meta}: not JSON after 2 s\nFix: run --checkpoint again")
+        verdicts = {k: v for k, v in data["exit_code_by_key"].items() if v is not None}
+        relative = meta.relative_to(work / "mutants").as_posix().removesuffix(".meta")
+        files[relative] = {"hashes": data.get("hash_by_function_name", {}), "verdicts": verdicts}
+    describe = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    state = {
+        "package": package.name,
+        "selection": _selection(package),
+        "written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": describe,
+        "mutants": sum(
+            len(json.loads(m.read_text(encoding="utf-8"))["exit_code_by_key"])
+            for m in (work / "mutants").rglob("*.meta")
+        ),
+        "verdicts": sum(len(f["verdicts"]) for f in files.values()),
+        "checked": _checked(work),
+        "files": files,
+    }
+    path = _checkpoint_path(package.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(state, indent=0, sort_keys=True) + "\n", encoding="utf-8")
+    return state
+
+
+def _seed(work: Path, package: Package, saved: dict[str, Any] | None) -> dict[str, int]:
+    """Write mutmut's .meta files before the first run in a new work folder.
+
+    mutmut skips a mutant that has a verdict, and keeps the verdicts of each function
+    whose hash is the one in the .meta file when it writes its mutants. Two kinds are
+    written: a checkpoint's verdicts (``saved``), for the functions whose hash is the
+    same today, and a listed equivalent whose change is the one its pin records, as
+    survived (it was run, seen to survive and judged when it was listed; the report
+    counts it with the equivalents, and a moved one, whose change differs from its pin,
+    is run). Returns how many of each.
+    """
+    from mutmut.mutation.file_mutation import mutate_file_contents
+    from mutmut.utils.format_utils import get_mutant_name
+
+    listed, pins = _equivalent(package.name), _pins(package.name)
+    files = saved["files"] if saved else {}
+    counts = {"from_checkpoint": 0, "equivalents_not_rerun": 0}
+    kept_checks = {}
+    for source in sorted((work / "src").rglob("*.py")):
+        relative = source.relative_to(work)
+        if not any(fnmatch.fnmatch(str(relative.relative_to("src")), p) for p in package.paths):
+            continue
+        mutated = mutate_file_contents(str(relative), source.read_text(encoding="utf-8"))
+        old = files.get(relative.as_posix(), {})
+        old_hashes, old_verdicts = old.get("hashes", {}), old.get("verdicts", {})
+        same = {f for f, h in mutated.hash_by_function_name.items() if old_hashes.get(f) == h}
+        codes: dict[str, int | None] = {}
+        for name in mutated.mutant_names:
+            key = get_mutant_name(relative, name)
+            function = key.partition("__mutmut_")[0].rpartition(".")[2]
+            codes[key] = old_verdicts.get(key) if function in same else None
+            if codes[key] is not None:
+                counts["from_checkpoint"] += 1
+                if saved and key in saved.get("checked", {}):
+                    kept_checks[key] = saved["checked"][key]
+        candidates = [k for k, c in codes.items() if c is None and k in listed and k in pins]
+        changes = _changes_in(mutated.code, candidates) if candidates else {}
+        for key in candidates:
+            if changes.get(key) == pins[key]:
+                codes[key] = 0
+                counts["equivalents_not_rerun"] += 1
+        meta = work / "mutants" / f"{relative}.meta"
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        data = {
+            "exit_code_by_key": codes,
+            "hash_by_function_name": dict(mutated.hash_by_function_name),
+            "type_check_error_by_key": {},
+            "durations_by_key": {},
+            "estimated_durations_by_key": {},
+        }
+        meta.write_text(json.dumps(data, indent=4), encoding="utf-8")
+    if kept_checks:
+        (work / "checked.json").write_text(
+            json.dumps(kept_checks, indent=1, sort_keys=True) + "\n", encoding="utf-8"
+        )
+    (work / "seeded.json").write_text(json.dumps(counts) + "\n", encoding="utf-8")
+    return counts
+
+
 def _take_tests(work: Path, package: Package, max_children: int) -> None:
     """Put the committed tests (and what they read) in a run's copy; mutmut copies them on.
 
@@ -501,8 +623,12 @@ def _pins(package: str) -> dict[str, str]:
 
 def _changes(work: Path, mutants: list[str]) -> dict[str, str]:
     """Each mutant's change: the removed and added lines of its diff, without context."""
+    return _removed_and_added(survivor_diffs(work, mutants))
+
+
+def _removed_and_added(diffs: str) -> dict[str, str]:
     out: dict[str, str] = {}
-    for block in survivor_diffs(work, mutants).split("=== ")[1:]:
+    for block in diffs.split("=== ")[1:]:
         name, _, diff = block.partition("\n")
         out[name] = "\n".join(
             line[0] + line[1:].strip() for line in diff.splitlines() if line[:1] in ("-", "+")
@@ -545,7 +671,11 @@ def _results(work: Path) -> dict[str, int | None]:
 
 def _functions(path: Path) -> dict[str, str]:
     """Every function of a mutmut-rewritten file by name (the original and each mutant)."""
-    source = path.read_text(encoding="utf-8")
+    return _functions_in(path.read_text(encoding="utf-8"))
+
+
+def _functions_in(source: str) -> dict[str, str]:
+    """Every function of mutmut-rewritten source text by name (see `_functions`)."""
     lines = source.splitlines()  # (once: ast.get_source_segment splits the file on every call)
     found: dict[str, str] = {}
     for node in ast.walk(ast.parse(source)):
@@ -553,6 +683,29 @@ def _functions(path: Path) -> dict[str, str]:
             end = node.end_lineno or node.lineno
             found[node.name] = "\n".join(lines[node.lineno - 1 : end])
     return found
+
+
+def _diffs_in(functions: dict[str, str], names: list[str]) -> list[str]:
+    """``=== name`` and the unified diff of each mutant against its original function."""
+    out: list[str] = []
+    for mutant in names:
+        local = mutant.split(".")[-1]
+        original = functions.get(local.rpartition("__mutmut_")[0] + "__mutmut_orig", "")
+        changed = functions.get(local, "")
+        diff = difflib.unified_diff(
+            original.replace(local.rpartition("__mutmut_")[0] + "__mutmut_orig", "f").splitlines(),
+            changed.replace(local, "f").splitlines(),
+            lineterm="",
+            n=1,
+        )
+        body = [line for line in diff if not line.startswith(("---", "+++"))]
+        out.append(f"=== {mutant}\n" + "\n".join(body))
+    return out
+
+
+def _changes_in(code: str, names: list[str]) -> dict[str, str]:
+    """Each mutant's change (see `_changes`), from one mutmut-rewritten file's text."""
+    return _removed_and_added("\n".join(_diffs_in(_functions_in(code), names)) + "\n")
 
 
 def survivor_diffs(work: Path, mutants: list[str]) -> str:
@@ -570,21 +723,7 @@ def survivor_diffs(work: Path, mutants: list[str]) -> str:
         by_file.setdefault(path, []).append(mutant)
     out: list[str] = []
     for path, names in sorted(by_file.items()):
-        functions = _functions(path)
-        for mutant in names:
-            local = mutant.split(".")[-1]
-            original = functions.get(local.rpartition("__mutmut_")[0] + "__mutmut_orig", "")
-            changed = functions.get(local, "")
-            diff = difflib.unified_diff(
-                original.replace(
-                    local.rpartition("__mutmut_")[0] + "__mutmut_orig", "f"
-                ).splitlines(),
-                changed.replace(local, "f").splitlines(),
-                lineterm="",
-                n=1,
-            )
-            body = [line for line in diff if not line.startswith(("---", "+++"))]
-            out.append(f"=== {mutant}\n" + "\n".join(body))
+        out += _diffs_in(_functions(path), names)
     return "\n".join(out) + "\n"
 
 
@@ -645,8 +784,30 @@ def summarise(work: Path, package: Package, codes: dict[str, int | None]) -> dic
     }
 
 
+def _saved(package: Package) -> dict[str, Any] | None:
+    """A committed checkpoint of ``package``'s run, if any, refused if its tests were others."""
+    path = _checkpoint_path(package.name)
+    if not path.exists():
+        return None
+    saved: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    if saved.get("selection") != _selection(package):
+        raise SystemExit(
+            f"{package.name}: the checkpoint {_shown(path)} was written by a run that "
+            "selected other tests; its verdicts are not today's package's\n"
+            f"Fix: run scripts/mutation.py {package.name} without --resume (a full run), or "
+            "restore the selection in scripts/mutation.py until the run is over"
+        )
+    return saved
+
+
 def run_package(
-    package: Package, *, max_children: int, survivors: bool, reuse: bool, resume: bool = False
+    package: Package,
+    *,
+    max_children: int,
+    survivors: bool,
+    reuse: bool,
+    resume: bool = False,
+    rerun_equivalents: bool = False,
 ) -> dict[str, Any]:
     work = WORK / package.name
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
@@ -658,15 +819,19 @@ def run_package(
             "Fix: --resume finishes an interrupted run; --reuse reruns a finished run's "
             "open mutants against the committed tests: pass one of them"
         )
+    restore = None  # (a resume on a machine without the run's folder: from its checkpoint)
     if resume and not (work / "mutants").is_dir():
-        raise SystemExit(
-            f"{package.name}: --resume needs an interrupted run in {work}\n"
-            f"Fix: run scripts/mutation.py {package.name} without --resume"
-        )
-    if resume:  # (the committed tests, whether or not the code changed; mutmut's settings)
+        restore = _saved(package)
+        if restore is None:
+            raise SystemExit(
+                f"{package.name}: --resume needs an interrupted run in {work} or a checkpoint "
+                f"in {_shown(_checkpoint_path(package.name))}\n"
+                f"Fix: run scripts/mutation.py {package.name} without --resume"
+            )
+    if resume and restore is None:  # (the committed tests whether or not the code changed)
         _same_selection(work, package)
         _take_tests(work, package, max_children)
-    if resume and (changed := _changed_sources(work, package)):
+    if resume and restore is None and (changed := _changed_sources(work, package)):
         _take_changes(work, changed)
         print(
             f"{package.name}: the code changed since the run ({', '.join(changed[:3])}): "
@@ -692,10 +857,12 @@ def run_package(
         rerun = _to_rerun(work, package)
         run_mutmut = bool(rerun)  # none left: only the verdicts are read again
         command += rerun
-    elif not resume:  # (a resumed run keeps its tree and settings, and mutmut its verdicts)
+    elif not resume or restore is not None:  # (a resumed run keeps its tree and verdicts)
         _flat_tree(work)
         with (work / "pyproject.toml").open("a", encoding="utf-8") as f:
             f.write(_settings(package, max_children))
+        if restore is not None or not rerun_equivalents:
+            _seed(work, package, restore)
     started = time.monotonic()
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
@@ -736,6 +903,9 @@ def run_package(
         _pins_path(package.name).write_text(
             json.dumps(pins, indent=0, ensure_ascii=False) + "\n", encoding="utf-8"
         )
+    seeded = work / "seeded.json"
+    if seeded.exists():  # (verdicts this work folder began with, not run by it)
+        result["seeded"] = json.loads(seeded.read_text(encoding="utf-8"))
     result["seconds"] = seconds
     result["mutmut_exit"] = done.returncode
     (work / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
@@ -940,6 +1110,18 @@ def main(argv: list[str] | None = None) -> int:
         "mutants are run again and the others keep their verdicts (with the committed tests)",
     )
     parser.add_argument(
+        "--rerun-equivalents",
+        action="store_true",
+        help="a new run also runs the listed equivalents whose change is the one pinned "
+        "(by default they start as survived and are not run again)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        action="store_true",
+        help="save the packages' runs so far (their verdicts) to scripts/mutation_checkpoints/, "
+        "to commit: --resume goes on from it where build/mutation is gone",
+    )
+    parser.add_argument(
         "--check",
         nargs="+",
         metavar="PYTEST_ARG",
@@ -997,6 +1179,18 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.checkpoint:
+        for name in args.packages or list(PACKAGES):
+            if not (WORK / name / "mutants").is_dir():
+                print(
+                    f"{name}: no run in {WORK / name} to save\n"
+                    f"Fix: run scripts/mutation.py {name} first",
+                    file=sys.stderr,
+                )
+                return 2
+            state = checkpoint(WORK / name, PACKAGES[name])
+            print(json.dumps({k: state[k] for k in ("package", "mutants", "verdicts", "commit")}))
+        return 0
     ok = True
     for name in args.packages or list(PACKAGES):
         result = run_package(
@@ -1005,6 +1199,7 @@ def main(argv: list[str] | None = None) -> int:
             survivors=args.survivors,
             reuse=args.reuse,
             resume=args.resume,
+            rerun_equivalents=args.rerun_equivalents,
         )
         print(
             json.dumps(

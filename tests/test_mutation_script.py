@@ -1,4 +1,4 @@
-"""`scripts/mutation.py` without running mutmut: diffs, reruns, scores, refusals."""
+"""`scripts/mutation.py`: diffs, reruns, scores, refusals, checkpoints (mutmut itself runs once)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import importlib.util
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 import tomllib
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -238,6 +240,7 @@ def test_only_and_sample_killed_need_check(capsys: pytest.CaptureFixture[str]) -
 
 FAKE_MUTATED = """
 import os
+import subprocess
 
 
 def f(a):
@@ -387,3 +390,157 @@ def test_a_run_is_not_resumed_with_another_test_selection(tmp_path: Path) -> Non
         mutation._same_selection(work, other)
     assert "the package's test selection changed since its run began" in str(info.value)
     assert "Fix: run scripts/mutation.py config without --resume" in str(info.value)
+
+
+SOURCE = """
+def f(a):
+    if a > 0:
+        return a + 1
+    return 0
+
+
+def g(b):
+    return b * 2
+"""
+
+
+def _seeded_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Any]:
+    """A work folder as a new run has it (the flat tree), before mutmut: src/pkg/mod.py."""
+    monkeypatch.setattr(mutation, "EQUIVALENT", tmp_path / "equivalent")
+    monkeypatch.setattr(mutation, "CHECKPOINTS", tmp_path / "checkpoints")
+    (tmp_path / "equivalent").mkdir()
+    work = tmp_path / "work"
+    (work / "src" / "pkg").mkdir(parents=True)
+    (work / "src" / "pkg" / "mod.py").write_text(SOURCE, encoding="utf-8")
+    (work / "src" / "pkg" / "other.py").write_text(SOURCE, encoding="utf-8")  # (not mutated)
+    return work, mutation.Package("demo", ("pkg/mod.py",), ("tests",))
+
+
+def _meta(work: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(
+        (work / "mutants" / "src" / "pkg" / "mod.py.meta").read_text(encoding="utf-8")
+    )
+    return data
+
+
+def test_a_new_run_begins_with_the_equivalents_whose_change_is_the_pinned_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work, package = _seeded_package(tmp_path, monkeypatch)
+    # What mutmut makes of f: the first two are `a >= 0` and `a > 1`.
+    (tmp_path / "equivalent" / "demo.toml").write_text(
+        '"pkg.mod.x_f__mutmut_1" = "a is never 0"\n'
+        '"pkg.mod.x_f__mutmut_2" = "judged on another change"\n'
+        '"pkg.mod.x_g__mutmut_1" = "listed, never pinned"\n',
+        encoding="utf-8",
+    )
+    pins = {
+        "pkg.mod.x_f__mutmut_1": "-if a > 0:\n+if a >= 0:",
+        "pkg.mod.x_f__mutmut_2": "-if a > 0:\n+if a >= 0:",  # (its change moved: run it)
+    }
+    mutation._pins_path("demo").write_text(json.dumps(pins), encoding="utf-8")
+    counts = mutation._seed(work, package, None)
+    assert counts == {"from_checkpoint": 0, "equivalents_not_rerun": 1}
+    meta = _meta(work)
+    codes = meta["exit_code_by_key"]
+    assert codes["pkg.mod.x_f__mutmut_1"] == 0
+    assert codes["pkg.mod.x_f__mutmut_2"] is None and codes["pkg.mod.x_g__mutmut_1"] is None
+    assert len(codes) > 5 and sum(c is not None for c in codes.values()) == 1
+    assert set(meta["hash_by_function_name"]) == {"x_f", "x_g"}  # (mutmut keeps verdicts by them)
+    assert not (work / "mutants" / "src" / "pkg" / "other.py.meta").exists()
+
+
+def test_a_checkpoint_carries_a_run_to_another_machine_for_the_unchanged_functions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work, package = _seeded_package(tmp_path, monkeypatch)
+    mutation._seed(work, package, None)
+    meta = _meta(work)
+    names = sorted(meta["exit_code_by_key"])
+    for i, name in enumerate(names):  # (as mutmut leaves them: some done, some not yet)
+        meta["exit_code_by_key"][name] = None if i % 3 == 2 else (1 if i % 3 else 0)
+    (work / "mutants" / "src" / "pkg" / "mod.py.meta").write_text(json.dumps(meta))
+    survivor_f = next(n for n in names if "x_f_" in n and meta["exit_code_by_key"][n] == 0)
+    survivor_g = next(n for n in names if "x_g_" in n and meta["exit_code_by_key"][n] == 0)
+    checked = {survivor_f: {"fresh": True}, survivor_g: {"fresh": True}}
+    (work / "checked.json").write_text(json.dumps(checked), encoding="utf-8")
+    state = mutation.checkpoint(work, package)
+    saved = json.loads(mutation._checkpoint_path("demo").read_text(encoding="utf-8"))
+    assert saved == json.loads(json.dumps(state))
+    done = {k: v for k, v in meta["exit_code_by_key"].items() if v is not None}
+    assert saved["files"]["src/pkg/mod.py"]["verdicts"] == done
+    assert (saved["mutants"], saved["verdicts"]) == (len(names), len(done))
+    assert saved["selection"] == mutation._selection(package)
+    # Another machine: the same code, then g changed.
+    for changed in (False, True):
+        other = tmp_path / f"other{changed}"
+        (other / "src" / "pkg").mkdir(parents=True)
+        text = SOURCE.replace("b * 2", "b * 3") if changed else SOURCE
+        (other / "src" / "pkg" / "mod.py").write_text(text, encoding="utf-8")
+        counts = mutation._seed(other, package, saved)
+        codes = _meta(other)["exit_code_by_key"]
+        kept = {k: v for k, v in done.items() if not (changed and "x_g_" in k)}
+        assert {k: v for k, v in codes.items() if v is not None} == kept
+        assert counts["from_checkpoint"] == len(kept)
+        restored = json.loads((other / "checked.json").read_text(encoding="utf-8"))
+        assert set(restored) == ({survivor_f} if changed else {survivor_f, survivor_g})
+
+
+def test_a_checkpoint_of_other_tests_or_none_is_refused_with_a_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(mutation, "WORK", tmp_path / "work")
+    monkeypatch.setattr(mutation, "CHECKPOINTS", tmp_path / "checkpoints")
+    package = mutation.PACKAGES["config"]
+    with pytest.raises(SystemExit) as info:
+        mutation.run_package(package, max_children=1, survivors=False, reuse=False, resume=True)
+    assert "or a checkpoint in" in str(info.value)
+    (tmp_path / "checkpoints").mkdir()
+    saved = {"selection": [*mutation._selection(package), "tests/test_x.py"], "files": {}}
+    mutation._checkpoint_path("config").write_text(json.dumps(saved), encoding="utf-8")
+    with pytest.raises(SystemExit) as info:
+        mutation.run_package(package, max_children=1, survivors=False, reuse=False, resume=True)
+    assert "was written by a run that selected other tests" in str(info.value)
+    assert "Fix: run scripts/mutation.py config without --resume" in str(info.value)
+    assert mutation.main(["config", "--checkpoint"]) == 2
+    err = capsys.readouterr().err
+    assert "config: no run in" in err and "Fix: run scripts/mutation.py config first" in err
+
+
+def test_mutmut_keeps_the_seeded_verdicts_and_runs_only_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The assumption `_seed` rests on, checked with mutmut itself on a one-function project.
+    work, package = _seeded_package(tmp_path, monkeypatch)
+    (work / "tests").mkdir()
+    (work / "tests" / "test_mod.py").write_text(
+        "from pkg.mod import f, g\n\n\ndef test_f():\n    assert f(1) == 2 and f(-1) == 0\n"
+        "    assert g(2) == 4\n",
+        encoding="utf-8",
+    )
+    (work / "pyproject.toml").write_text(
+        '[tool.mutmut]\nsource_paths = ["src"]\nonly_mutate = ["src/pkg/mod.py"]\n'
+        'pytest_add_cli_args = ["-p", "no:cacheprovider"]\n'
+        'pytest_add_cli_args_test_selection = ["tests"]\n',
+        encoding="utf-8",
+    )
+    # Listed (wrongly: the test kills it) and pinned: mutmut must not run it again.
+    first = "pkg.mod.x_g__mutmut_1"
+    (tmp_path / "equivalent" / "demo.toml").write_text(f'"{first}" = "x"\n', encoding="utf-8")
+    pins = {first: "-return b * 2\n+return b / 2"}
+    mutation._pins_path("demo").write_text(json.dumps(pins), encoding="utf-8")
+    assert mutation._seed(work, package, None)["equivalents_not_rerun"] == 1
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-m", "mutmut", "run", "--max-children", "1"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    codes = _meta(work)["exit_code_by_key"]
+    assert codes[first] == 0  # (kept: run, it would have been killed)
+    assert all(code is not None for code in codes.values())
+    assert sum(code == 1 for code in codes.values()) >= len(codes) - 3  # (the rest are caught)
