@@ -8,6 +8,7 @@ graphs run in the CPU emulator behind the fake ``cupy`` (``fake_cupy.py``).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -338,9 +339,12 @@ def test_a_replay_that_fails_to_enqueue_drops_its_graph_and_fails_the_rest(
 ) -> None:
     pipeline = backend.compile(elementwise_xor(1002))  # a size of its own: a fresh graph
     a = np.arange(1002, dtype=np.uint32)
+    started = time.perf_counter_ns()
     [p.result() for p in pipeline.dispatch_batch([[a, a]], mode="command_reuse")]
+    elapsed = time.perf_counter_ns() - started
     kernel = pipeline.native
     (captured,) = [g for key, g in kernel.graphs.items() if key[0][0] == 1002]
+    assert 0 < captured.record_ns <= elapsed  # (the capture's own cost, within the call's)
     calls = {"n": 0}
     launch = captured.graph.launch
 
@@ -354,9 +358,35 @@ def test_a_replay_that_fails_to_enqueue_drops_its_graph_and_fails_the_rest(
     pendings = pipeline.dispatch_batch([[a, a]] * 4, mode="command_reuse")
     assert not pendings[0].result()[0].any()
     for pending in pendings[1:]:
-        with pytest.raises(Exception, match="Fix:"):
+        with pytest.raises(Exception, match=r"while replaying a CUDA graph(.|\n)*Fix:"):
             pending.result()
     assert captured not in kernel.graphs.values()  # the next batch captures afresh
     assert all(
         not p.result()[0].any() for p in pipeline.dispatch_batch([[a, a]] * 2, mode="command_reuse")
     )
+
+
+def test_a_kernel_keeps_its_most_recently_used_graphs(
+    backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A graph per launch shape (iterations among its key), the least recently used dropped.
+    monkeypatch.setattr(vyre_cupy.batch, "GRAPHS_PER_KERNEL", 2)
+    pipeline = backend.compile(elementwise_xor(1001))  # a size of its own
+    a = np.arange(1001, dtype=np.uint32)
+
+    def run(iterations: int) -> None:
+        config = DispatchConfig(fixpoint_iterations=iterations)
+        for pending in pipeline.dispatch_batch([[a, a]] * 2, config, mode="command_reuse"):
+            assert not pending.result()[0].any()
+
+    def kept() -> list[int]:
+        return sorted(key[3] for key in pipeline.native.graphs if key[0][0] == 1001)
+
+    for iterations in (2, 3, 2):  # 2 is the one used last
+        run(iterations)
+    captures = fake.captures
+    run(4)
+    assert kept() == [2, 4] and fake.captures == captures + 1
+    run(2)
+    run(4)
+    assert fake.captures == captures + 1  # (both kept: replayed, not captured again)

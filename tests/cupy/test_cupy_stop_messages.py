@@ -68,5 +68,18 @@ def test_stopped_by_hand_before_any_deadline_a_dispatch_is_told_so(
 
 
 def test_an_unnamed_dispatch_is_called_a_dispatch() -> None:
+    # (and one the backend stops before it starts, as its callers ask: no `started`)
     error = timeout_error(_launch(DispatchConfig(), age_s=0.0, op_id=None))  # type: ignore[arg-type]
-    assert str(error).startswith("a dispatch was stopped: its stop was requested")
+    assert str(error) == "a dispatch was stopped: its stop was requested" + STOP_FIX
+
+
+def test_a_dispatch_stopped_exactly_at_its_deadline_is_past_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    launch = _launch(DispatchConfig(timeout=0.5), age_s=0.0)
+    launch.pending.created = 100.0  # type: ignore[attr-defined]
+    monkeypatch.setattr("vyre_cupy.launch.time.monotonic", lambda: 100.5)  # (0.5 s exactly)
+    error = timeout_error(launch)  # type: ignore[arg-type]
+    assert str(error) == "dispatch k.add was not started: past its timeout of 0.5 s" + TIMEOUT_FIX
+    monkeypatch.setattr("vyre_cupy.launch.time.monotonic", lambda: 100.25)
+    assert "its stop was requested" in str(timeout_error(launch))  # type: ignore[arg-type]
