@@ -784,6 +784,47 @@ def summarise(work: Path, package: Package, codes: dict[str, int | None]) -> dic
     }
 
 
+# How often a run whose stats run crashed is started again (see `_run_mutmut`).
+STATS_ATTEMPTS = 10
+
+
+def _stats_crashed(output: str) -> bool:
+    """Whether mutmut stopped in its stats run (before any clean run or mutant)."""
+    return "Running clean tests" not in output and (
+        "failed to collect stats" in output or "ChildProcessError: Child exited" in output
+    )
+
+
+def _run_mutmut(
+    command: list[str], work: Path, env: dict[str, str], name: str
+) -> subprocess.CompletedProcess[str]:
+    """Run mutmut in ``work``; start it again while its stats run crashes.
+
+    mutmut 3.8's stats run (every test, each function call recorded in a context
+    variable) crashes at times on the reference engine's worker threads: a
+    segmentation fault in ``ContextVar.set`` or a ``LookupError`` from its reset, in
+    tests that pass without it, six times in seven runs on one day. Nothing of the
+    run is lost (the stats are not saved, the verdicts are mutmut's .meta files), so
+    the same command is run again; a test that really fails fails every attempt.
+    """
+    for attempt in range(1, STATS_ATTEMPTS + 1):
+        done = subprocess.run(
+            command, cwd=work, env=env, capture_output=True, text=True, check=False
+        )
+        if done.returncode == 0 or not _stats_crashed(done.stdout + done.stderr):
+            return done
+        (work / f"mutmut-stats-{attempt}.log").write_text(
+            done.stdout + "\n" + done.stderr, encoding="utf-8"
+        )
+        print(
+            f"{name}: mutmut's stats run stopped (attempt {attempt} of {STATS_ATTEMPTS}, "
+            f"mutmut-stats-{attempt}.log); starting it again",
+            file=sys.stderr,
+            flush=True,
+        )
+    return done
+
+
 def _saved(package: Package) -> dict[str, Any] | None:
     """A committed checkpoint of ``package``'s run, if any, refused if its tests were others."""
     path = _checkpoint_path(package.name)
@@ -867,7 +908,7 @@ def run_package(
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     done = (
-        subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, check=False)
+        _run_mutmut(command, work, env, package.name)
         if run_mutmut
         else subprocess.CompletedProcess(command, 0, "", "")
     )

@@ -544,3 +544,32 @@ def test_mutmut_keeps_the_seeded_verdicts_and_runs_only_the_others(
     assert codes[first] == 0  # (kept: run, it would have been killed)
     assert all(code is not None for code in codes.values())
     assert sum(code == 1 for code in codes.values()) >= len(codes) - 3  # (the rest are caught)
+
+
+def test_a_run_whose_stats_run_crashed_is_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    crashed = "⠋ Running stats\nChildProcessError: Child exited with code -11\n"
+    outputs = [crashed, "failed to collect stats. runner returned 1\n", "Running clean tests\n"]
+    calls: list[list[str]] = []
+
+    def fake_run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        calls.append(command)
+        out = outputs[len(calls) - 1]
+        failed = any(word in out for word in ("failed", "Failed", "Child exited"))
+        return subprocess.CompletedProcess(command, int(failed), out, "")
+
+    monkeypatch.setattr(mutation.subprocess, "run", fake_run)
+    done = mutation._run_mutmut(["mutmut", "run"], tmp_path, {}, "demo")
+    assert (done.returncode, len(calls)) == (0, 3)
+    assert (tmp_path / "mutmut-stats-1.log").read_text(encoding="utf-8").startswith(crashed)
+    # A failure after the stats run (a mutant run, a clean run) is not retried.
+    outputs[:] = ["Running clean tests\nChildProcessError: Child exited with code -11\n"]
+    calls.clear()
+    assert mutation._run_mutmut(["mutmut", "run"], tmp_path, {}, "demo").returncode == 1
+    assert len(calls) == 1
+    # Nor forever: a test that really fails fails every attempt.
+    outputs[:] = [crashed] * mutation.STATS_ATTEMPTS
+    calls.clear()
+    assert mutation._run_mutmut(["mutmut", "run"], tmp_path, {}, "demo").returncode == 1
+    assert len(calls) == mutation.STATS_ATTEMPTS
