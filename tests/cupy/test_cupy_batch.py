@@ -7,6 +7,7 @@ graphs run in the CPU emulator behind the fake ``cupy`` (``fake_cupy.py``).
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Iterator
@@ -19,11 +20,11 @@ import pytest
 import vyre_cupy.batch
 from tests.conformance.corpus import Case, cases
 from tests.cupy.device_programs import accumulate
-from tests.cupy.fake_cupy import FakeDevice
+from tests.cupy.fake_cupy import FakeDevice, FakeGraph
 from tests.cupy.unit_programs import early_return
 from vyre_async import DispatchConfig, InvalidProgram, UnsupportedFeature
 from vyre_async.calibration import Calibration, CalibrationStore, calibration_for
-from vyre_async.pending import PendingDispatch
+from vyre_async.pending import DispatchCompleter, PendingDispatch
 from vyre_async.programs import elementwise_xor
 from vyre_async.shadow import compare_outputs
 from vyre_cupy import CupyBackend, create_backend
@@ -38,6 +39,41 @@ def backend(fake: FakeDevice) -> Iterator[CupyBackend]:
     backend = create_backend(disk_cache=None, prefetch=False)
     yield backend
     anyio.run(backend.shutdown)
+
+
+@pytest.fixture
+def own_backend(fake: FakeDevice) -> Iterator[CupyBackend]:
+    """A backend of the test's own: no graph captured, no event recycled yet.
+
+    A test that fails while it holds a replay on the device never lets it go on: closing
+    gives up on it after ``close_timeout``.
+    """
+    backend = create_backend(disk_cache=None, prefetch=False)
+    backend.close_timeout = 1.0
+    yield backend
+    anyio.run(backend.shutdown)
+
+
+def _hold_next_replay(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Hold the next graph replay on the device: its stream stops before the graph's work.
+
+    Returns ``(reached, gate)``: ``reached`` is set once the stream stopped there (its
+    upload done); setting ``gate`` lets it go on. Later replays are not held.
+    """
+    reached, gate = threading.Event(), threading.Event()
+    launch = FakeGraph.launch
+
+    def hold() -> None:
+        reached.set()
+        gate.wait()
+
+    def held(graph: FakeGraph, stream: Any = None) -> None:
+        monkeypatch.setattr(FakeGraph, "launch", launch)
+        stream.enqueue(hold)
+        launch(graph, stream)
+
+    monkeypatch.setattr(FakeGraph, "launch", held)
+    return reached, gate
 
 
 def _variants(case: Case, n: int) -> list[list[np.ndarray]]:
@@ -390,3 +426,96 @@ def test_a_kernel_keeps_its_most_recently_used_graphs(
     run(2)
     run(4)
     assert fake.captures == captures + 1  # (both kept: replayed, not captured again)
+
+
+def test_a_batch_of_one_is_one_persistent_launch(backend: CupyBackend, fake: FakeDevice) -> None:
+    pipeline = backend.compile(elementwise_xor(1004))
+    a, b = np.arange(1004, dtype=np.uint32), np.full(1004, 5, np.uint32)
+    launches, batched = fake.launches, fake.batch_launches
+    (pending,) = pipeline.dispatch_batch([[a, b]], mode="persistent")
+    np.testing.assert_array_equal(pending.result()[0], a ^ b)
+    assert _attributes(pending)["vyre.batch.mode"] == "persistent"
+    assert fake.launches == launches + 1 and fake.batch_launches == batched + 1
+
+
+def test_a_replay_held_on_the_device_holds_back_no_other_batch(
+    own_backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay waits for its own graph's previous replay only, and settles on its own stream.
+
+    One graph's replay is held on the device; a replay of another graph (whose previous
+    replay ended before), dispatched after it, runs and settles meanwhile.
+    """
+    first = own_backend.compile(elementwise_xor(1005))
+    other = own_backend.compile(elementwise_xor(1006))
+    a, b = np.arange(1005, dtype=np.uint32), np.arange(1006, dtype=np.uint32)
+    assert not first.dispatch_batch([[a, a]], mode="command_reuse")[0].result()[0].any()
+    anyio.run(own_backend.flush)  # that replay is over, its events handed back
+    reached, gate = _hold_next_replay(monkeypatch)
+    (held,) = other.dispatch_batch([[b, b]], mode="command_reuse")
+    assert reached.wait(30)
+    (after,) = first.dispatch_batch([[a, a + 1]], mode="command_reuse")
+    # (A failure here leaves the held replay held: the backend gives up on it at closing.)
+    np.testing.assert_array_equal(after.result(timeout=30)[0], a ^ (a + 1))
+    assert not held.done()
+    assert _attributes(held)["vyre.stream"] != _attributes(after)["vyre.stream"]
+    gate.set()
+    assert not held.result()[0].any()
+
+
+def test_a_dropped_graph_keeps_its_device_memory_until_its_replay_ends(
+    own_backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph dropped (least recently used) while a replay of it is still on the device:
+    its arena stays allocated for that replay, and is given back once the replay ended."""
+    monkeypatch.setattr(vyre_cupy.batch, "GRAPHS_PER_KERNEL", 1)
+    pipeline = own_backend.compile(elementwise_xor(1007))
+    a = np.arange(1007, dtype=np.uint32)
+
+    def run(iterations: int) -> PendingDispatch:
+        config = DispatchConfig(fixpoint_iterations=iterations)
+        (pending,) = pipeline.dispatch_batch([[a, a]], config, mode="command_reuse")
+        return pending
+
+    gc.collect()
+    empty = fake.allocated
+    assert not run(1).result()[0].any()  # captures the graph of one iteration
+    anyio.run(own_backend.flush)
+    gc.collect()
+    arena = fake.allocated - empty
+    assert arena > 0
+    reached, gate = _hold_next_replay(monkeypatch)
+    held = run(1)
+    assert reached.wait(30)
+    assert not run(2).result(timeout=30)[0].any()  # a graph of two: the first one is dropped
+    gc.collect()
+    # (A failure here leaves the held replay held: it never runs on memory given back.)
+    assert fake.allocated == empty + 2 * arena
+    gate.set()
+    assert not held.result()[0].any()
+    anyio.run(own_backend.flush)
+    gc.collect()
+    assert fake.allocated == empty + arena
+
+
+def test_replays_time_their_own_work_on_the_device(
+    own_backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each replay's device time and upload/launch/readback phases come from its own events.
+
+    None is negative or longer than the dispatch took. (On a backend of its own every event
+    is new: one left unrecorded would read as the clock's zero, hours or days before.)
+    """
+    monkeypatch.setattr(DispatchCompleter, "wants_phases", property(lambda self: True))
+    pipeline = own_backend.compile(elementwise_xor(1008))
+    a = np.arange(1008, dtype=np.uint32)
+    for pending in pipeline.dispatch_batch([[a, a]] * 3, mode="command_reuse"):
+        assert not pending.result()[0].any()
+        assert _attributes(pending)["vyre.batch.mode"] == "command_reuse"
+        timing = pending.timing
+        assert timing is not None and timing.wall_s is not None and timing.device_s is not None
+        assert 0 <= timing.device_s <= timing.wall_s
+        phases = (pending.record.phases or [])[-3:]
+        assert [name for name, _, _ in phases] == ["vyre.upload", "vyre.launch", "vyre.readback"]
+        for _, start, end in phases:
+            assert 0 <= end - start <= timing.wall_s * 1e9
