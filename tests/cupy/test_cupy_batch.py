@@ -22,7 +22,7 @@ from tests.conformance.corpus import Case, cases
 from tests.cupy.device_programs import accumulate
 from tests.cupy.fake_cupy import FakeDevice, FakeGraph
 from tests.cupy.unit_programs import early_return
-from vyre_async import DispatchConfig, InvalidProgram, UnsupportedFeature
+from vyre_async import DeviceOutOfMemory, DispatchConfig, InvalidProgram, UnsupportedFeature
 from vyre_async.calibration import Calibration, CalibrationStore, calibration_for
 from vyre_async.pending import DispatchCompleter, PendingDispatch
 from vyre_async.programs import elementwise_xor
@@ -519,3 +519,21 @@ def test_replays_time_their_own_work_on_the_device(
         assert [name for name, _, _ in phases] == ["vyre.upload", "vyre.launch", "vyre.readback"]
         for _, start, end in phases:
             assert 0 <= end - start <= timing.wall_s * 1e9
+
+
+def test_a_persistent_batch_without_device_memory_fails_each_item_and_frees_its_stream(
+    backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of device memory for the batch's arena: every item fails with the device's error
+    (and its fix), its stream is given back, and the next batch runs."""
+    pipeline = backend.compile(elementwise_xor(1009))
+    a = np.arange(1009, dtype=np.uint32)
+    gc.collect()
+    monkeypatch.setattr(fake, "memory_limit", fake.allocated + 1024)  # less than one arena
+    for pending in pipeline.dispatch_batch([[a, a]] * 3, mode="persistent"):
+        with pytest.raises(DeviceOutOfMemory, match=r"enqueueing a persistent batch(.|\n)*Fix:"):
+            pending.result()
+    assert max(backend.device_context.streams.busy()) == 0  # its stream is free again
+    monkeypatch.undo()
+    for pending in pipeline.dispatch_batch([[a, a ^ 1]] * 3, mode="persistent"):
+        assert (pending.result()[0] == 1).all()

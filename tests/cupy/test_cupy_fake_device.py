@@ -11,6 +11,7 @@ here unchanged against it.
 from __future__ import annotations
 
 import ctypes
+import gc
 import threading
 import time
 import warnings
@@ -231,6 +232,26 @@ async def test_device_out_of_memory_surfaces_at_the_result(
     finally:
         fake.memory_limit = limit
     assert (await backend.dispatch(program, [a, a + 1]))[0][0] == 1
+
+
+def test_a_resident_buffer_updated_in_place_needs_no_copy_of_it(
+    backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A READ_WRITE resident buffer passed once is bound in place, not copied into the arena:
+    the dispatch runs on a device with far less memory left than the buffer's size."""
+    n = 1 << 16  # 256 KiB per buffer
+    x = backend.upload(np.arange(n, dtype=np.uint32))
+    acc = backend.alloc(DType.U32, n)
+    try:
+        gc.collect()
+        monkeypatch.setattr(fake, "memory_limit", fake.allocated + (16 << 10))
+        outputs = backend.dispatch_sync(accumulate(), [x, acc])
+        want = [3 * i for i in range(n)]
+        assert outputs[0].tolist() == want
+        assert backend.download(acc).tolist() == want
+    finally:
+        backend.free(x)
+        backend.free(acc)
 
 
 def test_device_limits_are_checked_before_launch(backend: CupyBackend) -> None:
