@@ -302,8 +302,13 @@ STATUS = {
     -24: "timeout",
     152: "timeout",
     255: "suspicious",  # mutmut says timeout; a runner that could not start a test says 255 too
+    # a crash of the forked runner's child: a segmentation fault, SIGKILL, a bus error
+    # (the CUDA fake device's emulator reading where a mutant's offset points past a
+    # buffer), an abort; --check runs each of them again (see check_tests)
     -11: "segfault",
     -9: "segfault",
+    -7: "segfault",
+    -6: "segfault",
     None: "not checked",
 }
 

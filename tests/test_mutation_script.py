@@ -123,7 +123,14 @@ def test_an_equivalent_whose_name_comes_to_mean_another_change_counts_as_open(
 
 @pytest.mark.parametrize(
     ("code", "status"),
-    [(0, "survived"), (1, "killed"), (-24, "timeout"), (255, "suspicious"), (None, "not checked")],
+    [
+        (0, "survived"),
+        (1, "killed"),
+        (-24, "timeout"),
+        (-7, "segfault"),  # (a bus error: a crash all the same)
+        (255, "suspicious"),
+        (None, "not checked"),
+    ],
 )
 def test_verdicts(code: int | None, status: str) -> None:
     assert mutation.STATUS.get(code, "suspicious") == status
