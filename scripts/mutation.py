@@ -830,6 +830,25 @@ def _run_mutmut(
     return done
 
 
+def forget_crashes(work: Path) -> int:
+    """Set each crash verdict (see `STATUS`) of a run back to not checked; return how many.
+
+    For a run whose crashes were the tests' own (found and fixed): ``--resume`` then
+    runs those mutants again under mutmut, which is far cheaper than ``--check --fresh``.
+    """
+    count = 0
+    for meta in (work / "mutants").rglob("*.meta"):
+        data = json.loads(meta.read_text(encoding="utf-8"))
+        codes = data["exit_code_by_key"]
+        crashed = [k for k, c in codes.items() if c is not None and STATUS.get(c) == "segfault"]
+        for name in crashed:
+            codes[name] = None
+        if crashed:
+            meta.write_text(json.dumps(data, indent=4), encoding="utf-8")
+            count += len(crashed)
+    return count
+
+
 def _saved(package: Package) -> dict[str, Any] | None:
     """A committed checkpoint of ``package``'s run, if any, refused if its tests were others."""
     path = _checkpoint_path(package.name)
@@ -854,6 +873,7 @@ def run_package(
     reuse: bool,
     resume: bool = False,
     rerun_equivalents: bool = False,
+    rerun_crashes: bool = False,
 ) -> dict[str, Any]:
     work = WORK / package.name
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
@@ -874,9 +894,17 @@ def run_package(
                 f"in {_shown(_checkpoint_path(package.name))}\n"
                 f"Fix: run scripts/mutation.py {package.name} without --resume"
             )
+    if rerun_crashes and (not resume or restore is not None):
+        raise SystemExit(
+            f"{package.name}: --rerun-crashes goes on with a run in {work}\n"
+            f"Fix: run scripts/mutation.py {package.name} --resume --rerun-crashes there "
+            "(a new run checks every mutant anyway)"
+        )
     if resume and restore is None:  # (the committed tests whether or not the code changed)
         _same_selection(work, package)
         _take_tests(work, package, max_children)
+    if rerun_crashes:
+        print(f"{package.name}: {forget_crashes(work)} crashes to run again", file=sys.stderr)
     if resume and restore is None and (changed := _changed_sources(work, package)):
         _take_changes(work, changed)
         print(
@@ -1162,6 +1190,12 @@ def main(argv: list[str] | None = None) -> int:
         "(by default they start as survived and are not run again)",
     )
     parser.add_argument(
+        "--rerun-crashes",
+        action="store_true",
+        help="with --resume: run again the mutants whose tests crashed mutmut's runner "
+        "(after a fix to what crashed)",
+    )
+    parser.add_argument(
         "--checkpoint",
         action="store_true",
         help="save the packages' runs so far (their verdicts) to scripts/mutation_checkpoints/, "
@@ -1246,6 +1280,7 @@ def main(argv: list[str] | None = None) -> int:
             reuse=args.reuse,
             resume=args.resume,
             rerun_equivalents=args.rerun_equivalents,
+            rerun_crashes=args.rerun_crashes,
         )
         print(
             json.dumps(

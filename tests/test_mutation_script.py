@@ -580,3 +580,27 @@ def test_a_run_whose_stats_run_crashed_is_started_again(
     calls.clear()
     assert mutation._run_mutmut(["mutmut", "run"], tmp_path, {}, "demo").returncode == 1
     assert len(calls) == mutation.STATS_ATTEMPTS
+
+
+def test_crashes_are_run_again_after_a_fix(
+    work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    meta_path = work / "mutants" / "src" / "pkg" / "mod.py.meta"
+    codes = {"pkg.mod.x_f__mutmut_1": -11, "pkg.mod.x_f__mutmut_2": -7}
+    codes |= {"pkg.mod.x_f__mutmut_3": 1, "pkg.mod.x_f__mutmut_4": 0, "pkg.mod.x_f__mutmut_5": -24}
+    meta_path.write_text(json.dumps({"exit_code_by_key": codes}), encoding="utf-8")
+    assert mutation.forget_crashes(work) == 2
+    assert json.loads(meta_path.read_text(encoding="utf-8"))["exit_code_by_key"] == {
+        **codes,
+        "pkg.mod.x_f__mutmut_1": None,
+        "pkg.mod.x_f__mutmut_2": None,
+    }
+    monkeypatch.setattr(mutation, "WORK", tmp_path / "none")
+    with pytest.raises(SystemExit, match="--rerun-crashes goes on with a run in"):
+        mutation.run_package(
+            mutation.PACKAGES["config"],
+            max_children=1,
+            survivors=False,
+            reuse=False,
+            rerun_crashes=True,
+        )

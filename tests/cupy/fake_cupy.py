@@ -95,10 +95,16 @@ class _SanitizerLog:
         self.reports: list[str] = []
 
     def private_copy(self, library: Path) -> Path:
-        """Return a new copy of ``library`` (a path no library was loaded from before)."""
+        """Return a new copy of ``library`` (a path no library was loaded from before).
+
+        Named by process too: processes forked from one that imported this module
+        (mutmut runs each mutant's tests so) share its folder and its count, and two
+        of them copying over one path truncated the library the other had loaded
+        (SIGBUS, SIGSEGV: half the CUDA host side's mutants crashed its runner).
+        """
         with self.lock:
             self.copies += 1
-            copy = Path(self.prefix).parent / f"lib{self.copies}-{library.name}"
+            copy = Path(self.prefix).parent / f"lib{os.getpid()}-{self.copies}-{library.name}"
         shutil.copyfile(library, copy)
         return copy
 

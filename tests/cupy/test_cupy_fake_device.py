@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import threading
 import time
 import warnings
@@ -585,3 +586,28 @@ async def test_a_download_is_ordered_before_a_writer_submitted_after_it(
     assert downloaded[0].tolist() == [0] * 64  # what was there when download() was called
     backend.free(x)
     backend.free(acc)
+
+
+def test_forked_test_processes_load_library_copies_of_their_own(tmp_path: Path) -> None:
+    # mutmut runs each mutant's tests in a process forked from one that imported
+    # fake_cupy: two such processes copied the emulator library to one path (the count
+    # was their parent's), and one truncated the file the other had loaded.
+    from tests.cupy.fake_cupy import _UBSAN
+
+    library = tmp_path / "libemu.so"
+    library.write_bytes(b"\x7fELF and the rest")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # (the child copies, reports its path and ends at once)
+        try:
+            os.write(write, str(_UBSAN.private_copy(library)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    child = Path(os.read(read, 4096).decode())
+    os.close(read)
+    mine = _UBSAN.private_copy(library)  # (the same count the child had)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert child != mine
+    assert child.read_bytes() == mine.read_bytes() == library.read_bytes()
