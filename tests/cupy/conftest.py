@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.conformance.corpus import Case, cases
-from tests.cupy.emulator import NVCC, NVCC_FLAGS, BuildJob, build_emulator, nvcc_command
+from tests.cupy.emulator import (
+    BUILD_GRACE_S,
+    NVCC,
+    NVCC_FLAGS,
+    BuildJob,
+    build_emulator,
+    nvcc_command,
+)
 from tests.cupy.op_table import OpCase, op_cases
 from tests.cupy.unit_programs import race_probes, unit_cases
 from vyre_async.ir import Program
@@ -55,11 +62,21 @@ class NvccJob:
             self.marker.touch()
         return self.process.returncode, err.decode(errors="replace")
 
-    def stop(self) -> None:
-        """Kill ``nvcc`` if it still runs and reap it (nothing is cached then)."""
-        if self.process is not None and self.process.returncode is None:
+    def stop(self, grace: float = BUILD_GRACE_S) -> None:
+        """Give ``nvcc`` ``grace`` seconds to finish (then it is cached), else kill it.
+
+        As for the emulator builds (`BuildJob.stop`): killed every time no test
+        waited for it, it was never cached and ran again in every session.
+        """
+        if self.process is None or self.process.returncode is not None:
+            return
+        try:
+            self.process.wait(grace)
+        except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.communicate()
+        self.process.communicate()
+        if self.process.returncode == 0:
+            self.marker.touch()
 
 
 def start_nvcc(programs: list[Program]) -> NvccJob:

@@ -219,6 +219,11 @@ def describe_ub(report: str, unit: Path | None) -> list[str]:
 _BUILD_NUMBERS = itertools.count()
 
 
+#: How long a build no test waited for may still run when its session ends (see
+#: `BuildJob.stop`): the corpus's takes about 20 s of CPU on two cores.
+BUILD_GRACE_S = 120.0
+
+
 @dataclass
 class BuildJob:
     """A ``g++`` build of the harness, possibly still running (see `build_emulator`)."""
@@ -253,11 +258,19 @@ class BuildJob:
             self.process = None
         return Emulator(self.binary, self.kernels)
 
-    def stop(self) -> None:
-        """Reap the compiler (killed if it still runs); a build that finished is cached."""
+    def stop(self, grace: float = BUILD_GRACE_S) -> None:
+        """Reap the compiler; a build that finished is cached.
+
+        The compiler gets ``grace`` seconds to finish before it is killed: a session
+        that waits for no build of its own (a few tests run alone; each mutant of a
+        mutation run) would otherwise start, kill and pay every build again the next
+        time, and never find one cached.
+        """
         if self.process is None:
             return
-        if self.process.poll() is None:
+        try:
+            self.process.wait(grace)
+        except subprocess.TimeoutExpired:
             self.process.kill()
         self.process.communicate()
         if self.process.returncode == 0 and self.partial.exists():
@@ -267,7 +280,7 @@ class BuildJob:
 
     def discard(self) -> None:
         """Delete the build's folder (for one-off kernel sets); stops the compiler first."""
-        self.stop()
+        self.stop(grace=0)  # (thrown away: no need to let it finish)
         shutil.rmtree(self.binary.parent, ignore_errors=True)
 
 
