@@ -29,6 +29,7 @@ from vyre_async.programs import elementwise_xor
 from vyre_async.shadow import compare_outputs
 from vyre_cupy import CupyBackend, create_backend
 from vyre_cupy.codegen import generate
+from vyre_cupy.layout import plan_layout
 from vyre_reference import execute
 
 CORPUS = [c for c in cases() if c.error is None]
@@ -306,6 +307,7 @@ def test_every_upload_carries_its_copy_overlap_verdict(backend: CupyBackend) -> 
     [p.result() for p in replays]
     first, *rest = (_attributes(p) for p in replays)
     assert first["vyre.policy.copy_overlap"] == "overlap"  # nothing used the new arena yet
+    assert first["vyre.copy.target"] == "graph_arena"
     for later in rest:  # the arena is the previous replay's: wait for it, device-side
         assert later["vyre.policy.copy_overlap"] == "serialize"
         assert later["vyre.policy.copy_overlap.reason"] == "kernel_reads_slot"
@@ -435,6 +437,7 @@ def test_a_batch_of_one_is_one_persistent_launch(backend: CupyBackend, fake: Fak
     (pending,) = pipeline.dispatch_batch([[a, b]], mode="persistent")
     np.testing.assert_array_equal(pending.result()[0], a ^ b)
     assert _attributes(pending)["vyre.batch.mode"] == "persistent"
+    assert _attributes(pending)["vyre.stream"] in range(backend.device_context.streams.size)
     assert fake.launches == launches + 1 and fake.batch_launches == batched + 1
 
 
@@ -498,10 +501,11 @@ def test_a_dropped_graph_keeps_its_device_memory_until_its_replay_ends(
     assert fake.allocated == empty + arena
 
 
-def test_replays_time_their_own_work_on_the_device(
-    own_backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("mode", ["persistent", "command_reuse"])
+def test_batches_time_their_own_work_on_the_device(
+    own_backend: CupyBackend, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
-    """Each replay's device time and upload/launch/readback phases come from its own events.
+    """Each item's device time and upload/launch/readback phases come from its own events.
 
     None is negative or longer than the dispatch took. (On a backend of its own every event
     is new: one left unrecorded would read as the clock's zero, hours or days before.)
@@ -509,9 +513,9 @@ def test_replays_time_their_own_work_on_the_device(
     monkeypatch.setattr(DispatchCompleter, "wants_phases", property(lambda self: True))
     pipeline = own_backend.compile(elementwise_xor(1008))
     a = np.arange(1008, dtype=np.uint32)
-    for pending in pipeline.dispatch_batch([[a, a]] * 3, mode="command_reuse"):
+    for pending in pipeline.dispatch_batch([[a, a]] * 3, mode=mode):  # type: ignore[arg-type]
         assert not pending.result()[0].any()
-        assert _attributes(pending)["vyre.batch.mode"] == "command_reuse"
+        assert _attributes(pending)["vyre.batch.mode"] == mode
         timing = pending.timing
         assert timing is not None and timing.wall_s is not None and timing.device_s is not None
         assert 0 <= timing.device_s <= timing.wall_s
@@ -537,3 +541,72 @@ def test_a_persistent_batch_without_device_memory_fails_each_item_and_frees_its_
     monkeypatch.undo()
     for pending in pipeline.dispatch_batch([[a, a ^ 1]] * 3, mode="persistent"):
         assert (pending.result()[0] == 1).all()
+
+
+@pytest.mark.parametrize(
+    ("tasks", "workgroup", "sm_count", "blocks"),
+    [
+        (1, (64, 1, 1), 132, 1),  # one task: one block
+        (1000, (32, 1, 1), 1, 32),  # at most 32 blocks per SM
+        (1000, (96, 1, 1), 1, 21),  # 2048 // 96 lanes
+        (1000, (683, 1, 1), 1, 2),  # 2048 // 683 lanes
+        (1000, (8, 8, 4), 1, 8),  # 256 lanes: x * y * z
+        (1000, (16, 8, 4), 2, 8),  # 512 lanes: 4 per SM
+        (1000, (1024, 1, 1), 3, 6),  # 1024 lanes: 2 per SM
+    ],
+)
+def test_persistent_blocks_are_what_the_device_holds_at_once(
+    tasks: int, workgroup: tuple[int, int, int], sm_count: int, blocks: int
+) -> None:
+    got = vyre_cupy.batch.persistent_blocks(tasks, workgroup, sm_count)
+    assert got == blocks and isinstance(got, int)
+
+
+def test_a_persistent_launch_sizes_its_blocks_from_its_tasks_and_the_device(
+    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every (item, workgroup) task counts, and the device's SM count (1 if it says none)."""
+    asked: list[tuple[int, tuple[int, int, int], int]] = []
+    blocks = vyre_cupy.batch.persistent_blocks
+
+    def spy(tasks: int, workgroup: tuple[int, int, int], sm_count: int) -> int:
+        asked.append((tasks, workgroup, sm_count))
+        return blocks(tasks, workgroup, sm_count)
+
+    monkeypatch.setattr(vyre_cupy.batch, "persistent_blocks", spy)
+    pipeline = backend.compile(elementwise_xor(1010))  # 16 workgroups of 64 lanes
+    a = np.arange(1010, dtype=np.uint32)
+    for pending in pipeline.dispatch_batch([[a, a]] * 3, mode="persistent"):
+        assert not pending.result()[0].any()
+    twice = DispatchConfig(grid_override=(16, 2, 1))  # every element done by 2 workgroups
+    for pending in pipeline.dispatch_batch([[a, a]] * 3, twice, mode="persistent"):
+        assert not pending.result()[0].any()
+    monkeypatch.delitem(backend.info.attributes, "MultiProcessorCount")
+    for pending in pipeline.dispatch_batch([[a, a]] * 3, mode="persistent"):
+        assert not pending.result()[0].any()
+    assert asked == [(48, (64, 1, 1), 132), (96, (64, 1, 1), 132), (48, (64, 1, 1), 1)]
+
+
+def test_why_a_batch_runs_plain_at_its_limits(
+    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty batch, iterations on a persistent batch; arenas exactly at a limit still batch."""
+    program = elementwise_xor(256)
+    pipeline = backend.compile(program)
+    kernel = pipeline.native
+    assert vyre_cupy.batch.batch_obstacle([], "persistent", kernel) == "empty_batch"
+    a = np.arange(256, dtype=np.uint32)
+    config = DispatchConfig(fixpoint_iterations=2)
+    for pending in pipeline.dispatch_batch([[a, a]] * 2, config, mode="persistent"):
+        assert not pending.result()[0].any()
+        assert _attributes(pending)["vyre.batch.mode"] == "plain"
+        assert _attributes(pending)["vyre.batch.mode.reason"] == "iterations"
+    layout = plan_layout([d.access for d in program.buffers], [256] * 3, [None] * 3)
+    arena = layout.total_bytes
+    monkeypatch.setattr(vyre_cupy.batch, "PERSISTENT_ARENA_LIMIT", 4 * arena)
+    monkeypatch.setattr(vyre_cupy.batch, "GRAPH_ARENA_LIMIT", arena)
+    for mode in ("persistent", "command_reuse"):
+        pendings = pipeline.dispatch_batch([[a, a]] * 4, mode=mode)  # type: ignore[arg-type]
+        for pending in pendings:
+            assert not pending.result()[0].any()
+            assert _attributes(pending)["vyre.batch.mode"] == mode

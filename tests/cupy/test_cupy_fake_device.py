@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import logging
 import os
 import threading
 import time
@@ -277,6 +278,43 @@ async def test_a_sticky_error_loses_the_device(fresh_device: FakeDevice) -> None
     with pytest.raises(DeviceLost):
         backend.dispatch(program, [a, a])
     await backend.shutdown()
+
+
+def test_a_resident_upload_that_fails_on_the_device_is_logged_and_loses_it(
+    fresh_device: FakeDevice, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An upload into a resident buffer ends after `upload` returned: nobody waits on it, so a
+    device error it meets is logged (what failed, while doing what), and the device is lost."""
+    backend = create_backend(disk_cache=None, prefetch=False)
+    try:
+        with caplog.at_level(logging.ERROR, logger="vyre_async.cupy"):
+            backend.upload(np.arange(8, dtype=np.uint32))
+            anyio.run(backend.flush)
+            assert not caplog.records  # an upload that worked logs nothing
+            runtime = backend.device_context.runtime
+            memcpy = runtime.memcpyAsync
+            reached, gate = threading.Event(), threading.Event()
+
+            def hold() -> None:
+                reached.set()
+                gate.wait()
+
+            def held(dst: int, src: int, size: int, kind: int, stream: int) -> None:
+                fresh_device.streams[stream].enqueue(hold)  # the copy waits for the gate
+                memcpy(dst, src, size, kind, stream)
+
+            monkeypatch.setattr(runtime, "memcpyAsync", held)
+            backend.upload(np.arange(8, dtype=np.uint32))
+            assert reached.wait(30)
+            fresh_device.sticky = 700  # cudaErrorIllegalAddress: the context is gone
+            gate.set()
+            anyio.run(backend.flush)
+        (message,) = [r.getMessage() for r in caplog.records if r.filename == "launch.py"]
+        assert message.startswith("resident buffer copy failed: ")
+        assert "while copying a resident buffer" in message and "no longer usable" in message
+        assert backend.device_lost()
+    finally:
+        anyio.run(backend.shutdown)
 
 
 @pytest.mark.anyio

@@ -140,3 +140,11 @@ def test_a_failing_stream_factory_leaves_the_pool_consistent() -> None:
     with pytest.raises(RuntimeError):
         pool.lease()
     assert pool.busy() == (0, 0)
+
+
+def test_regions_already_aligned_take_no_padding() -> None:
+    # 64 u32 = 256 bytes: exactly one ALIGN each, no gap after it; an empty buffer takes none.
+    layout = plan_layout([R, W, W], [64, 64, 0], [None] * 3)
+    assert [x.offset for x in layout.slots] == [ALIGN, 2 * ALIGN, 3 * ALIGN]
+    assert layout.upload_bytes == 2 * ALIGN and layout.download_bytes == ALIGN
+    assert layout.total_bytes == 3 * ALIGN
