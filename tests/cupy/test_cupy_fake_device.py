@@ -256,6 +256,42 @@ def test_a_resident_buffer_updated_in_place_needs_no_copy_of_it(
         backend.free(acc)
 
 
+def test_corpus_with_every_input_resident_equals_the_expected_outputs(
+    backend: CupyBackend,
+) -> None:
+    """Every (non-bool) input uploaded first: READ inputs bound in place, READ_WRITE ones
+    written in place (and read back from there), WRITE outputs still start at zero."""
+    from tests.conformance.corpus import cases
+    from vyre_async.shadow import compare_outputs
+
+    ran = 0
+    for case in cases():
+        if case.error is not None or not case.inputs:
+            continue
+        decls = [d for d in case.program.buffers if d.access.is_input]
+        inputs = [  # (a bool buffer takes host data only)
+            a if d.dtype is DType.BOOL else backend.upload(np.asarray(a))
+            for d, a in zip(decls, case.inputs, strict=True)
+        ]
+        try:
+            outputs = backend.dispatch_sync(case.program, inputs, case.config())
+        finally:
+            for item in inputs:
+                if not isinstance(item, np.ndarray):
+                    backend.free(item)
+        divergence = compare_outputs(
+            case.name,
+            case.program,
+            list(case.inputs),
+            outputs,
+            list(case.expected),
+            ulp_budget=case.ulp_budget,
+        )
+        assert divergence is None, str(divergence)
+        ran += 1
+    assert ran >= 30
+
+
 def test_device_limits_are_checked_before_launch(backend: CupyBackend) -> None:
     program = elementwise_xor(4)
     a = np.zeros(4, np.uint32)
@@ -649,3 +685,119 @@ def test_forked_test_processes_load_library_copies_of_their_own(tmp_path: Path) 
     assert os.waitstatus_to_exitcode(status) == 0
     assert child != mine
     assert child.read_bytes() == mine.read_bytes() == library.read_bytes()
+
+
+def _hold_next_upload(
+    monkeypatch: pytest.MonkeyPatch, backend: CupyBackend, device: FakeDevice
+) -> tuple[threading.Event, threading.Event]:
+    """Hold the next host-to-device copy on the device: its stream stops before it.
+
+    Returns ``(reached, gate)``: ``reached`` is set once the stream stopped there;
+    setting ``gate`` lets it go on. Later copies are not held.
+    """
+    runtime = backend.device_context.runtime
+    memcpy = runtime.memcpyAsync
+    reached, gate = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        reached.set()
+        gate.wait()
+
+    def held(dst: int, src: int, size: int, kind: int, stream: int) -> None:
+        monkeypatch.setattr(runtime, "memcpyAsync", memcpy)
+        device.streams[stream].enqueue(hold)
+        memcpy(dst, src, size, kind, stream)
+
+    monkeypatch.setattr(runtime, "memcpyAsync", held)
+    return reached, gate
+
+
+def test_a_dispatch_with_resident_inputs_held_on_the_device_holds_back_no_other(
+    own_backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dispatches with resident inputs settle on their own streams: one held on the device
+    holds back no later one that shares no buffer with it."""
+    own_backend.close_timeout = 1.0  # (a failure leaves the held one held: closing gives up)
+    x1 = own_backend.upload(np.arange(64, dtype=np.uint32))
+    x2 = own_backend.upload(np.arange(64, dtype=np.uint32))
+    anyio.run(own_backend.flush)
+    reached, gate = _hold_next_upload(monkeypatch, own_backend, fake)
+    held = own_backend.dispatch(accumulate(), [x1, np.zeros(64, np.uint32)])
+    assert reached.wait(30)
+    other = own_backend.dispatch(accumulate(), [x2, np.ones(64, np.uint32)])
+    assert other.result(timeout=30)[0].tolist() == [1 + 3 * i for i in range(64)]
+    assert not held.done()
+    gate.set()
+    assert held.result()[0].tolist() == [3 * i for i in range(64)]
+
+
+def test_a_writer_waits_for_the_readers_of_its_buffer_only(
+    own_backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dispatch that writes a resident buffer waits for the earlier dispatches reading it,
+    and for nothing else: not for other work, on another stream, still on the device."""
+    own_backend.close_timeout = 1.0  # (a failure leaves the held one held: closing gives up)
+    x = own_backend.upload(np.arange(64, dtype=np.uint32))
+    read = own_backend.dispatch(accumulate(), [x, np.zeros(64, np.uint32)])  # reads x
+    assert read.result()[0].tolist() == [3 * i for i in range(64)]
+    anyio.run(own_backend.flush)  # that reader is over, its events handed back
+    reached, gate = _hold_next_upload(monkeypatch, own_backend, fake)
+    a = np.arange(100, dtype=np.uint32)
+    held = own_backend.dispatch(elementwise_xor(100), [a, a])  # unrelated work
+    assert reached.wait(30)
+    write = own_backend.dispatch(accumulate(), [np.ones(64, np.uint32), x])  # x += 3
+    assert write.result(timeout=30)[0].tolist() == [i + 3 for i in range(64)]
+    assert not held.done()
+    gate.set()
+    assert not held.result()[0].any()
+
+
+def test_a_dispatch_with_resident_inputs_out_of_memory_frees_its_stream(
+    backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = backend.upload(np.arange(1 << 12, dtype=np.uint32))
+    try:
+        gc.collect()
+        monkeypatch.setattr(fake, "memory_limit", fake.allocated + 1024)  # less than its arena
+        with pytest.raises(DeviceOutOfMemory, match="Fix:"):
+            backend.dispatch_sync(accumulate(), [x, np.zeros(1 << 12, np.uint32)])
+        assert max(backend.device_context.streams.busy()) == 0  # its stream is free again
+    finally:
+        backend.free(x)
+
+
+def test_a_dispatch_with_resident_inputs_times_its_own_work(
+    own_backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its device time and upload/launch/readback phases come from its own events: none
+    negative or longer than the dispatch took (on a backend of its own every event is new:
+    one left unrecorded would read as the clock's zero)."""
+    monkeypatch.setattr(DispatchCompleter, "wants_phases", property(lambda self: True))
+    x = own_backend.upload(np.arange(64, dtype=np.uint32))
+    pending = own_backend.dispatch(accumulate(), [x, np.zeros(64, np.uint32)])
+    assert pending.result()[0].tolist() == [3 * i for i in range(64)]
+    timing = pending.timing
+    assert timing is not None and timing.wall_s is not None and timing.device_s is not None
+    assert 0 <= timing.device_s <= timing.wall_s
+    phases = (pending.record.phases or [])[-3:]
+    assert [name for name, _, _ in phases] == ["vyre.upload", "vyre.launch", "vyre.readback"]
+    for _, start, end in phases:
+        assert 0 <= end - start <= timing.wall_s * 1e9
+
+
+def test_dispatches_that_only_read_a_resident_buffer_wait_for_no_one_another(
+    own_backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Readers of one resident buffer wait for its last write only: one held on the device
+    holds back no later reader."""
+    own_backend.close_timeout = 1.0  # (a failure leaves the held one held: closing gives up)
+    x = own_backend.upload(np.arange(64, dtype=np.uint32))
+    anyio.run(own_backend.flush)
+    reached, gate = _hold_next_upload(monkeypatch, own_backend, fake)
+    held = own_backend.dispatch(accumulate(), [x, np.zeros(64, np.uint32)])
+    assert reached.wait(30)
+    other = own_backend.dispatch(accumulate(), [x, np.ones(64, np.uint32)])
+    assert other.result(timeout=30)[0].tolist() == [1 + 3 * i for i in range(64)]
+    assert not held.done()
+    gate.set()
+    assert held.result()[0].tolist() == [3 * i for i in range(64)]
