@@ -49,6 +49,7 @@ from vyre_async.cache.disk import PipelineCacheWarning
 from vyre_async.pending import DispatchCompleter
 from vyre_async.programs import elementwise_xor, standard_workloads
 from vyre_cupy import CupyBackend, create_backend
+from vyre_cupy.layout import plan_layout
 
 pytestmark = pytest.mark.anyio
 
@@ -688,23 +689,26 @@ def test_forked_test_processes_load_library_copies_of_their_own(tmp_path: Path) 
 
 
 def _hold_next_upload(
-    monkeypatch: pytest.MonkeyPatch, backend: CupyBackend, device: FakeDevice
+    monkeypatch: pytest.MonkeyPatch, backend: CupyBackend, device: FakeDevice, count: int = 1
 ) -> tuple[threading.Event, threading.Event]:
-    """Hold the next host-to-device copy on the device: its stream stops before it.
+    """Hold the next ``count`` host-to-device copies on the device: their streams stop before.
 
-    Returns ``(reached, gate)``: ``reached`` is set once the stream stopped there;
-    setting ``gate`` lets it go on. Later copies are not held.
+    Returns ``(reached, gate)``: ``reached`` is set once the first stream stopped there;
+    setting ``gate`` lets them go on. Later copies are not held.
     """
     runtime = backend.device_context.runtime
     memcpy = runtime.memcpyAsync
     reached, gate = threading.Event(), threading.Event()
+    left = [count]
 
     def hold() -> None:
         reached.set()
         gate.wait()
 
     def held(dst: int, src: int, size: int, kind: int, stream: int) -> None:
-        monkeypatch.setattr(runtime, "memcpyAsync", memcpy)
+        left[0] -= 1
+        if not left[0]:
+            monkeypatch.setattr(runtime, "memcpyAsync", memcpy)
         device.streams[stream].enqueue(hold)
         memcpy(dst, src, size, kind, stream)
 
@@ -801,3 +805,57 @@ def test_dispatches_that_only_read_a_resident_buffer_wait_for_no_one_another(
     assert not held.done()
     gate.set()
     assert held.result()[0].tolist() == [3 * i for i in range(64)]
+
+
+def test_a_kernel_that_fails_on_the_device_says_so(
+    fresh_device: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel that faults after its dispatch was enqueued fails it with what was running."""
+    backend = create_backend(disk_cache=None, prefetch=False)
+    try:
+        a = np.ones(8, np.uint32)
+        reached, gate = _hold_next_upload(monkeypatch, backend, fresh_device)
+        fresh_device.fail_next_launch = True  # its launch leaves a sticky error
+        pending = backend.dispatch(elementwise_xor(8), [a, a])  # all enqueued: no error yet
+        assert reached.wait(30)
+        gate.set()
+        with pytest.raises(DeviceLost, match=r"while running the kernel(.|\n)*Fix:"):
+            pending.result()
+    finally:
+        anyio.run(backend.shutdown)
+
+
+def test_a_launch_shape_keeps_two_stagings_for_its_next_launches(
+    own_backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Up to two stagings (device arena and pinned buffer) of a launch shape stay allocated
+    for its next launches, for arenas up to SPARE_ARENA_BYTES included."""
+    program = elementwise_xor(5440)
+    layout = plan_layout([d.access for d in program.buffers], [5440] * 3, [None] * 3)
+    arena = layout.total_bytes
+    assert arena == cuda_launch.SPARE_ARENA_BYTES
+    a = np.arange(5440, dtype=np.uint32)
+    gc.collect()
+    base = fake.allocated
+    reached, gate = _hold_next_upload(monkeypatch, own_backend, fake, count=3)
+    pendings = [own_backend.dispatch(program, [a, a]) for _ in range(3)]  # 3 at once: 3 stagings
+    assert reached.wait(30)
+    gate.set()
+    assert all(not p.result()[0].any() for p in pendings)
+    anyio.run(own_backend.flush)
+    gc.collect()
+    assert fake.allocated == base + 2 * arena
+    assert not own_backend.dispatch_sync(program, [a, a])[0].any()  # reuses one
+    anyio.run(own_backend.flush)
+    gc.collect()
+    assert fake.allocated == base + 2 * arena
+
+
+def test_launch_shapes_beyond_the_templates_kept_still_run(
+    own_backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cuda_launch, "TEMPLATES_PER_KERNEL", 1)  # each new shape drops one
+    for n in (64, 63, 64, 62):
+        x = np.arange(n, dtype=np.uint32)
+        outputs = own_backend.dispatch_sync(accumulate(), [x, np.ones(n, np.uint32)])
+        assert outputs[0].tolist() == [1 + 3 * i for i in range(n)]
