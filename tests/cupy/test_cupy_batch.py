@@ -513,16 +513,26 @@ def test_batches_time_their_own_work_on_the_device(
     monkeypatch.setattr(DispatchCompleter, "wants_phases", property(lambda self: True))
     pipeline = own_backend.compile(elementwise_xor(1008))
     a = np.arange(1008, dtype=np.uint32)
+    share = 3 if mode == "persistent" else 1  # items sharing one launch share its time
     for pending in pipeline.dispatch_batch([[a, a]] * 3, mode=mode):  # type: ignore[arg-type]
         assert not pending.result()[0].any()
         assert _attributes(pending)["vyre.batch.mode"] == mode
         timing = pending.timing
         assert timing is not None and timing.wall_s is not None and timing.device_s is not None
-        assert 0 <= timing.device_s <= timing.wall_s
+        assert 0 < timing.device_s <= timing.wall_s
         phases = (pending.record.phases or [])[-3:]
         assert [name for name, _, _ in phases] == ["vyre.upload", "vyre.launch", "vyre.readback"]
         for _, start, end in phases:
             assert 0 < end - start <= timing.wall_s * 1e9  # (each phase has device work)
+        _, start, end = phases[1]  # the launch phase: the device time, shared
+        assert abs(timing.device_s * share * 1e9 - (end - start)) <= 10
+    monkeypatch.undo()  # no span: device time without phases
+    for pending in pipeline.dispatch_batch([[a, a]] * 3, mode=mode):  # type: ignore[arg-type]
+        assert not pending.result()[0].any()
+        timing = pending.timing
+        assert timing is not None and timing.wall_s is not None and timing.device_s is not None
+        assert 0 < timing.device_s <= timing.wall_s
+        assert timing.compile_s is not None
 
 
 def test_a_persistent_batch_without_device_memory_fails_each_item_and_frees_its_stream(
@@ -637,3 +647,12 @@ def test_a_replay_without_pinned_memory_fails_the_rest_of_its_batch(
     monkeypatch.undo()
     for pending in pipeline.dispatch_batch([[a, a ^ 1]] * 2, mode="command_reuse"):
         assert (pending.result()[0] == 1).all()
+
+
+def test_a_persistent_batch_of_two_settles_both(backend: CupyBackend) -> None:
+    pipeline = backend.compile(elementwise_xor(1012))
+    a = np.arange(1012, dtype=np.uint32)
+    pendings = pipeline.dispatch_batch([[a, a ^ 1], [a, a ^ 2]], mode="persistent")
+    for k, pending in enumerate(pendings, 1):
+        assert (pending.result(timeout=30)[0] == k).all()
+        assert _attributes(pending)["vyre.batch.mode"] == "persistent"

@@ -859,3 +859,30 @@ def test_launch_shapes_beyond_the_templates_kept_still_run(
         x = np.arange(n, dtype=np.uint32)
         outputs = own_backend.dispatch_sync(accumulate(), [x, np.ones(n, np.uint32)])
         assert outputs[0].tolist() == [1 + 3 * i for i in range(n)]
+
+
+def test_a_plain_dispatch_times_its_own_work(
+    own_backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its device time and phases come from its own events: none empty, negative or longer
+    than the dispatch took (on a backend of its own every event is new: one left unrecorded
+    would read as the clock's zero)."""
+    monkeypatch.setattr(DispatchCompleter, "wants_phases", property(lambda self: True))
+    a = np.arange(64, dtype=np.uint32)
+    pending = own_backend.dispatch(elementwise_xor(64), [a, a])
+    assert not pending.result()[0].any()
+    timing = pending.timing
+    assert timing is not None and timing.wall_s is not None and timing.device_s is not None
+    assert 0 <= timing.device_s <= timing.wall_s
+    phases = (pending.record.phases or [])[-3:]
+    assert [name for name, _, _ in phases] == ["vyre.upload", "vyre.launch", "vyre.readback"]
+    for _, start, end in phases:
+        assert 0 < end - start <= timing.wall_s * 1e9
+    assert timing.compile_s is not None
+    monkeypatch.undo()  # no span: device time without phases
+    pending = own_backend.dispatch(elementwise_xor(64), [a, a])
+    assert not pending.result()[0].any()
+    timing = pending.timing
+    assert timing is not None and timing.wall_s is not None and timing.device_s is not None
+    assert 0 < timing.device_s <= timing.wall_s
+    assert timing.compile_s is not None
