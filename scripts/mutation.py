@@ -940,6 +940,9 @@ def run_package(
     started = time.monotonic()
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
+    # (the CUDA tests' fixtures let the builds they started finish and be cached, so
+    # that the next mutant finds them: tests/cupy/emulator.py BUILD_GRACE_S)
+    env.setdefault("VYRE_BUILD_GRACE_S", "120")
     done = (
         _run_mutmut(command, work, env, package.name)
         if run_mutmut
@@ -1118,6 +1121,7 @@ def check_tests(
         "PYTHONPATH": str(work / "mutants" / "src"),
         # no deadlines on the slower rewritten copy: a deadline error is no kill
         "VYRE_HYPOTHESIS_PROFILE": "mutation",
+        "VYRE_BUILD_GRACE_S": os.environ.get("VYRE_BUILD_GRACE_S", "120"),  # (see run_package)
     }
     described = subprocess.run(
         ["git", "describe", "--always", "--dirty"],

@@ -220,8 +220,11 @@ _BUILD_NUMBERS = itertools.count()
 
 
 #: How long a build no test waited for may still run when its session ends (see
-#: `BuildJob.stop`): the corpus's takes about 20 s of CPU on two cores.
-BUILD_GRACE_S = 120.0
+#: `BuildJob.stop`; the corpus's takes about 20 s of CPU on two cores). None by default:
+#: a run of a few tests, and each planted bug of scripts/mutants.py, would wait for
+#: builds it does not use; scripts/mutation.py sets it for mutmut, whose every mutant
+#: otherwise paid the same unfinished builds again.
+BUILD_GRACE_S = float(os.environ.get("VYRE_BUILD_GRACE_S", "0"))
 
 
 @dataclass
@@ -261,10 +264,10 @@ class BuildJob:
     def stop(self, grace: float = BUILD_GRACE_S) -> None:
         """Reap the compiler; a build that finished is cached.
 
-        The compiler gets ``grace`` seconds to finish before it is killed: a session
-        that waits for no build of its own (a few tests run alone; each mutant of a
-        mutation run) would otherwise start, kill and pay every build again the next
-        time, and never find one cached.
+        The compiler gets ``grace`` seconds to finish before it is killed (see
+        `BUILD_GRACE_S`): a session that waits for no build of its own (each mutant
+        of a mutation run) would otherwise start, kill and pay every build again
+        the next time, and never find one cached.
         """
         if self.process is None:
             return
