@@ -11,6 +11,7 @@ import gc
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 import vyre_cupy.batch
+import vyre_cupy.launch
 from tests.conformance.corpus import Case, cases
 from tests.cupy.device_programs import accumulate
 from tests.cupy.fake_cupy import FakeDevice, FakeGraph
@@ -303,6 +305,12 @@ def test_every_upload_carries_its_copy_overlap_verdict(backend: CupyBackend) -> 
     attrs = _attributes(plain)
     assert attrs["vyre.policy.copy_overlap"] == "overlap"
     assert attrs["vyre.copy.target"] == "private_arena" and attrs["vyre.copy.staging"] == "pinned"
+    persistent = pipeline.dispatch_batch([[a, a]] * 2, mode="persistent")
+    for pending in persistent:  # each item's own slice of a fresh arena
+        pending.result()
+        attrs = _attributes(pending)
+        assert attrs["vyre.policy.copy_overlap"] == "overlap"
+        assert attrs["vyre.copy.target"] == "private_arena"
     replays = pipeline.dispatch_batch([[a, a]] * 3, mode="command_reuse")
     [p.result() for p in replays]
     first, *rest = (_attributes(p) for p in replays)
@@ -656,3 +664,116 @@ def test_a_persistent_batch_of_two_settles_both(backend: CupyBackend) -> None:
     for k, pending in enumerate(pendings, 1):
         assert (pending.result(timeout=30)[0] == k).all()
         assert _attributes(pending)["vyre.batch.mode"] == "persistent"
+
+
+# Settling a flight, on hand-made events and completers ------------------------------------
+
+# Device event times (ns): 0.25 ms upload, 3 ms kernel, 0.5 ms readback.
+UPLOAD_NS, KERNEL_NS, READBACK_NS = 250_000, 3_000_000, 500_000
+
+
+class Stamp:
+    """A recorded event: its device time in ns."""
+
+    def __init__(self, ns: int) -> None:
+        self.ns = ns
+        self.done = True
+
+
+class Completer:
+    """Stands in for a dispatch's completer: records what the flight tells it."""
+
+    def __init__(self, *, phases: bool, stop: bool = False) -> None:
+        self.wants_phases = phases
+        self.stop = stop
+        self.resolved: list[float] = []  # device_s of each resolve
+        self.failed: list[BaseException] = []
+        self.phases: dict[str, int] = {}  # name -> length in ns
+
+    def should_stop(self) -> bool:
+        return self.stop
+
+    def resolve(self, outputs: list[np.ndarray], *, device_s: float, compile_s: float) -> None:
+        assert outputs == [] and compile_s == 0.5
+        self.resolved.append(device_s)
+
+    def fail(self, error: BaseException) -> None:
+        self.failed.append(error)
+
+    def record_phase(self, name: str, start_ns: int, end_ns: int) -> None:
+        self.phases[name] = end_ns - start_ns
+
+
+def hand_flight(completers: list[Completer]) -> vyre_cupy.launch.Flight:
+    ctx: Any = SimpleNamespace(elapsed_ns=lambda a, b: float(b.ns - a.ns))
+    launches: Any = [
+        SimpleNamespace(
+            completer=completer,
+            compile_s=0.5,
+            config=DispatchConfig(),
+            pending=SimpleNamespace(created=time.monotonic()),
+            plan=SimpleNamespace(program=SimpleNamespace(op_id="k.add")),
+        )
+        for completer in completers
+    ]
+    at = [1_000, 1_000 + UPLOAD_NS]
+    at += [at[1] + KERNEL_NS, at[1] + KERNEL_NS + READBACK_NS]
+    events = [Stamp(ns) for ns in at]
+    return vyre_cupy.launch.Flight(
+        ctx, launches, (), stream=0, keep=(), readback=None, events=events
+    )
+
+
+PHASES = {"vyre.upload": UPLOAD_NS, "vyre.launch": KERNEL_NS, "vyre.readback": READBACK_NS}
+
+
+@pytest.mark.parametrize("phases", [True, False], ids=["traced", "untraced"])
+def test_a_launch_is_given_its_kernel_time_exactly(phases: bool) -> None:
+    completer = Completer(phases=phases)
+    hand_flight([completer])._settle()
+    assert completer.resolved == [KERNEL_NS / 1e9]  # the kernel's events only, in seconds
+    assert completer.phases == (PHASES if phases else {})
+
+
+@pytest.mark.parametrize("phases", [True, False], ids=["traced", "untraced"])
+def test_a_batch_shares_its_kernel_time_and_a_stopped_item_is_told_its_result_was_dropped(
+    phases: bool,
+) -> None:
+    completers = [
+        Completer(phases=phases),
+        Completer(phases=phases, stop=True),
+        Completer(phases=phases),
+    ]
+    hand_flight(completers)._settle()
+    share = KERNEL_NS / 1e9 / 3  # one kernel run for three items
+    assert [c.resolved for c in completers] == [[share], [], [share]]
+    assert [c.phases for c in completers] == [
+        PHASES if phases else {},
+        {},
+        PHASES if phases else {},
+    ]
+    (error,) = completers[1].failed
+    assert str(error).splitlines()[0] == (
+        "dispatch k.add was stopped: its stop was requested; its result was discarded"
+    )
+
+
+def test_a_persistent_batch_finishes_in_its_streams_order(
+    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bridge finishes watches in order per queue: a batch's queue is its stream."""
+    pipeline = backend.compile(elementwise_xor(64))
+    a = np.arange(64, dtype=np.uint32)
+    bridge = backend.device_context.bridge
+    submitted: list[tuple[int, object]] = []
+    submit = bridge.submit
+
+    def spy(watch: Any, *, queue: Any, quiet_s: float = 0.0) -> None:
+        submitted.append((watch.stream, queue))
+        submit(watch, queue=queue, quiet_s=quiet_s)
+
+    monkeypatch.setattr(bridge, "submit", spy)
+    for pending in pipeline.dispatch_batch([[a, a]] * 3, mode="persistent"):
+        assert not pending.result()[0].any()
+    ((stream, queue),) = submitted
+    assert queue == stream

@@ -19,6 +19,8 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -34,6 +36,7 @@ from tests.cupy.conftest import Toolchain, installed
 from tests.cupy.device_programs import accumulate, gate
 from tests.cupy.fake_cupy import FakeDevice
 from vyre_async import (
+    Access,
     BackendClosed,
     DeviceLost,
     DeviceOutOfMemory,
@@ -42,6 +45,7 @@ from vyre_async import (
     DispatchTimeout,
     DType,
     InvalidProgram,
+    ResidentBuffer,
     UnsupportedFeature,
     telemetry,
 )
@@ -49,7 +53,7 @@ from vyre_async.cache.disk import PipelineCacheWarning
 from vyre_async.pending import DispatchCompleter
 from vyre_async.programs import elementwise_xor, standard_workloads
 from vyre_cupy import CupyBackend, create_backend
-from vyre_cupy.layout import plan_layout
+from vyre_cupy.layout import Source, plan_layout
 
 pytestmark = pytest.mark.anyio
 
@@ -854,11 +858,17 @@ def test_a_launch_shape_keeps_two_stagings_for_its_next_launches(
 def test_launch_shapes_beyond_the_templates_kept_still_run(
     own_backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cuda_launch, "TEMPLATES_PER_KERNEL", 1)  # each new shape drops one
-    for n in (64, 63, 64, 62):
+    monkeypatch.setattr(cuda_launch, "TEMPLATES_PER_KERNEL", 2)  # a third shape drops one
+    templates = own_backend.compile(accumulate()).native.templates
+    kept = [[(64, 64)], [(64, 64), (63, 63)], [(63, 63), (62, 62)], [(62, 62), (61, 61)]]
+    for n, shapes in zip((64, 63, 62, 61), kept, strict=True):
         x = np.arange(n, dtype=np.uint32)
         outputs = own_backend.dispatch_sync(accumulate(), [x, np.ones(n, np.uint32)])
         assert outputs[0].tolist() == [1 + 3 * i for i in range(n)]
+        assert list(templates) == shapes  # the oldest shape goes first
+    x = np.arange(64, dtype=np.uint32)  # a shape dropped: still runs
+    outputs = own_backend.dispatch_sync(accumulate(), [x, np.ones(64, np.uint32)])
+    assert outputs[0].tolist() == [1 + 3 * i for i in range(64)]
 
 
 def test_a_plain_dispatch_times_its_own_work(
@@ -886,3 +896,83 @@ def test_a_plain_dispatch_times_its_own_work(
     assert timing is not None and timing.wall_s is not None and timing.device_s is not None
     assert 0 < timing.device_s <= timing.wall_s
     assert timing.compile_s is not None
+
+
+# Resident buffers bound twice, and the readers a writer waits for -------------------------
+
+
+def _resident(owner: object, buf: cuda_launch.DeviceBuffer) -> ResidentBuffer:
+    return ResidentBuffer(owner=owner, dtype=DType.U32, count=4, native=buf)
+
+
+def _param(access: Access) -> Any:
+    return SimpleNamespace(decl=SimpleNamespace(access=access))
+
+
+def test_a_read_write_resident_buffer_also_bound_elsewhere_is_copied_into_the_arena() -> None:
+    """Bound in place it would be written while the other slot reads it: the kernel gets a
+    device copy to write (`Source.DEVICE`); a buffer bound once is bound in place."""
+    owner = SimpleNamespace(id="cupy")
+    buf = cuda_launch.DeviceBuffer(memory=None, ptr=0, nbytes=16)
+    shared, alone = _resident(owner, buf), _resident(owner, buf)
+    params = [_param(Access.READ_WRITE), _param(Access.READ), _param(Access.READ_WRITE)]
+    x = np.zeros(4, np.uint32)
+    assert cuda_launch.resident_sources(params, [shared, shared, x]) == [
+        Source.DEVICE,
+        Source.DIRECT,
+        None,
+    ]
+    assert cuda_launch.resident_sources(params, [shared, alone, alone]) == [
+        Source.DIRECT,
+        Source.DIRECT,
+        Source.DEVICE,
+    ]
+
+
+class Waits:
+    """A stream that records the events it was made to wait for."""
+
+    def __init__(self) -> None:
+        self.waited: list[object] = []
+
+    def wait_event(self, event: object) -> None:
+        self.waited.append(event)
+
+
+@pytest.mark.parametrize(
+    "written_first", [True, False], ids=["written-then-read", "read-then-written"]
+)
+def test_a_buffer_written_through_one_slot_and_read_through_another_counts_as_written(
+    written_first: bool,
+) -> None:
+    owner = SimpleNamespace(id="cupy")
+    buf = cuda_launch.DeviceBuffer(memory=None, ptr=0, nbytes=16)
+    buf.last_write, buf.readers = "upload", ["reader-1", "reader-2"]
+    item = _resident(owner, buf)
+    slots = [SimpleNamespace(readback=0), SimpleNamespace(readback=None)]  # written, read
+    if not written_first:
+        slots.reverse()
+    layout: Any = SimpleNamespace(slots=slots)
+    ctx: Any = SimpleNamespace(lock=threading.Lock())
+    stream = Waits()
+    uses = cuda_launch._order_residents(ctx, owner, [item, item], layout, stream)
+    assert uses == [(buf, True)]  # one use of the buffer, a write
+    assert stream.waited == ["upload", "reader-1", "reader-2"]  # the write waits for readers
+
+
+class Done:
+    def __init__(self, done: bool) -> None:
+        self.done = done
+
+
+def test_pruning_a_buffers_readers_keeps_every_reader_still_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cuda_launch, "_READERS_KEPT", 4)
+    buf = cuda_launch.DeviceBuffer(memory=None, ptr=0, nbytes=16)
+    running, ended = Done(False), Done(True)
+    readers = [ended, running, ended, Done(False)]
+    buf.readers = list(readers)
+    newest = Done(False)
+    cuda_launch.note_reader(buf, newest)
+    assert buf.readers == [running, readers[3], newest]  # a later writer waits for these

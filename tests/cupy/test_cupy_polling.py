@@ -23,6 +23,7 @@ import pytest
 import vyre_cupy.launch as cuda_launch
 from tests.cupy.fake_cupy import FakeDevice
 from vyre_async import DispatchConfig
+from vyre_async.pending import DispatchCompleter
 from vyre_async.programs import elementwise_xor
 from vyre_cupy import CupyBackend, create_backend
 from vyre_cupy.completion import CompletionBridge
@@ -426,6 +427,82 @@ async def test_dispatches_under_the_default_budget_are_correct_whoever_finishes_
         assert outputs[0].tolist() == (a ^ b).tolist()
 
 
+class Handoffs:
+    """Each launch's handoff: what the bridge was given and what the awaiting loop may poll."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, bridge: CompletionBridge) -> None:
+        self.submits: list[dict[str, Any]] = []
+        self.polls: list[dict[str, Any]] = []
+        submit, poll_with = bridge.submit, DispatchCompleter.poll_with
+
+        def spy_submit(watch: Any, *, queue: int, quiet_s: float = 0.0) -> None:
+            self.submits.append(
+                {"stream": watch.stream, "queue": queue, "quiet_s": quiet_s, "ends": watch.ends}
+            )
+            submit(watch, queue=queue, quiet_s=quiet_s)
+
+        def spy_poll_with(completer: DispatchCompleter, check: Any, **kwargs: Any) -> None:
+            self.polls.append(kwargs)
+            poll_with(completer, check, **kwargs)
+
+        monkeypatch.setattr(bridge, "submit", spy_submit)
+        monkeypatch.setattr(DispatchCompleter, "poll_with", spy_poll_with)
+
+
+@asyncio_only
+async def test_an_asyncio_dispatch_is_left_to_its_loop_for_the_poll_budget(
+    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop polls for the budget (then hands over to the bridge), the bridge stays quiet
+    as long, and the launch learns its shape's end (any budget, however short)."""
+    monkeypatch.setattr(cuda_launch, "POLL_BUDGET_S", 0.25)
+    program = elementwise_xor(64)
+    a, b = xor_inputs(64)
+    await backend.dispatch(program, [a, b])
+    bridge = backend.device_context.bridge
+    handoffs = Handoffs(monkeypatch, bridge)
+    with anyio.fail_after(EVENTUALLY_S):
+        outputs = await backend.dispatch(program, [a, b])
+    assert outputs[0].tolist() == (a ^ b).tolist()
+    (submit,) = handoffs.submits
+    assert submit["quiet_s"] == 0.25 and submit["queue"] == submit["stream"]
+    assert submit["ends"] is not None  # the shape's LaunchTemplate.ends: it learns
+    assert handoffs.polls == [{"budget_s": 0.25, "give_up": bridge.take_over}]
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_trio_dispatch_is_handed_to_the_bridge_with_no_quiet_time(
+    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cuda_launch, "POLL_BUDGET_S", NEVER_S)
+    program = elementwise_xor(64)
+    a, b = xor_inputs(64)
+    await backend.dispatch(program, [a, b])
+    handoffs = Handoffs(monkeypatch, backend.device_context.bridge)
+    with anyio.fail_after(EVENTUALLY_S):
+        await backend.dispatch(program, [a, b])
+    assert [(h["quiet_s"], h["ends"]) for h in handoffs.submits] == [(0.0, None)]
+    assert handoffs.polls == []  # nobody would poll: nothing to give up either
+
+
+def test_a_thread_dispatch_is_handed_to_the_bridge_with_no_quiet_time(
+    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Work dispatched from a thread and not waited on (callbacks, ``done()``) is the bridge's
+    at once: a quiet window would hold its callbacks back for nobody's poll."""
+    monkeypatch.setattr(cuda_launch, "POLL_BUDGET_S", NEVER_S)
+    program = elementwise_xor(64)
+    a, b = xor_inputs(64)
+    backend.dispatch(program, [a, b]).result(timeout=EVENTUALLY_S)
+    handoffs = Handoffs(monkeypatch, backend.device_context.bridge)
+    settled = threading.Event()
+    pending = backend.dispatch(program, [a, b])
+    pending.add_done_callback(lambda _: settled.set())
+    assert settled.wait(EVENTUALLY_S)
+    assert [(h["quiet_s"], h["ends"]) for h in handoffs.submits] == [(0.0, None)]
+    assert handoffs.polls == []
+
+
 # Inputs of any shape go straight into pinned staging ---------------------------------------
 
 
@@ -587,18 +664,20 @@ class ClaimingBridge:
     def __init__(self, in_flight: int = 1) -> None:
         self.in_flight = in_flight
         self.claims: list[bool] = []
+        self.queues: list[int] = []
 
     def poll(self, watch: object, *, queue: int, ready: bool = False) -> bool:
         self.claims.append(ready)
+        self.queues.append(queue)
         return True
 
 
 def spin_flight(
-    event: Countdown, ends: list[float] | None, bridge: ClaimingBridge
+    event: Countdown, ends: list[float] | None, bridge: ClaimingBridge, stream: int = 0
 ) -> cuda_launch.Flight:
     ctx: Any = types.SimpleNamespace(bridge=bridge)
     return cuda_launch.Flight(
-        ctx, (), (), stream=0, keep=(), readback=None, events=[None] * 3 + [event], ends=ends
+        ctx, (), (), stream=stream, keep=(), readback=None, events=[None] * 3 + [event], ends=ends
     )
 
 
@@ -667,9 +746,86 @@ def test_a_flight_nobody_polls_neither_spins_nor_learns() -> None:
 
 def test_a_device_error_in_the_poll_goes_to_the_bridge_to_settle() -> None:
     event, bridge = Countdown(after=0, error=RuntimeError("sticky")), ClaimingBridge()
-    flight = spin_flight(event, [0.0, NEVER_S], bridge)
+    flight = spin_flight(event, [0.0, NEVER_S], bridge, stream=3)
     assert flight.poll() is True
     assert bridge.claims == [False]  # the bridge asks the event again and settles with it
+    assert bridge.queues == [3]  # on the flight's own stream, behind its earlier work
+
+
+class Clock:
+    """``time.perf_counter`` for the hybrid poll: each reading moves on by ``step`` seconds.
+
+    Every value is a binary fraction, so the poll's window edges are met exactly.
+    """
+
+    def __init__(self, now: float, step: float = 0.125) -> None:
+        self.now, self.step = now, step
+
+    def perf_counter(self) -> float:
+        now = self.now
+        self.now += self.step
+        return now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """The launch module's clock, and a window of lo - 0.25 s to hi + 0.25 s, spins up to 8 s."""
+    clock = Clock(10.0)
+    fake_time = types.SimpleNamespace(
+        perf_counter=clock.perf_counter, monotonic=time.monotonic, time_ns=time.time_ns
+    )
+    monkeypatch.setattr(cuda_launch, "time", fake_time)
+    monkeypatch.setattr(cuda_launch, "SPIN_MARGIN_S", 0.25)
+    monkeypatch.setattr(cuda_launch, "SPIN_MAX_S", 8.0)
+    return clock
+
+
+# (seconds since the launch at the first "not yet", the shape's last end) -> queries made
+SPIN_WINDOW = [
+    pytest.param(0.5, [1.0, 2.0], 1, id="before-the-window"),
+    pytest.param(0.75, [1.0, 2.0], 13, id="at-its-start"),  # 0.75 .. 2.25 by 0.125: 12 more
+    pytest.param(1.5, [1.0, 2.0], 7, id="inside"),
+    pytest.param(2.25, [1.0, 2.0], 1, id="at-its-end"),  # due, but the spin ends there
+    pytest.param(2.375, [1.0, 2.0], 1, id="after-it"),
+    pytest.param(0.125, [0.0, 0.0], 1, id="no-end-seen-yet"),
+    pytest.param(0.125, [0.0, 0.125], 3, id="a-short-end"),  # to 0.375: 2 more
+]
+
+
+@pytest.mark.parametrize(("since", "ends", "queries"), SPIN_WINDOW)
+def test_a_poll_spins_exactly_within_the_window_of_the_shapes_last_end(
+    clock: Clock, since: float, ends: list[float], queries: int
+) -> None:
+    """A "not yet" spins only from ``lo - margin`` to ``hi + margin`` after the launch, and
+    stops at ``launched + hi + margin``: an event that never fires costs the window, no more."""
+    event, bridge = Countdown(after=10**6), ClaimingBridge()
+    flight = spin_flight(event, list(ends), bridge)  # launched at 10.0
+    clock.now = 10.0 + since
+    assert flight.poll() is False
+    assert event.queries == queries
+    assert bridge.claims == []
+    spun_to = since + 0.125 * (queries - 1)
+    assert flight.waited == spun_to  # what it learns from, when it ends
+
+
+def test_an_end_seen_while_spinning_is_claimed_and_taught(clock: Clock) -> None:
+    event, bridge = Countdown(after=4), ClaimingBridge()
+    ends = [1.0, 2.0]
+    flight = spin_flight(event, ends, bridge)
+    clock.now = 11.5
+    assert flight.poll() is True
+    assert event.queries == 5 and bridge.claims == [True]
+    # last "not yet" at 1.875 s; the end seen at the next reading, 2.0 s
+    assert ends == [1.875, 2.0]
+
+
+def test_a_spin_stops_at_spin_max(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda_launch, "SPIN_MAX_S", 0.5)
+    event, bridge = Countdown(after=10**6), ClaimingBridge()
+    flight = spin_flight(event, [1.0, 2.0], bridge)
+    clock.now = 10.75
+    assert flight.poll() is False
+    assert event.queries == 5  # 0.75 .. 1.25 by 0.125
 
 
 @asyncio_only
