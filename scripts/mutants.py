@@ -13,8 +13,9 @@ The same tests are first run on an unchanged copy, where they must all pass.
     python scripts/mutants.py            # every mutant; exit status 1 if one survives
     python scripts/mutants.py -k shift   # the mutants whose name contains "shift"
     python scripts/mutants.py --list     # names, files and tests, nothing run
+    python scripts/mutants.py --jobs 1   # one at a time (default: two, each in its own copy)
 
-Progress goes to stderr, one line per mutant, then the count caught and the time
+Progress goes to stderr, one line per mutant as each ends, then the count caught and the time
 taken; the summary is one JSON object on
 stdout (per mutant: caught or not, the tests that failed, seconds). A mutant whose
 ``old`` text no longer appears exactly once is reported as ``stale`` (fix the
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -627,9 +629,46 @@ def _imports_from(copy: Path) -> bool:
     )
 
 
-def check(mutants: Sequence[Mutant], timeout: float) -> dict[str, object]:
+def _judge(mutant: Mutant, files: Sequence[str], tmp: Path, timeout: float) -> dict[str, object]:
+    """Plant ``mutant`` in a copy of its own under ``tmp``, run its tests, return its entry."""
+    copy = tmp / mutant.name
+    _copy(files, copy)
+    target = copy / mutant.path
+    text = target.read_text()
+    count = text.count(mutant.old)
+    started = time.perf_counter()
+    failed: set[str] = set()
+    if count != 1:
+        verdict, tail = "stale", f"{mutant.old!r} occurs {count} times"
+    else:
+        target.write_text(text.replace(mutant.old, mutant.new))
+        status, failed, tail = _run_tests(copy, mutant.tests, timeout)
+        named = {t for t in mutant.tests if "::" in t}  # folders: any failure counts
+        is_caught = status == 1 and bool(failed) and named <= failed
+        verdict = "caught" if is_caught else "survived"
+    seconds = round(time.perf_counter() - started, 1)
+    shutil.rmtree(copy, ignore_errors=True)
+    missed = sorted({t for t in mutant.tests if "::" in t} - failed)
+    lines = [f"{mutant.name}: {verdict} ({seconds} s)"]
+    if verdict != "caught":
+        lines.append(f"  ({mutant.why}) not failing: {missed}\n{tail}")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    entry: dict[str, object] = {
+        "name": mutant.name,
+        "path": mutant.path,
+        "verdict": verdict,
+        "seconds": seconds,
+        "failed": sorted(failed),
+        "missed": missed,
+    }
+    if verdict != "caught":
+        entry["output_tail"] = tail
+    return entry
+
+
+def check(mutants: Sequence[Mutant], timeout: float, jobs: int = 1) -> dict[str, object]:
+    """Judge every mutant, ``jobs`` at a time (each in a copy of its own); catalogue order."""
     files = _tracked_files()
-    results: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="vyre-mutants-") as tmp:
         base = Path(tmp) / "base"
         _copy(files, base)
@@ -637,47 +676,20 @@ def check(mutants: Sequence[Mutant], timeout: float) -> dict[str, object]:
             raise SystemExit("the copy's sources are not the ones imported: is PYTHONPATH ignored?")
         every = sorted({t for m in mutants for t in m.tests})
         started = time.perf_counter()
-        status, failed, tail = _run_tests(base, every, timeout)
+        status, _, tail = _run_tests(base, every, timeout)
         print(f"baseline: {len(every)} tests, exit {status}", file=sys.stderr)
         if status != 0:
             raise SystemExit(f"the tests fail without any planted bug:\n{tail}")
         baseline_s = time.perf_counter() - started
-        for mutant in mutants:
-            copy = Path(tmp) / mutant.name
-            _copy(files, copy)
-            target = copy / mutant.path
-            text = target.read_text()
-            count = text.count(mutant.old)
-            started = time.perf_counter()
-            if count != 1:
-                verdict, failed, tail = "stale", set(), f"{mutant.old!r} occurs {count} times"
-            else:
-                target.write_text(text.replace(mutant.old, mutant.new))
-                status, failed, tail = _run_tests(copy, mutant.tests, timeout)
-                named = {t for t in mutant.tests if "::" in t}  # folders: any failure counts
-                is_caught = status == 1 and bool(failed) and named <= failed
-                verdict = "caught" if is_caught else "survived"
-            seconds = round(time.perf_counter() - started, 1)
-            shutil.rmtree(copy, ignore_errors=True)
-            print(f"{mutant.name}: {verdict} ({seconds} s)", file=sys.stderr)
-            if verdict != "caught":
-                missed = sorted({t for t in mutant.tests if "::" in t} - failed)
-                print(f"  ({mutant.why}) not failing: {missed}\n{tail}", file=sys.stderr)
-            entry: dict[str, object] = {
-                "name": mutant.name,
-                "path": mutant.path,
-                "verdict": verdict,
-                "seconds": seconds,
-                "failed": sorted(failed),
-                "missed": sorted({t for t in mutant.tests if "::" in t} - failed),
-            }
-            if verdict != "caught":
-                entry["output_tail"] = tail
-            results.append(entry)
+        # Each pytest run is one process on one core: on two cores, two at once take
+        # about half as long (every copy and temporary file is the mutant's own).
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            results = list(pool.map(lambda m: _judge(m, files, Path(tmp), timeout), mutants))
     caught = sum(r["verdict"] == "caught" for r in results)
     return {
         "mutants": len(results),
         "caught": caught,
+        "jobs": max(1, jobs),
         "baseline_s": round(baseline_s, 1),
         "results": results,
     }
@@ -688,6 +700,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-k", default="", help="only mutants whose name contains this")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per pytest run")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="mutants judged at once (default: 2, or 1 on one core)",
+    )
     args = parser.parse_args(argv)
     chosen = [m for m in MUTANTS if args.k in m.name]
     if not chosen:
@@ -699,7 +717,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"    {t}")
         return 0
     started = time.perf_counter()
-    summary = check(chosen, args.timeout)
+    summary = check(chosen, args.timeout, args.jobs)
     minutes, seconds = divmod(round(time.perf_counter() - started), 60)
     print(
         f"mutants: {summary['caught']} of {summary['mutants']} caught in {minutes} min {seconds} s",
