@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.reference.oracle_check import run_both
-from vyre_async.ir import Access, BufferDecl, DType, Load, Program, Store, gid, lid, u32, wgid
+from vyre_async.ir import Access, BufferDecl, DType, If, Load, Program, Store, gid, lid, u32, wgid
 
 U32 = DType.U32
 
@@ -65,3 +65,43 @@ def test_a_load_with_interleaved_rows_reads_each_lanes_word() -> None:
     inp = np.arange(10, 18, dtype=np.uint32)
     (out,) = run_both(program, [inp], 4)
     assert out == [10, 12, 11, 13, 12, 14, 13, 15]
+
+
+@pytest.mark.parametrize(
+    ("workgroup", "axis", "stride"),
+    [((1, 1, 2), 2, 2), ((1, 2, 1), 1, 2), ((1, 2, 1), 1, 1)],
+    ids=["z-stride-2", "y-stride-2", "y-stride-1"],
+)
+def test_a_load_in_a_branch_on_a_workgroup_along_y_or_z_reads_each_lanes_word(
+    workgroup: tuple[int, int, int], axis: int, stride: int
+) -> None:
+    # Lanes 0 to 10 of 16 take the branch: a contiguous run of lanes (no mask), on
+    # which the load of wgid + stride·lid is one strided slice only when its workgroup
+    # term is the local term times the lanes per workgroup (all three axes counted).
+    program = Program(
+        [
+            BufferDecl("out", 0, Access.WRITE, U32, 16),
+            BufferDecl("inp", 1, Access.READ, U32, 32),
+        ],
+        workgroup,
+        [
+            If(
+                (wgid(0) * u32(2) + lid(axis)).lt(u32(11)),
+                [
+                    Store(
+                        "out",
+                        wgid(0) * u32(2) + lid(axis),
+                        Load("inp", wgid(0) + lid(axis) * u32(stride)),
+                    )
+                ],
+            )
+        ],
+    )
+    inp = np.arange(100, 132, dtype=np.uint32)
+    (out,) = run_both(program, [inp], 8)
+    want = [0] * 16
+    for w in range(8):
+        for j in range(2):
+            if 2 * w + j < 11:
+                want[2 * w + j] = 100 + w + stride * j
+    assert out == want

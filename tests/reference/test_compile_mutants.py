@@ -49,6 +49,7 @@ from vyre_async.ir import (
     If,
     Let,
     Load,
+    Loop,
     Program,
     Return,
     Select,
@@ -467,3 +468,19 @@ def test_a_lane_value_combined_with_loaded_words(value: str) -> None:
         x_first, word_first = _both_orders(_as_flag(compare), x_at)
         slots += [(_flag(Bin(op, x, w)), x_first), (_flag(Bin(op, w, x)), word_first)]
     _check_slots(slots, _WORDS)
+
+
+def test_a_loop_starting_at_a_variable_counts_from_its_value() -> None:
+    """The loop's bounds see the enclosing scope's variables (start and end alike)."""
+    program = Program(
+        [BufferDecl("out", 0, Access.WRITE, DType.U32, 8)],
+        (8, 1, 1),
+        [
+            Let("s", gid() % u32(3)),
+            Let("e", u32(4)),
+            Loop("i", Var("s"), Var("e"), [Store("out", gid(), Load("out", gid()) + Var("i"))]),
+        ],
+    )
+    got = execute(program, [])[0].tolist()
+    assert got == run_slow(program, [])[0].tolist()
+    assert got == [sum(range(g % 3, 4)) for g in range(8)]
