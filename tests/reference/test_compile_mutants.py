@@ -42,6 +42,7 @@ from vyre_async.ir import (
     AtomicOp,
     Bin,
     BinOp,
+    Block,
     BufferDecl,
     Cast,
     DType,
@@ -484,3 +485,40 @@ def test_a_loop_starting_at_a_variable_counts_from_its_value() -> None:
     got = execute(program, [])[0].tolist()
     assert got == run_slow(program, [])[0].tolist()
     assert got == [sum(range(g % 3, 4)) for g in range(8)]
+
+
+def _outer_program(nested: Stmt) -> Program:
+    """Lanes 0-7 of 16 run ``x = 1`` then ``nested`` (which sets ``y`` on some of them)."""
+    return Program(
+        [BufferDecl("out", 0, Access.WRITE, DType.U32, 16)],
+        (16, 1, 1),
+        [
+            Let("x", u32(0)),
+            Let("y", u32(0)),
+            If(gid().lt(u32(8)), [Assign("x", u32(1)), nested]),
+            Store("out", gid(), Var("x") * u32(10) + Var("y")),
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    "nested",
+    [
+        If(gid().lt(u32(4)), [Assign("y", u32(2))]),
+        Loop("t", u32(0), gid() % u32(2), [Assign("y", u32(2))]),
+        Block([Assign("y", u32(2))]),
+    ],
+    ids=["if", "loop", "block"],
+)
+def test_assignments_in_a_branch_before_and_inside_a_nested_statement_all_reach_the_lanes(
+    nested: Stmt,
+) -> None:
+    """Every outer variable a branch assigns is merged back, whichever statement assigned it:
+    the branch's own ``x = 1`` and ``y = 2`` from an If, a loop or a block nested in it."""
+    program = _outer_program(nested)
+    got = execute(program, [])[0].tolist()
+    assert got == run_slow(program, [])[0].tolist()
+    sets_y = {"If": lambda g: g < 4, "Loop": lambda g: g % 2 == 1, "Block": lambda g: True}[
+        type(nested).__name__
+    ]
+    assert got == [10 + 2 * sets_y(g) if g < 8 else 0 for g in range(16)]
