@@ -119,3 +119,25 @@ def test_run_plan_writes_a_read_write_buffer_in_place_only_in_its_own_copy() -> 
     (out,) = vyre_reference.run_plan(plan_dispatch(program, (64,)), [acc])
     assert out.tolist() == [1] * 32 + [0] * 32
     assert not acc.any()
+
+
+def test_the_compile_cache_counts_every_hit_and_drops_the_least_recently_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import vyre_reference.compile as compile_module
+
+    monkeypatch.setattr(compile_module, "CACHE_SIZE", 2)
+    vyre_reference.cache_clear()
+    p1, p2, p3 = elementwise_xor(8), elementwise_xor(16), elementwise_xor(24)
+    first = vyre_reference.compile_program(p1)
+    assert first.program is p1  # what run_plan checks a kept compiled program against
+    assert vyre_reference.compile_program(p1) is first
+    assert vyre_reference.compile_program(p1) is first
+    assert vyre_reference.cache_info() == {"hits": 2, "misses": 1, "size": 1}
+    vyre_reference.compile_program(p2)
+    vyre_reference.compile_program(p1)  # p1 used last: p2 is the least recently used
+    vyre_reference.compile_program(p3)
+    assert vyre_reference.cache_info() == {"hits": 3, "misses": 3, "size": 2}
+    assert vyre_reference.compile_program(p1) is first  # kept
+    vyre_reference.compile_program(p2)  # dropped: compiled again
+    assert vyre_reference.cache_info() == {"hits": 4, "misses": 4, "size": 2}
