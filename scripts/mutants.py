@@ -681,8 +681,8 @@ def check(mutants: Sequence[Mutant], timeout: float, jobs: int = 1) -> dict[str,
         if status != 0:
             raise SystemExit(f"the tests fail without any planted bug:\n{tail}")
         baseline_s = time.perf_counter() - started
-        # Each pytest run is one process on one core: on two cores, two at once take
-        # about half as long (every copy and temporary file is the mutant's own).
+        # Each pytest run is one process on one core: two at once use both of CI's
+        # cores (every copy and temporary file is the mutant's own).
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             results = list(pool.map(lambda m: _judge(m, files, Path(tmp), timeout), mutants))
     caught = sum(r["verdict"] == "caught" for r in results)
