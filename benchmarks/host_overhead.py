@@ -73,14 +73,14 @@ from typing import Any
 import numpy as np
 
 from vyre_async import VyreBackend, __version__
+from vyre_async.abc import Executor
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.ir import Program
-from vyre_async.pending import PendingDispatch
 from vyre_async.pipeline import Launch
 from vyre_async.plan import normalize_inputs, plan_dispatch
 from vyre_async.programs import elementwise_xor
-from vyre_reference import ReferenceBackend
+from vyre_reference import reference_backend
 from vyre_reference.compile import compile_program
 from vyre_reference.engine import run_plan
 
@@ -97,8 +97,8 @@ POLL_GOAL_US = 5.0
 KERNEL_S = 100e-6
 
 
-class NullBackend(VyreBackend):
-    """A backend whose device does nothing: outputs are allocated once and reused.
+class NullExecutor(Executor):
+    """An executor whose device does nothing: outputs are allocated once and reused.
 
     ``threaded=False`` resolves inside ``enqueue``; ``threaded=True`` hands every
     launch to one worker thread that resolves it (like a completion thread).
@@ -108,7 +108,6 @@ class NullBackend(VyreBackend):
     version = "1"
 
     def __init__(self, *, threaded: bool) -> None:
-        super().__init__(prefetch=True)
         self.threaded = threaded
         self._outputs: dict[int, list[np.ndarray]] = {}
         self._queue: queue.SimpleQueue[Launch | None] = queue.SimpleQueue()
@@ -131,20 +130,18 @@ class NullBackend(VyreBackend):
             self._outputs[key] = out
         return out
 
-    def enqueue(self, launch: Launch) -> PendingDispatch:
+    def enqueue(self, launch: Launch) -> None:
         if self.threaded:
             self._queue.put(launch)
         else:
             launch.completer.resolve(self._outputs_for(launch))
-        return launch.pending
 
     def _serve(self) -> None:
         while (launch := self._queue.get()) is not None:
             launch.completer.resolve(self._outputs_for(launch))
 
-    async def shutdown(self) -> None:
+    async def close(self, timeout: float) -> None:
         self._queue.put(None)
-        await super().shutdown()
 
 
 # Floors -----------------------------------------------------------------------------
@@ -787,9 +784,9 @@ async def _cuda_completion(args: argparse.Namespace, device: Any) -> dict[str, A
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    inline = NullBackend(threaded=False)
-    threaded = NullBackend(threaded=True)
-    reference = ReferenceBackend()
+    inline = VyreBackend(NullExecutor(threaded=False))
+    threaded = VyreBackend(NullExecutor(threaded=True))
+    reference = reference_backend()
     hand_off = HandOff()
     engine = engine_alone()
 

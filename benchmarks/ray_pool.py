@@ -77,10 +77,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
     from vyre_async import acquire_backend
     from vyre_async.programs import elementwise_xor
-    from vyre_ray import RayBackend
+    from vyre_ray import local_backend
 
     start = time.perf_counter()
-    pool = RayBackend.local(workers=args.workers, inner="reference")
+    pool = local_backend(workers=args.workers, inner="reference")
     start_s = time.perf_counter() - start
     local = acquire_backend("reference")
     echoes: list[Any] = [

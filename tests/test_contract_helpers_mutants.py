@@ -50,7 +50,7 @@ from vyre_async import (
     VyreBackend,
 )
 from vyre_async.testing import test_contract as suite
-from vyre_reference import ReferenceBackend
+from vyre_reference import reference_backend
 
 pytestmark = pytest.mark.anyio
 
@@ -110,7 +110,7 @@ async def test_a_wrong_input_count_names_each_program_by_its_op_id() -> None:
         ("triple", [], "program test.triple takes 1 input(s) (x:u32), got 0"),
         ("copy", [], "program test.copy takes 1 input(s) (x:u32), got 0"),
     ]
-    async with ReferenceBackend() as backend:
+    async with reference_backend() as backend:
         for name, inputs, message in expected:
             with pytest.raises(InvalidProgram) as info:
                 backend.dispatch(programs[name], inputs)
@@ -130,7 +130,7 @@ async def test_inputs_of_another_length_than_declared_are_refused() -> None:
         (p["triple"], [x65], "input for buffer 'x' has 65 elements; the buffer declares count=64"),
         (p["copy"], [x65], "input for buffer 'x' has 65 elements; the buffer declares count=64"),
     ]
-    async with ReferenceBackend() as backend:
+    async with reference_backend() as backend:
         for program, inputs, message in calls:
             with pytest.raises(InvalidProgram, match=message):
                 backend.dispatch(program, inputs)
@@ -140,7 +140,7 @@ async def test_inputs_of_another_length_than_declared_are_refused() -> None:
 
 
 async def test_spin_sums_the_range_it_is_given_into_its_one_output() -> None:
-    async with ReferenceBackend() as backend:
+    async with reference_backend() as backend:
         for n in (0, 1, 2, 100, 3000):
             outputs = await backend.dispatch(suite.spin(), [np.array([n], np.uint32)])
             assert [o.tolist() for o in outputs] == [[sum(range(n))]]
@@ -156,7 +156,7 @@ async def test_lane_ids_gives_every_lane_its_linear_id_plus_one(
 ) -> None:
     """``out[l] = l + 1``, x fastest, on every workgroup shape (the suite uses one axis)."""
     lanes = shape[0] * shape[1] * shape[2]
-    async with ReferenceBackend() as backend:
+    async with reference_backend() as backend:
         outputs = await backend.dispatch(
             suite.lane_ids(shape), [], DispatchConfig(grid_override=(1, 1, 1))
         )
@@ -169,7 +169,7 @@ async def test_the_ordering_kernels_add_one_triple_and_copy_byte_for_byte() -> N
     x[:4] = [0, 1, U32_MAX, 0x5555_5556]  # the u32 wraps: +1 and *3 go past 2**32
     with np.errstate(over="ignore"):
         plus_one, tripled = x + np.uint32(1), x * np.uint32(3)
-    async with ReferenceBackend() as backend:
+    async with reference_backend() as backend:
         for spins in (0, 3000, 20000):  # the counts the ordering tests use
             added = await backend.dispatch(slow_add, [x, np.array([spins], np.uint32)])
             assert [o.tobytes() for o in added] == [plus_one.tobytes()], spins
@@ -191,7 +191,7 @@ async def test_the_slow_kernels_really_spin_until_their_deadline(which: str) -> 
         if which == "slow_add"
         else (suite.spin(), [hours])
     )
-    async with ReferenceBackend() as backend:
+    async with reference_backend() as backend:
         backend.compile(program)
         with anyio.fail_after(30), pytest.raises(DispatchTimeout):
             await backend.dispatch(program, inputs, DispatchConfig(timeout=0.2))
@@ -215,7 +215,7 @@ def test_resident_setup_skips_a_backend_without_resident_buffers_by_name() -> No
 
 
 async def test_resident_setup_gives_x0_its_resident_copy_and_the_ordering_kernels() -> None:
-    async with ReferenceBackend() as backend:
+    async with reference_backend() as backend:
         x0, x, programs = suite._resident_setup(backend)
         assert x0.tolist() == list(range(64)) and x0.dtype == np.uint32
         assert backend.download(x).tobytes() == x0.tobytes()

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import backend_of
 from vyre_async import registry
 from vyre_async.registry import BackendRegistration, registered_backends
 
@@ -116,7 +117,7 @@ def test_acquire_builds_once_per_process() -> None:
 
     def factory() -> BytesBackend:
         built.append(1)
-        return BytesBackend()
+        return backend_of(BytesBackend)
 
     register_backend(BackendRegistration(id="bytes-test", factory=factory))
     first = acquire_backend("bytes-test")

@@ -223,10 +223,10 @@ def test_replacing_a_registration_ends_reuse_of_the_old_instance() -> None:
     old, new = _backend("swap"), _backend("swap")
     register_backend(BackendRegistration(id="swap", factory=old))
     first = acquire_backend("swap")
-    assert type(first) is old
+    assert type(first.executor) is old  # (an executor factory: the registry wraps it)
     register_backend(BackendRegistration(id="swap", factory=new), replace=True)
     second = acquire_backend("swap")
-    assert type(second) is new and second is not first
+    assert type(second.executor) is new and second is not first
     assert acquire_backend("swap") is second
 
 
@@ -294,14 +294,14 @@ BUILD_FAILURES = [
         "no-id",
         _NoId,
         "backend factory for 'no-id' built <no id> with another id",
-        "make the registration id match the backend class id",
+        "make the registration id match the executor class id",
     ),
     (
         "mismatch",
         _backend("other"),
-        "backend factory for 'mismatch' built <Fake_other id='other' version='1.0'> "
+        "backend factory for 'mismatch' built <VyreBackend id='other' version='1.0'> "
         "with another id",
-        "make the registration id match the backend class id",
+        "make the registration id match the executor class id",
     ),
 ]
 

@@ -54,6 +54,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from tests import otel_sdk
 from tests.driver.fakes import BytesBackend
+from tests.helpers import backend_of
 from vyre_async import (
     BackendClosed,
     BackendError,
@@ -61,11 +62,12 @@ from vyre_async import (
     DispatchTimeout,
     ResidentBuffer,
 )
+from vyre_async.backend import VyreBackend
 from vyre_async.cache.disk import DiskPipelineCache, PipelineCacheWarning
 from vyre_async.ir import Access, BufferDecl, DType, Load, Program, Store, gid, u32
 from vyre_async.programs import Workload, elementwise_xor, standard_workloads
 from vyre_async.testing.test_contract import spin
-from vyre_reference import ReferenceBackend
+from vyre_reference import reference_backend
 
 pytestmark = pytest.mark.anyio
 
@@ -133,14 +135,14 @@ class Soak:
     """Shared state of one soak run."""
 
     def __init__(
-        self, backend: ReferenceBackend, cache_root: Path, seed: int, service_url: str | None
+        self, backend: VyreBackend, cache_root: Path, seed: int, service_url: str | None
     ) -> None:
         self.backend = backend
         self.service_url = service_url
         self.workloads = standard_workloads()
         self.saxpy = next(w.program for w in self.workloads if w.name == "saxpy")
-        self.closed = ReferenceBackend(prefetch=False)
-        self.stranger = ReferenceBackend(prefetch=False)
+        self.closed = reference_backend(prefetch=False)
+        self.stranger = reference_backend(prefetch=False)
         self.foreign = self.stranger.upload(np.zeros(64, U))
         self.cache = DiskPipelineCache(cache_root)
         self.cache_programs = [w.program for w in self.workloads]  # distinct kernels
@@ -245,7 +247,7 @@ class Soak:
         xor = elementwise_xor(64)
         kind = self.rng.choice(["download", "dispatch_sync", "result", "close"])
         got: queue.SimpleQueue[object] = queue.SimpleQueue()
-        backend = ReferenceBackend(prefetch=False) if kind == "close" else self.backend
+        backend = reference_backend(prefetch=False) if kind == "close" else self.backend
 
         def callback(_: object) -> None:
             try:
@@ -340,7 +342,7 @@ class Soak:
 
     def corrupt_and_reload(self) -> None:
         program = self.rng.choice(self.cache_programs)
-        writer = BytesBackend(disk_cache=self.cache, prefetch=False)
+        writer = backend_of(BytesBackend, disk_cache=self.cache, prefetch=False)
         writer.compile(program)
         path = self.cache.path_for(writer.pipeline_identity(program).hex)
         damage = self.rng.choice(["truncate", "garbage", "foreign", "delete", "none"])
@@ -354,7 +356,7 @@ class Soak:
                 path.write_bytes(b"NOPE" + data[4:])
             else:
                 path.unlink()
-        reader = BytesBackend(disk_cache=self.cache, prefetch=False)
+        reader = backend_of(BytesBackend, disk_cache=self.cache, prefetch=False)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             pipeline = reader.compile(program)
@@ -364,15 +366,17 @@ class Soak:
         warned = any(issubclass(w.category, PipelineCacheWarning) for w in caught)
         if damaged and not warned:
             self.fail(f"a {damage} cache entry was not reported")
-        if (reader.builds, reader.loads) != ((1, 0) if damage != "none" else (0, 1)):
-            self.fail(f"{damage}: builds={reader.builds} loads={reader.loads}")
+        if (reader.executor.builds, reader.executor.loads) != (
+            (1, 0) if damage != "none" else (0, 1)
+        ):
+            self.fail(f"{damage}: builds={reader.executor.builds} loads={reader.executor.loads}")
         self.counts[f"cache_{damage}"] += 1
 
 
 async def _soak(
     seconds: float, cache_root: Path, seed: int, service_url: str | None = None
 ) -> tuple[Soak, float]:
-    backend = ReferenceBackend(max_workers=2)
+    backend = reference_backend(max_workers=2)
     soak = Soak(backend, cache_root, seed, service_url)
     client = None
     if service_url is not None:  # (httpx is the service extra's: absent without it)
@@ -435,8 +439,9 @@ async def _soak(
         if not (values == done[0]).all():
             soak.fail(f"resident buffer holds {values[0]}, want {done[0]} increments")
         backend.free(mine)
-    if backend.resident_count != 0 or backend.in_flight != 0:
-        soak.fail(f"left {backend.resident_count} buffers, {backend.in_flight} in flight")
+    executor = backend.executor
+    if executor.resident_count != 0 or executor.in_flight != 0:
+        soak.fail(f"left {executor.resident_count} buffers, {executor.in_flight} in flight")
     await backend.aclose()
     await soak.stranger.aclose()
     return soak, time.monotonic() - started

@@ -118,3 +118,68 @@ def test_no_import_cycle_beyond_the_program_wire_pair() -> None:
 @pytest.mark.parametrize("module", ENGINE)
 def test_engine_modules_do_not_import_the_backend_base_class(module: str) -> None:
     assert "vyre_async.backend" not in graph()[module]
+
+
+# The backend authors' seam -------------------------------------------------------------------
+
+BACKENDS = Path(__file__).resolve().parents[1] / "src" / "backends"
+#: What a backend package may import of vyre-async (vyre_async.ir with its submodules).
+SEAM = ("vyre_async.abc", "vyre_async.errors", "vyre_async.ir")
+
+
+def vyre_imports(source: str) -> set[str]:
+    """Every ``vyre_async...`` module a source imports, anywhere (functions, TYPE_CHECKING)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "vyre_async"}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "vyre_async":
+            assert node.module is not None
+            found |= {
+                f"{node.module}.{a.name}" if node.module == "vyre_async" else node.module
+                for a in node.names
+            }
+    return found
+
+
+def within_the_seam(module: str) -> bool:
+    return any(module == allowed or module.startswith(allowed + ".") for allowed in SEAM)
+
+
+@pytest.mark.parametrize(
+    "path", sorted(BACKENDS.rglob("*.py")), ids=lambda p: str(p.relative_to(BACKENDS))
+)
+def test_backends_import_only_the_seam(path: Path) -> None:
+    outside = sorted(m for m in vyre_imports(path.read_text()) if not within_the_seam(m))
+    assert outside == [], f"{path.name} imports {outside}: import them from vyre_async.abc"
+
+
+def test_the_seam_reader_sees_every_kind_of_import() -> None:
+    source = """
+import vyre_async.pending
+from vyre_async import VyreBackend
+from vyre_async.abc import Executor
+from vyre_async.ir.walk import ops_used
+def later():
+    from vyre_async.frontend import Launch
+"""
+    found = vyre_imports(source)
+    assert found == {
+        "vyre_async.pending",
+        "vyre_async.VyreBackend",
+        "vyre_async.abc",
+        "vyre_async.ir.walk",
+        "vyre_async.frontend",
+    }
+    assert [m for m in sorted(found) if not within_the_seam(m)] == [
+        "vyre_async.VyreBackend",
+        "vyre_async.frontend",
+        "vyre_async.pending",
+    ]
+
+
+def test_nothing_in_the_core_imports_the_authors_kit() -> None:
+    # `vyre_async.abc` re-exports the engine's records for backend authors; the engine
+    # itself imports `vyre_async._executor` and `vyre_async._launch`, below it.
+    importers = sorted(name for name, edges in graph().items() if "vyre_async.abc" in edges)
+    assert importers == []

@@ -16,16 +16,16 @@ from pathlib import Path
 BACKEND = '''
 import numpy as np
 
-from vyre_reference import ReferenceBackend
+from vyre_reference import ReferenceExecutor, reference_backend
 
 
-class TinyBackend(ReferenceBackend):
+class TinyBackend(ReferenceExecutor):
     """A third party's backend (here it lends the reference engine)."""
 
     id = "tiny"
 
 
-class BrokenBackend(ReferenceBackend):
+class BrokenBackend(ReferenceExecutor):
     """Settles every dispatch with zeros: the suite must catch it."""
 
     id = "broken"

@@ -1,50 +1,50 @@
-"""`VyreBackend`: the base class every concrete driver implements — the backend authors' seam.
+"""`VyreBackend`: the one backend class users hold, over an `Executor` that runs the work.
 
-A backend supplies an ``id`` and the `VyreBackend.enqueue` hook; every other
-hook has a conservative default. The machinery behind ``dispatch`` and
-``compile`` lives in its own modules, which reach the backend only through its
-public hooks: the pipeline store (`vyre_async.store`: cache identity, memory
-and disk caches, compile once), the dispatch front end (`vyre_async.frontend`:
-input checks, launch templates, the `Launch` record) and the shape-prediction
-prefetcher (`vyre_async.prefetch`). ``docs/architecture.md`` follows one
-dispatch through them.
+`VyreBackend(executor, ...)` is final. It owns what every backend shares — the
+pipeline store (`vyre_async.store`: cache identity, memory and disk caches,
+compile once), the dispatch front end (`vyre_async.frontend`: input checks,
+launch templates, the `Launch` record), the shape-prediction prefetcher
+(`vyre_async.prefetch`), the lifecycle and every user-facing method — and
+hands the executor (`vyre_async.abc.Executor`) only planned launches and its
+hooks. ``docs/architecture.md`` follows one dispatch through them;
+``docs/backend-authors.md`` writes an executor.
 """
 
 from __future__ import annotations
 
-import abc
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
 from vyre_async import telemetry
+from vyre_async._executor import Executor, poll_until
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async.arguments import duration, whole_number
 from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.cache.memory import CacheStats, MemoryPipelineCache
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
-from vyre_async.errors import BackendClosed, InvalidProgram, UnsupportedFeature
-from vyre_async.frontend import DispatchFrontEnd, InputLike, Launch, as_config
-from vyre_async.ir.ops import AtomicOp, BinOp, UnOp
+from vyre_async.errors import InvalidProgram
+from vyre_async.frontend import DispatchFrontEnd, InputLike, as_config
+from vyre_async.ir.ops import CORE_OPS
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import DType
 from vyre_async.ir.validate import validate_or_raise
+from vyre_async.ir.walk import ops_used
 from vyre_async.pending import PendingDispatch, refuse_blocking_in_loop
 from vyre_async.pipeline import CompiledPipeline
 from vyre_async.resident import ResidentBuffer
-from vyre_async.store import PipelineStore, ops_used
+from vyre_async.store import PipelineStore
 
 if TYPE_CHECKING:
     from vyre_async.cache.disk import DiskPipelineCache
     from vyre_async.calibration import Calibration
-    from vyre_async.execution import ExecutionDecision
     from vyre_async.prefetch import Prefetcher
 
-__all__ = ["CORE_OPS", "VyreBackend", "ops_used", "poll_until"]
+__all__ = ["CLOSE_TIMEOUT_S", "CORE_OPS", "VyreBackend", "ops_used", "poll_until"]
 __dir__ = _public_dir(__name__)
 
 
@@ -63,74 +63,65 @@ def _is_disk_cache(value: object) -> bool:
     return isinstance(value, DiskPipelineCache)
 
 
-#: Every operation of the core IR, as ``"bin.<op>"``, ``"un.<op>"`` and ``"atomic.<op>"``.
-CORE_OPS: frozenset[str] = frozenset(
-    [f"bin.{op.value}" for op in BinOp]
-    + [f"un.{op.value}" for op in UnOp]
-    + [f"atomic.{op.value}" for op in AtomicOp]
-)
-
 _DEFAULT_CONFIG = DispatchConfig()
-#: Default seconds `VyreBackend.shutdown` waits for work it cannot stop at once.
+#: Default seconds `VyreBackend.aclose` waits for work it cannot stop at once.
 CLOSE_TIMEOUT_S = 5.0
 
 
-async def poll_until(done: Callable[[], bool]) -> None:
-    """Wait, without blocking the event loop, until ``done()`` is true.
+class VyreBackend:
+    """A backend: validates, caches, plans and traces dispatches, run by an `Executor`.
 
-    For backends whose work ends on other threads (``flush``; bound it with
-    ``anyio.move_on_after`` in a ``shutdown``): polls with a backoff from
-    0.2 ms to 10 ms.
-    """
-    delay = 0.0002
-    while not done():
-        await _anyio().sleep(delay)
-        delay = min(delay * 2, 0.01)
+    Build one from an executor, or get one from the registry (`acquire_backend`,
+    or a backend package's factory such as ``vyre_reference.reference_backend``)::
 
+        backend = VyreBackend(ReferenceExecutor())
+        async with backend:
+            outputs = await backend.dispatch(program, inputs)
 
-class VyreBackend(abc.ABC):
-    """Base class of every backend.
-
-    A subclass must set ``id`` (a unique string) and implement `enqueue`.
-    Every other member has a conservative default, documented on the member.
-    Backends are built by the registry (`acquire_backend`) or directly by the
-    user; ``async with backend:`` prepares it and shuts it down.
+    The class is final: a new backend is a new `vyre_async.abc.Executor`, never
+    a subclass of this one.
 
     Args:
+        executor: What runs the work (`vyre_async.abc.Executor`); the backend's
+            ``id`` and ``version`` are the executor's.
         pipeline_cache_capacity: Entries of the in-memory pipeline LRU.
         disk_cache: Where compiled pipeline bytes persist across processes; only
-            used by backends whose `serialize_pipeline` returns bytes.
+            used by executors whose ``serialize_pipeline`` returns bytes.
         prefetch: Record every dispatch's shape and compile the predicted next
             pipeline in the background (`vyre_async.prefetch`); ``backend.prefetcher``
             is None when False.
-        close_timeout: Seconds `shutdown` waits for work it cannot stop at once
+        close_timeout: Seconds `aclose` waits for work it cannot stop at once
             before giving up on it (failing its dispatches with `BackendClosed`).
 
     Raises:
-        InvalidProgram: an argument is out of range.
+        InvalidProgram: an argument is out of range, or ``executor`` is not an `Executor`.
     """
 
-    id: ClassVar[str]
-    version: str = "unspecified"
-    #: True when `enqueue` (and `enqueue_batch`) copy every host input into the
-    #: backend's own memory before they return: ``launch.inputs`` then holds the
-    #: caller's arrays themselves (checked for dtype and size, of any shape and
-    #: strides; read them only inside those calls), so each input is copied once,
-    #: straight into its final place. Default False: the driver hands private,
-    #: flat copies that the backend may keep.
-    copies_inputs: ClassVar[bool] = False
+    def __init_subclass__(cls, **kwargs: Any) -> NoReturn:
+        raise TypeError(
+            f"VyreBackend is final: {cls.__name__} cannot subclass it. Fix: write the backend "
+            "as a vyre_async.abc.Executor and build VyreBackend(YourExecutor()) "
+            "(docs/backend-authors.md)"
+        )
 
     def __init__(
         self,
+        executor: Executor,
         *,
         pipeline_cache_capacity: int = 256,
         disk_cache: DiskPipelineCache | None = None,
         prefetch: bool = True,
         close_timeout: float = CLOSE_TIMEOUT_S,
     ) -> None:
-        backend_id = getattr(type(self), "id", None)
+        if not isinstance(executor, Executor):
+            raise InvalidProgram(
+                f"VyreBackend needs an Executor, got a {type(executor).__name__}",
+                fix="pass an executor, e.g. VyreBackend(ReferenceExecutor()), or get a "
+                'backend from the registry: acquire_backend("reference")',
+            )
+        backend_id = getattr(type(executor), "id", None)
         if not isinstance(backend_id, str) or not backend_id:
-            raise TypeError(f"{type(self).__name__} must set a class attribute id = '<name>'")
+            raise TypeError(f"{type(executor).__name__} must set a class attribute id = '<name>'")
         capacity = whole_number(
             "pipeline_cache_capacity",
             pipeline_cache_capacity,
@@ -142,17 +133,18 @@ class VyreBackend(abc.ABC):
                 f"disk_cache must be a DiskPipelineCache or None, got {disk_cache!r}",
                 fix="pass disk_cache=DiskPipelineCache() (or a directory: DiskPipelineCache(path))",
             )
-        #: Seconds `shutdown` waits for work it cannot stop at once.
+        #: Seconds `aclose` waits for work it cannot stop at once.
         self.close_timeout = duration(
             "close_timeout", close_timeout, example=f"close_timeout={CLOSE_TIMEOUT_S}"
         )
-        self._closed = False
+        #: The executor that runs this backend's work (`vyre_async.abc.Executor`).
+        self.executor = executor
         #: Shape-prediction prefetcher (None when built with ``prefetch=False``).
         self.prefetcher: Prefetcher | None = None
         #: The dispatch front end (`vyre_async.frontend.DispatchFrontEnd`).
-        self.front = DispatchFrontEnd(self, None)
+        self.front = DispatchFrontEnd(executor, None)
         #: The pipeline store (`vyre_async.store.PipelineStore`).
-        self.store = PipelineStore(self, self.front, capacity, disk_cache)
+        self.store = PipelineStore(executor, self.front, capacity, disk_cache, owner=self)
         #: The in-memory pipeline LRU (``store.memory``).
         self.pipelines: MemoryPipelineCache[CompiledPipeline] = self.store.memory
         #: Where compiled pipelines persist across processes, or None.
@@ -163,92 +155,94 @@ class VyreBackend(abc.ABC):
             self.prefetcher = self.front.prefetcher = Prefetcher(self.store)
 
     # Description ----------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        """The backend's id (its executor's): the registry's key, part of every cache identity."""
+        return self.executor.id
+
+    @property
+    def version(self) -> str:
+        """The executor's version (part of every cache identity)."""
+        return self.executor.version
+
     def supported_ops(self) -> frozenset[str]:
-        """Return the operations this backend executes. Default: `CORE_OPS`, all of them."""
-        return CORE_OPS
+        """Return the operations this backend executes (named as in `CORE_OPS`)."""
+        return self.executor.supported_ops()
 
     def capabilities(self) -> BackendCapabilities:
-        """Return what the backend supports natively. Default: nothing (every feature False)."""
-        return BackendCapabilities()
+        """Return what the backend supports natively, and its limits."""
+        return self.front.capabilities()
 
     def device_fingerprint(self) -> str:
-        """Return a string that changes whenever compiled code stops being reusable.
-
-        Part of the pipeline cache identity: device model and architecture, driver
-        and runtime versions. Default: ``""`` (one host, nothing to distinguish).
-        """
-        return ""
+        """Return what identifies the device and its runtime in cache identities."""
+        return self.executor.device_fingerprint()
 
     def compiler_fingerprint(self) -> str:
-        """Return the compiler's name, version and fixed options. Default: ``""``."""
-        return ""
+        """Return the compiler's name, version and fixed options."""
+        return self.executor.compiler_fingerprint()
 
     def compile_options(self, config: DispatchConfig) -> Mapping[str, object]:
-        """Return options that change generated code for ``config``. Default: none."""
-        return {}
+        """Return the executor's options that change generated code for ``config``."""
+        return self.executor.compile_options(config)
 
     def calibrate(self) -> Calibration | None:
-        """Measure the costs the launch policies need on this device, now.
+        """Measure the costs the launch policies need on this device, now (see
+        `vyre_async.calibration.calibration_for`, which measures once and caches).
 
-        A backend returns a `vyre_async.calibration.Calibration` (per-launch
-        overhead, record/replay and persistent setup costs where it has those
-        paths, transfer bandwidth, compile cost). Callers use
-        `vyre_async.calibration.calibration_for`, which measures once per device
-        and caches the result on disk by device fingerprint. Default: None
-        (nothing measured; policies that need costs choose plain launches).
+        Returns:
+            The measured record, or None where the executor measures nothing.
         """
-        return None
+        return self.executor.calibrate()
 
     # Lifecycle ------------------------------------------------------------------
     async def prepare(self) -> None:
-        """Open devices and warm up. Default: nothing to do."""
-        return None
-
-    async def flush(self) -> None:
-        """Wait until every submitted dispatch has finished. Default: nothing to do."""
-        return None
-
-    async def shutdown(self) -> None:
-        """Stop work and release devices and workers; called once by `aclose`.
-
-        A backend stops what it can at its next safe point, settles every
-        dispatch it has not finished with `BackendClosed`, waits a bounded time
-        for the rest and never hangs. Default: marks the backend closed.
-        """
-        self._closed = True
-
-    async def aclose(self) -> None:
-        """Close the backend: refuse new work, stop the prefetcher, then `shutdown`.
-
-        From then on every operation raises `BackendClosed`; calling it again
-        does nothing. Dispatches still running are stopped where the backend
-        can stop them and fail with `BackendClosed`: await the ones you need
-        (or `flush`) before closing.
-        """
-        if self._closed:
-            return
-        self._closed = True
-        if self.prefetcher is not None:
-            self.prefetcher.close()
-        with _anyio().CancelScope(shield=True):  # bounded by close_timeout; release even when
-            await self.shutdown()  # the closing task is being cancelled
-
-    @property
-    def closed(self) -> bool:
-        """True once the backend was closed (`aclose`, `shutdown`, the end of ``async with``)."""
-        return self._closed
-
-    def check_open(self) -> None:
-        """Raise `BackendClosed` if the backend was closed (for backend authors' own operations).
+        """Open devices and warm up (``async with backend:`` calls it).
 
         Raises:
             BackendClosed: the backend was closed.
         """
-        if self._closed:
-            raise BackendClosed(
-                f"backend {self.id!r} was closed; it runs nothing more",
-                backend_id=self.id,
-            )
+        self.check_open()
+        await self.executor.open()
+
+    async def flush(self) -> None:
+        """Wait, without blocking the event loop, until every submitted dispatch has settled."""
+        await self.executor.flush()
+
+    async def aclose(self) -> None:
+        """Close the backend: refuse new work, stop the prefetcher, then stop the executor.
+
+        From then on every operation raises `BackendClosed`; calling it again
+        does nothing. Dispatches still running are stopped where the executor
+        can stop them and fail with `BackendClosed`; what cannot be stopped is
+        waited for at most ``close_timeout`` seconds. Await the dispatches you
+        need (or `flush`) before closing.
+        """
+        front = self.front
+        if front.closed:
+            return
+        front.closed = True
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+        with _anyio().CancelScope(shield=True):  # bounded by close_timeout; release even when
+            await self.executor.close(self.close_timeout)  # the closing task is cancelled
+
+    async def shutdown(self) -> None:
+        """Close the backend: the same as `aclose`."""
+        await self.aclose()
+
+    @property
+    def closed(self) -> bool:
+        """True once the backend was closed (`aclose`, the end of ``async with``)."""
+        return self.front.closed
+
+    def check_open(self) -> None:
+        """Raise `BackendClosed` if the backend was closed.
+
+        Raises:
+            BackendClosed: the backend was closed.
+        """
+        if self.front.closed:
+            self.front.check_open()
 
     async def __aenter__(self) -> VyreBackend:
         await self.prepare()
@@ -263,92 +257,65 @@ class VyreBackend(abc.ABC):
         await self.aclose()
 
     def device_lost(self) -> bool:
-        """Return True once the device is unusable. Default: False."""
-        return False
+        """Return True once the device is unusable."""
+        return self.executor.device_lost()
 
     def try_recover(self) -> None:
         """Try to bring a lost device back.
 
         Raises:
-            UnsupportedFeature: by default (device recovery not implemented).
+            UnsupportedFeature: the executor cannot recover its device.
         """
-        raise UnsupportedFeature(
-            f"backend {self.id!r} does not support device recovery",
-            fix="acquire a new backend instance",
-            feature="device recovery",
-        )
+        self.executor.try_recover()
 
     # Resident buffers ------------------------------------------------------------
-    def _no_resident(self, what: str) -> UnsupportedFeature:
-        return UnsupportedFeature(
-            f"backend {self.id!r} has no resident buffers ({what} is not supported)",
-            fix="pass numpy arrays as dispatch inputs instead of resident buffers",
-            feature="resident buffers",
-        )
-
     def upload(self, data: np.ndarray | bytes, *, label: str | None = None) -> ResidentBuffer:
-        """Copy ``data`` into a new resident buffer.
+        """Copy ``data`` into a new resident buffer of this backend.
 
         Raises:
-            UnsupportedFeature: by default — never a silent host fallback.
+            UnsupportedFeature: the backend has no resident buffers — never a
+                silent host fallback.
+            InvalidProgram: an unsupported dtype or type, or data over the
+                backend's buffer limit.
+            DeviceOutOfMemory: the device (or host) could not hold it.
             BackendClosed: the backend was closed.
         """
         self.check_open()
-        raise self._no_resident("upload")
+        return self.executor.upload(data, label=label)
 
     def alloc(self, dtype: DType | str, count: int, *, label: str | None = None) -> ResidentBuffer:
-        """Allocate a zero-filled resident buffer.
+        """Allocate a zero-filled resident buffer of ``count`` elements.
 
         Raises:
-            UnsupportedFeature: by default.
+            UnsupportedFeature: the backend has no resident buffers.
+            InvalidProgram: an unknown dtype, a bad count, or a buffer over the limit.
+            DeviceOutOfMemory: the device (or host) could not hold it.
             BackendClosed: the backend was closed.
         """
         self.check_open()
-        raise self._no_resident("alloc")
+        return self.executor.alloc(dtype, count, label=label)
 
     def download(self, buffer: ResidentBuffer) -> np.ndarray:
-        """Copy a resident buffer back to a new host array.
+        """Copy a resident buffer back to a new host array (after earlier dispatches wrote it).
 
         Raises:
-            UnsupportedFeature: by default.
+            UnsupportedFeature: the backend has no resident buffers.
+            InvalidProgram: the buffer belongs to another backend instance or was freed.
             BackendClosed: the backend was closed.
         """
         self.check_open()
-        raise self._no_resident("download")
+        return self.executor.download(buffer)
 
     def free(self, buffer: ResidentBuffer) -> None:
         """Release a resident buffer (allowed after close: releasing never fails for that).
 
         Raises:
-            UnsupportedFeature: by default.
+            UnsupportedFeature: the backend has no resident buffers.
+            InvalidProgram: the buffer belongs to another backend instance or was freed.
         """
-        raise self._no_resident("free")
+        self.executor.free(buffer)
 
     # Pipelines --------------------------------------------------------------------
-    def build_pipeline(self, program: Program, config: DispatchConfig) -> Any:
-        """Compile ``program`` into the backend's native artifact. Default: None (pass-through).
-
-        Raises:
-            KernelCompileFailed: the backend's compiler rejected the generated code.
-        """
-        return None
-
-    def serialize_pipeline(self, native: Any) -> bytes | None:
-        """Return bytes `load_pipeline` can rebuild ``native`` from. Default: None (memory only)."""
-        return None
-
-    def load_pipeline(self, payload: bytes, program: Program, config: DispatchConfig) -> Any:
-        """Rebuild a native artifact from `serialize_pipeline` bytes.
-
-        Raises:
-            UnsupportedFeature: by default (the backend does not use the disk cache).
-        """
-        raise UnsupportedFeature(
-            f"backend {self.id!r} cannot load pipelines from bytes",
-            fix="disable the disk cache for this backend",
-            feature="pipeline serialization",
-        )
-
     def pipeline_identity(
         self, program: Program, config: DispatchConfig | None = None
     ) -> PipelineIdentity:
@@ -400,34 +367,6 @@ class VyreBackend(abc.ABC):
         return self.pipelines.stats()
 
     # Dispatch ----------------------------------------------------------------------
-    @abc.abstractmethod
-    def enqueue(self, launch: Launch) -> PendingDispatch:
-        """Start one planned launch and return ``launch.pending`` at once.
-
-        A backend must not block on the work: it queues it (worker pool, device
-        stream) and later settles ``launch.completer`` exactly once, with the
-        outputs (one array per output buffer, in order) or with an error, from
-        any thread. It should stop at a safe point once
-        ``launch.completer.stop_requested`` is set (the result is no longer wanted).
-        """
-
-    def enqueue_batch(self, launches: Sequence[Launch], decision: ExecutionDecision) -> None:
-        """Start the planned launches of one `CompiledPipeline.dispatch_batch` call.
-
-        ``decision`` is the execution-mode verdict for the batch. A backend with a
-        native persistent kernel or graph replay runs ``launches`` that way when
-        ``decision.mode.kind`` asks for it and the launches allow it. Whatever it
-        runs, it records the mode on every launch (`vyre_async.execution.annotate_mode`)
-        before starting it, and settles every completer exactly once, as `enqueue`.
-        Default: plain launches, one `enqueue` each.
-        """
-        # (imported with the first batch: the policies stay out of `import vyre_async`)
-        from vyre_async.execution import annotate_mode
-
-        annotate_mode(launches, decision, "plain")
-        for launch in launches:
-            self.enqueue(launch)
-
     def dispatch(
         self,
         program: Program,
@@ -499,5 +438,5 @@ class VyreBackend(abc.ABC):
         return self.dispatch(program, inputs, config).result()
 
     def __repr__(self) -> str:
-        state = " closed" if self._closed else ""
+        state = " closed" if self.front.closed else ""
         return f"<{type(self).__name__} id={self.id!r} version={self.version!r}{state}>"

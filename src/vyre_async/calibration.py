@@ -61,7 +61,7 @@ from vyre_async.ir.types import Access, BufferDecl, DType
 
 if TYPE_CHECKING:
     from vyre_async.policies.launch import ModeKind
-    from vyre_async.seams import BackendLike, PipelineLike
+    from vyre_async.seams import BackendLike, DeviceIdentity, PipelineLike
 
 __all__ = [
     "CALIBRATION_FORMAT_VERSION",
@@ -829,7 +829,7 @@ def launch_probe_program() -> Program:
 
 
 def measure_host_costs(
-    backend: BackendLike,
+    backend: DeviceIdentity,
     probe: BackendLike,
     *,
     compile_once: Callable[[int], object],
@@ -845,7 +845,8 @@ def measure_host_costs(
     Host clocks; replay and persistent costs stay None.
 
     Args:
-        backend: The backend the record is for (id, version, device fingerprint).
+        backend: The backend or executor the record is for (id, version, device
+            fingerprint).
         probe: A private backend on the same device that does the work.
         compile_once: Compiles one typical pipeline; called with 0, 1, 2.
         copy_bytes: Bytes per copy (a multiple of 4).

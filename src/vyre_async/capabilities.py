@@ -30,7 +30,8 @@ class BackendCapabilities:
 
     The defaults are the conservative answer of a backend that reports nothing:
     every feature False, ``max_workgroup_size (1, 1, 1)``,
-    ``max_storage_buffer_bytes 0`` ("not reported"), ``subgroup_size None``.
+    ``max_storage_buffer_bytes 0`` ("not reported"), ``max_grid_size None`` (not
+    reported), ``subgroup_size None``.
     """
 
     subgroup_ops: bool = False
@@ -47,6 +48,9 @@ class BackendCapabilities:
     max_workgroup_lanes: int = 1
     max_storage_buffer_bytes: int = 0
     max_workgroup_memory_bytes: int = 0
+    #: Most workgroups per grid axis, checked by the driver before every new launch
+    #: shape reaches the executor (None: not reported, no limit checked).
+    max_grid_size: tuple[int, int, int] | None = None
     subgroup_size: int | None = None
     device_name: str = ""
     #: Dispatches sharing a resident buffer take effect in submission order without

@@ -31,7 +31,7 @@ from vyre_async.policies.launch import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from vyre_async.frontend import Launch
+    from vyre_async._launch import Launch
     from vyre_async.seams import BackendLike
 
 __all__ = [

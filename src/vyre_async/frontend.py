@@ -14,8 +14,9 @@ in two:
   `PendingDispatch`, the `Launch` record, the telemetry span, the prefetcher's
   bookkeeping — is all a warm dispatch pays.
 
-Then the backend's ``enqueue`` hook starts the work. The front end reaches the
-backend only through its public hooks (`vyre_async.seams.BackendLike`).
+Then the executor's ``enqueue`` hook starts the work. The front end reaches
+the executor only through its hooks (`vyre_async.abc.Executor`), and holds the
+backend's open/closed state.
 """
 
 from __future__ import annotations
@@ -23,26 +24,27 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from vyre_async import telemetry
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async._launch import Launch, LaunchTemplate
 from vyre_async.annotations import current_dispatch_attributes
 from vyre_async.cache.identity import policy_digest
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import MAX_OUTPUT_BYTES_ENV, DispatchConfig, default_max_output_bytes
 from vyre_async.errors import (
+    BackendClosed,
     DeviceOutOfMemory,
     InvalidProgram,
     UnsupportedFeature,
     host_out_of_memory,
 )
 from vyre_async.ir.program import Program
-from vyre_async.pending import DispatchCompleter, PendingDispatch
+from vyre_async.pending import PendingDispatch
 from vyre_async.plan import (
-    BindingPlan,
     LaunchGeometry,
     check_buffer_bytes,
     check_input_count,
@@ -50,7 +52,10 @@ from vyre_async.plan import (
     plan_dispatch,
 )
 from vyre_async.resident import ResidentBuffer
-from vyre_async.seams import BackendLike, PipelineLike
+from vyre_async.seams import PipelineLike
+
+if TYPE_CHECKING:
+    from vyre_async._executor import Executor
 
 __all__ = [
     "DispatchFrontEnd",
@@ -91,93 +96,6 @@ def check_output_bytes(total: int, cfg: DispatchConfig, what: str) -> None:
             fix=f"dispatch less data, or set DispatchConfig(max_output_bytes=...) or "
             f"{MAX_OUTPUT_BYTES_ENV} if the host can hold it",
         )
-
-
-class Launch:
-    """Everything a backend's ``enqueue`` hook needs to run one dispatch (read-only).
-
-    Attributes:
-        pipeline: The compiled pipeline. Its ``program`` may differ from
-            ``plan.program`` in buffer counts (one pipeline serves every size);
-            use ``plan.program`` and ``plan.counts`` for sizes.
-        plan: Binding plan: the dispatched program, geometry and every buffer's count.
-        inputs: One item per input buffer: a private flat host array (the
-            caller's own array, of any shape, for a backend whose
-            ``copies_inputs`` is True), or a `ResidentBuffer` of this backend.
-        config: The dispatch config.
-        pending: The pending result handed to the caller.
-        completer: Settles ``pending``; call exactly one of ``resolve``/``fail``.
-        compile_s: Compile time this dispatch waited for.
-        template: The `LaunchTemplate` of this launch shape: a backend may keep
-            what it derives from the shape alone in ``template.backend_state``.
-        resident: True when any input is a `ResidentBuffer` (False: host arrays only).
-    """
-
-    __slots__ = (
-        "compile_s",
-        "completer",
-        "config",
-        "inputs",
-        "pending",
-        "pipeline",
-        "plan",
-        "resident",
-        "template",
-    )
-
-    def __init__(
-        self,
-        pipeline: Any,
-        plan: BindingPlan,
-        inputs: tuple[np.ndarray | ResidentBuffer, ...],
-        config: DispatchConfig,
-        pending: PendingDispatch,
-        completer: DispatchCompleter,
-        compile_s: float,
-        template: LaunchTemplate | None = None,
-        resident: bool | None = None,
-    ) -> None:
-        self.pipeline = pipeline
-        self.plan = plan
-        self.inputs = inputs
-        self.config = config
-        self.pending = pending
-        self.completer = completer
-        self.compile_s = compile_s
-        self.template = template
-        self.resident = (
-            any(isinstance(item, ResidentBuffer) for item in inputs)
-            if resident is None
-            else resident
-        )
-
-    def __repr__(self) -> str:
-        return f"<Launch {self.plan.program.op_id or 'program'} {self.plan.geometry}>"
-
-
-class LaunchTemplate:
-    """What one launch shape (program, config, input sizes) fixes for every dispatch of it.
-
-    Attributes:
-        program: The dispatched program.
-        config: The dispatch config.
-        plan: The binding plan.
-        backend_state: Free for the backend's per-shape facts (kernel arguments,
-            arena layout); None until the backend sets it.
-        telemetry: What `vyre_async.telemetry` derives from the shape (span
-            attributes, metric labels), built on the first recorded dispatch.
-    """
-
-    __slots__ = ("backend_state", "config", "fingerprint", "plan", "program", "telemetry")
-
-    def __init__(self, program: Program, config: DispatchConfig, plan: BindingPlan) -> None:
-        self.program = program
-        self.config = config
-        self.plan = plan
-        self.backend_state: Any = None
-        self.telemetry: Any = None
-        #: The shape fingerprint the prefetcher records (kept: built once per shape).
-        self.fingerprint: tuple[bytes, tuple[int, int, int], tuple[int, int, int]] | None = None
 
 
 class PrefetchHook(Protocol):
@@ -223,14 +141,18 @@ class DispatchFrontEnd:
     """The front half of every dispatch of one backend (created by `VyreBackend`).
 
     Args:
-        backend: The backend whose ``enqueue`` hook starts the work.
+        executor: The executor whose ``enqueue`` hook starts the work.
         prefetcher: The shape-prediction prefetcher, or None.
+
+    Attributes:
+        closed: True once the backend was closed: every dispatch is refused.
     """
 
-    def __init__(self, backend: BackendLike, prefetcher: PrefetchHook | None) -> None:
-        self.backend = backend
+    def __init__(self, executor: Executor, prefetcher: PrefetchHook | None) -> None:
+        self.executor = executor
         self.prefetcher = prefetcher
-        self._copies = bool(backend.copies_inputs)
+        self.closed = False
+        self._copies = bool(executor.copies_inputs)
         self._by_id: OrderedDict[
             tuple[int, int, int, tuple[int, ...]],
             tuple[Program, DispatchConfig, Any, LaunchTemplate],
@@ -243,10 +165,22 @@ class DispatchFrontEnd:
         self._specs: dict[int, tuple[Program, tuple[tuple[Any, np.dtype[Any], int], ...]]] = {}
 
     def capabilities(self) -> BackendCapabilities:
-        """Return the backend's capabilities, read once (the checks use its limits)."""
+        """Return the executor's capabilities, read once (the checks use its limits)."""
         if self._caps is None:
-            self._caps = self.backend.capabilities()
+            self._caps = self.executor.capabilities()
         return self._caps
+
+    def check_open(self) -> None:
+        """Raise `BackendClosed` once the backend was closed.
+
+        Raises:
+            BackendClosed: the backend was closed.
+        """
+        if self.closed:
+            backend_id = self.executor.id
+            raise BackendClosed(
+                f"backend {backend_id!r} was closed; it runs nothing more", backend_id=backend_id
+            )
 
     def _input_specs(self, program: Program) -> tuple[tuple[Any, np.dtype[Any], int], ...]:
         """Return ``(decl, numpy dtype, declared count)`` per input buffer of ``program``."""
@@ -299,16 +233,16 @@ class DispatchFrontEnd:
                 program,
                 called,
             )
-            pending = self.backend.enqueue(launch)
+            self.executor.enqueue(launch)
         except BaseException as exc:
             if own_trace:  # otherwise the caller that started the trace reports it
                 telemetry.fail_before_launch(
-                    trace, exc, self.backend.id, program or pipeline.program
+                    trace, exc, self.executor.id, program or pipeline.program
                 )
             raise
         if job is not None and self.prefetcher is not None:
             self.prefetcher.schedule(job)
-        return pending
+        return launch.pending
 
     def prepare(
         self,
@@ -349,9 +283,9 @@ class DispatchFrontEnd:
         program: Program | None,
         called: float | None,
     ) -> tuple[Launch, Any]:
-        backend = self.backend
-        if backend.closed:
-            backend.check_open()
+        if self.closed:
+            self.check_open()
+        executor = self.executor
         if config is None:
             cfg = pipeline.config
         elif type(config) is DispatchConfig:
@@ -386,7 +320,7 @@ class DispatchFrontEnd:
                             ) from exc
                     sizes.append(size)
                     continue
-            item = _prepare_input(decl, value, limit, backend)
+            item = _prepare_input(decl, value, limit, executor)
             if isinstance(item, ResidentBuffer):
                 resident = True
                 sizes.append(item.count)
@@ -402,6 +336,10 @@ class DispatchFrontEnd:
             by_id.move_to_end(key)  # least recently used is dropped first
         else:
             template = self.template(pipeline, program, cfg, key[3])
+        native = pipeline.native
+        shape = template.shape
+        if shape is None or shape[0] is not native:  # once per shape (and compiled artifact)
+            shape = template.shape = (native, executor.plan_shape(native, template.plan, cfg))
         pending, completer = PendingDispatch.create(
             timeout=cfg.timeout, label=cfg.label, created=called
         )
@@ -412,10 +350,19 @@ class DispatchFrontEnd:
             record.attributes = dict(extra)
         plan = template.plan
         launch = Launch(
-            pipeline, plan, tuple(prepared), cfg, pending, completer, compile_s, template, resident
+            pipeline,
+            plan,
+            tuple(prepared),
+            cfg,
+            pending,
+            completer,
+            compile_s,
+            template,
+            resident,
+            shape[1],
         )
         if trace is not None:
-            telemetry.attach(trace, pending, template, backend.id)
+            telemetry.attach(trace, pending, template, executor.id)
             if compile_phase is not None and record.span is not None:  # phases of spans only
                 completer.record_phase("vyre.compile", *compile_phase)
         prefetcher = self.prefetcher
@@ -497,6 +444,9 @@ class DispatchFrontEnd:
         )
         if cfg.workgroup_override is not None:
             self._check_workgroup(plan.geometry.workgroup, caps)
+        grid_limit = caps.max_grid_size
+        if grid_limit is not None:
+            self._check_grid(plan.geometry.grid, grid_limit)
         check_output_bytes(plan.bytes_out, cfg, "the outputs")
         return LaunchTemplate(program, cfg, plan)
 
@@ -508,15 +458,26 @@ class DispatchFrontEnd:
         total = workgroup[0] * workgroup[1] * workgroup[2]
         if total > lanes or any(w > m for w, m in zip(workgroup, per_axis, strict=True)):
             raise UnsupportedFeature(
-                f"workgroup_override {workgroup} exceeds backend {self.backend.id!r}'s limits "
+                f"workgroup_override {workgroup} exceeds backend {self.executor.id!r}'s limits "
                 f"(at most {per_axis} per axis, {lanes} lanes)",
                 fix="choose a workgroup within backend.capabilities().max_workgroup_size",
                 feature="workgroup size",
             )
 
+    def _check_grid(self, grid: tuple[int, int, int], limit: tuple[int, int, int]) -> None:
+        """Refuse a grid wider than the executor's reported workgroups per axis."""
+        if grid[0] > limit[0] or grid[1] > limit[1] or grid[2] > limit[2]:
+            raise UnsupportedFeature(
+                f"grid {grid} exceeds backend {self.executor.id!r}'s limit of {limit} "
+                "workgroups per axis",
+                fix="use larger workgroups (DispatchConfig(workgroup_override=...)) or split the "
+                "dispatch into several smaller ones",
+                feature="grid size",
+            )
+
     def _check_forced(self, config: DispatchConfig) -> None:
         """Refuse what a config forces and this backend lacks (called only when one is forced)."""
-        backend_id = self.backend.id
+        backend_id = self.executor.id
         if config.speculation == "force" and self.prefetcher is None:
             raise UnsupportedFeature(
                 f"backend {backend_id!r} was built with prefetch=False, so it cannot honour "
@@ -540,11 +501,11 @@ class DispatchFrontEnd:
 
 
 def _prepare_input(
-    decl: Any, value: object, limit: int, backend: BackendLike
+    decl: Any, value: object, limit: int, executor: Executor
 ) -> np.ndarray | ResidentBuffer:
     """Check one input (and copy a host one); ``limit``: largest buffer in bytes, 0 = none."""
     if isinstance(value, ResidentBuffer):
-        value.native(backend)  # ownership (this instance) and liveness
+        value.native(executor)  # ownership (this instance) and liveness
         if value.dtype is not decl.dtype:
             raise InvalidProgram(
                 f"resident buffer #{value.id} holds {value.dtype.value}; buffer "

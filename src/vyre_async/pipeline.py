@@ -186,7 +186,7 @@ class CompiledPipeline:
                 raise
         launches = [launch for launch, _ in planned]
         try:
-            self.backend.enqueue_batch(launches, decision)
+            front.executor.enqueue_batch(launches, decision)
         except BaseException as exc:  # e.g. a shut-down backend: nobody gets these results
             self._reject(planned, traces, exc)
             raise

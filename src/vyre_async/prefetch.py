@@ -136,7 +136,7 @@ class Prefetcher:
         window = whole_number("window", window, minimum=1, example="window=64")
         idle_s = duration("idle_s", idle_s, positive=True, example="idle_s=2.0")
         self.store = store
-        self.backend_id = store.backend.id
+        self.backend_id = store.executor.id
         self.max_queue = max_queue
         self.idle_s = min(idle_s, 86_400.0)
         self._history: ShapeHistory[ShapeFingerprint] = ShapeHistory(capacity)

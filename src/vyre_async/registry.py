@@ -51,7 +51,10 @@ class BackendRegistration:
     Attributes:
         id: Unique backend id (``"reference"``, ``"cupy"``).
         factory: ``"package.module:callable"`` import path, or a callable that
-            imports its heavy dependencies only when called.
+            imports its heavy dependencies only when called. It returns a
+            `VyreBackend`, or an `vyre_async.abc.Executor`, which the registry
+            wraps in ``VyreBackend(executor)`` with the default settings (so an
+            executor class is a factory).
         precedence: Lower wins among equally capable backends.
         dispatches: False for backends that only compile or validate.
         is_reference: True for the exact oracle backend.
@@ -289,10 +292,16 @@ def _build(registration: BackendRegistration) -> VyreBackend:
             fix=f"check that {registration.id!r} and its runtime are installed correctly",
             backend_id=registration.id,
         ) from exc
+    from vyre_async._executor import Executor  # (with the first backend built, not at import)
+
+    if isinstance(backend, Executor):
+        from vyre_async.backend import VyreBackend
+
+        backend = VyreBackend(backend)
     if getattr(backend, "id", None) != registration.id:
         raise UnsupportedFeature(
             f"backend factory for {registration.id!r} built {backend!r} with another id",
-            fix="make the registration id match the backend class id",
+            fix="make the registration id match the executor class id",
             backend_id=registration.id,
         )
     return backend  # type: ignore[no-any-return]

@@ -1,11 +1,13 @@
-"""The backend and the compiled pipeline as the driver's engine modules see them.
+"""The backend and the compiled pipeline as the modules below `VyreBackend` name them.
 
 `VyreBackend` (``vyre_async.backend``) sits on top of the dispatch front end
 (``vyre_async.frontend``), the pipeline store (``vyre_async.store``), the
-prefetcher and the policies, and those modules call back into the backend's
-hooks. So that imports run one way — top to bottom, with no cycle even for type
-checking — they name the backend and the pipeline by these structural types;
-`VyreBackend` and `CompiledPipeline` satisfy them.
+prefetcher and the policies. Those reach the executor through its hooks
+(`vyre_async.abc.Executor`); a few — a compiled pipeline's ``backend``, the
+calibration probes, the batch policy — hold the user-facing backend itself. So
+that imports run one way (top to bottom, with no cycle even for type checking)
+they name it and the pipeline by these structural types; `VyreBackend` and
+`CompiledPipeline` satisfy them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
     from vyre_async.pending import PendingDispatch
     from vyre_async.resident import ResidentBuffer
 
-__all__ = ["BackendLike", "PipelineLike"]
+__all__ = ["BackendLike", "DeviceIdentity", "PipelineLike"]
 __dir__ = _public_dir(__name__)
 
 
@@ -53,8 +55,19 @@ class PipelineLike(Protocol):
     ) -> list[PendingDispatch]: ...
 
 
+class DeviceIdentity(Protocol):
+    """What names a device's records: a backend's or an executor's id, version, fingerprint."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+
+    def device_fingerprint(self) -> str: ...
+
+
 class BackendLike(Protocol):
-    """The public members of a backend (`vyre_async.backend.VyreBackend`) the engine uses."""
+    """The members of a backend (`vyre_async.backend.VyreBackend`) the modules below it use."""
 
     @property
     def id(self) -> str: ...
@@ -62,8 +75,6 @@ class BackendLike(Protocol):
     def version(self) -> str: ...
     @property
     def closed(self) -> bool: ...
-    @property
-    def copies_inputs(self) -> bool: ...
 
     def check_open(self) -> None: ...
     def supported_ops(self) -> frozenset[str]: ...
@@ -72,11 +83,6 @@ class BackendLike(Protocol):
     def compiler_fingerprint(self) -> str: ...
     def compile_options(self, config: DispatchConfig) -> Mapping[str, object]: ...
     def calibrate(self) -> Any: ...
-    def build_pipeline(self, program: Program, config: DispatchConfig) -> Any: ...
-    def serialize_pipeline(self, native: Any) -> bytes | None: ...
-    def load_pipeline(self, payload: bytes, program: Program, config: DispatchConfig) -> Any: ...
-    def enqueue(self, launch: Any) -> PendingDispatch: ...
-    def enqueue_batch(self, launches: Sequence[Any], decision: Any) -> None: ...
     def compile(self, program: Program, config: DispatchConfig | None = None) -> Any: ...
     def dispatch(
         self, program: Program, inputs: Sequence[Any], config: DispatchConfig | None = None

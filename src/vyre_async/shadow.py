@@ -3,7 +3,8 @@
 `assert_conformance` runs a list of cases on both backends and raises a
 `Divergence` at the first differing byte. `ShadowBackend` wraps a live backend
 and re-runs a sample of its dispatches on the reference, recording divergences
-without ever failing or delaying a request.
+without ever failing or delaying a request: it builds a `VyreBackend` over a
+`ShadowExecutor`, whose ``enqueue`` hands each launch to both backends.
 """
 
 from __future__ import annotations
@@ -20,20 +21,24 @@ from typing import Any
 
 import numpy as np
 
+from vyre_async._executor import Executor, poll_until
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.backend import VyreBackend, ops_used, poll_until
+from vyre_async.backend import VyreBackend
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import InvalidProgram
+from vyre_async.frontend import Launch
 from vyre_async.ir.ops import TRANSCENDENTAL, UnOp
 from vyre_async.ir.program import Program
+from vyre_async.ir.walk import ops_used
 from vyre_async.pending import PendingDispatch, defer_to_callbacks, settle_hook
-from vyre_async.pipeline import InputLike, Launch
 
 __all__ = [
     "ConformanceCase",
     "Divergence",
     "ShadowBackend",
+    "ShadowExecutor",
+    "ShadowStats",
     "assert_conformance",
     "compare_outputs",
 ]
@@ -242,13 +247,23 @@ class _Pair:
         self.reference: list[np.ndarray] | None = None
 
 
-class ShadowBackend(VyreBackend):
+def ShadowBackend(
+    primary: VyreBackend,
+    reference: VyreBackend,
+    *,
+    sample_rate: float = 0.01,
+    on_divergence: Any = None,
+    seed: int | None = None,
+) -> VyreBackend:
     """Serve from ``primary``; re-run a sample of dispatches on ``reference`` and compare.
 
-    Requests are never failed or delayed by the shadow: the caller gets the
-    primary's result as soon as it is ready; the comparison happens when both
-    are done. Divergences are logged on ``vyre_async.shadow``, counted in
-    `stats`, and passed to ``on_divergence``.
+    Returns ``VyreBackend(ShadowExecutor(primary, reference, ...), prefetch=False)``:
+    a backend like any other (``dispatch``, ``flush``, ``aclose``); its
+    counters are ``backend.executor.stats``. Requests are never failed or
+    delayed by the shadow: the caller gets the primary's result as soon as it
+    is ready; the comparison happens when both are done. Divergences are
+    logged on ``vyre_async.shadow``, counted in `ShadowStats`, and passed to
+    ``on_divergence``.
 
     Args:
         primary: The backend that serves requests.
@@ -260,6 +275,22 @@ class ShadowBackend(VyreBackend):
     Raises:
         InvalidProgram: ``sample_rate`` is not a number in 0..1, a backend
             argument is not a backend, or ``on_divergence`` is not callable.
+    """
+    executor = ShadowExecutor(
+        primary, reference, sample_rate=sample_rate, on_divergence=on_divergence, seed=seed
+    )
+    return VyreBackend(executor, prefetch=False)
+
+
+class ShadowExecutor(Executor):
+    """The executor of `ShadowBackend`: each launch runs on ``primary``, a sample also on
+    ``reference``; see `ShadowBackend` for the arguments.
+
+    Closing the shadow backend leaves the primary and the reference open: it
+    does not own them.
+
+    Attributes:
+        stats: Dispatches seen, sampled, compared, divergences, reference failures.
     """
 
     id = "shadow"
@@ -300,7 +331,6 @@ class ShadowBackend(VyreBackend):
                 f"on_divergence must be callable or None, got {on_divergence!r}",
                 fix="pass a function taking a Divergence",
             )
-        super().__init__()
         self.primary = primary
         self.reference = reference
         self.sample_rate = sample_rate
@@ -320,20 +350,32 @@ class ShadowBackend(VyreBackend):
         """Return the primary's operations."""
         return self.primary.supported_ops()
 
-    def enqueue(self, launch: Launch) -> PendingDispatch:  # pragma: no cover - dispatch overrides
-        raise NotImplementedError("ShadowBackend dispatches through its primary")
-
-    def dispatch(
-        self, program: Program, inputs: Sequence[InputLike], config: DispatchConfig | None = None
-    ) -> PendingDispatch:
+    def enqueue(self, launch: Launch) -> None:
         """Dispatch on the primary; compare a sample against the reference in the background.
 
+        The launch settles with the primary's outcome as soon as it is known.
+
         Raises:
-            BackendClosed: this wrapper was closed (closing it leaves the primary
-                and the reference open: it does not own them).
             BackendError: whatever the primary's ``dispatch`` raises.
         """
-        self.check_open()
+        plan = launch.plan
+        pending = self._dispatch(plan.program, list(launch.inputs), launch.config)
+        completer = launch.completer
+
+        def settle(p: PendingDispatch) -> None:
+            try:
+                outputs = p.result()
+            except BaseException as exc:
+                completer.fail(exc)
+                return
+            completer.resolve(outputs, device_s=p.timing.device_s if p.timing else None)
+
+        settle_hook(pending, settle)
+
+    def _dispatch(
+        self, program: Program, inputs: list[Any], config: DispatchConfig
+    ) -> PendingDispatch:
+        """Dispatch on the primary and return its pending; sample it against the reference."""
         with self._lock:
             self.stats.dispatches += 1
             sampled = self._random.random() < self.sample_rate
@@ -342,16 +384,13 @@ class ShadowBackend(VyreBackend):
         if not sampled:
             return self.primary.dispatch(program, inputs, config)
         primary = self.primary.dispatch(program, inputs, config)  # checks the arguments
-        kept = [np.array(x, copy=True) if isinstance(x, np.ndarray) else x for x in inputs]
+        kept = inputs  # (private copies the driver made: nothing else writes them)
         try:
             shadow = self.reference.dispatch(program, kept, config)
         except Exception as exc:  # the shadow must never fail the request
             self._reference_failed(exc)
             return primary
-        outer, completer = PendingDispatch.create(
-            timeout=None if config is None else config.timeout,
-            label=None if config is None else config.label,
-        )
+        outer, completer = PendingDispatch.create(timeout=config.timeout, label=config.label)
         pair = _Pair()
         with self._lock:
             self._comparing.add(pair)  # (until compared, or one side failed: `flush` waits)
@@ -395,13 +434,13 @@ class ShadowBackend(VyreBackend):
         return outer
 
     def _compare(
-        self, pair: _Pair, program: Program, inputs: list[Any], config: DispatchConfig | None
+        self, pair: _Pair, program: Program, inputs: list[Any], config: DispatchConfig
     ) -> None:
         """Compare one sampled dispatch's outputs; record and report a divergence."""
         try:
             assert pair.primary is not None and pair.reference is not None
-            budget = None if config is None else config.ulp_budget
-            label = (config.label if config else None) or program.op_id or "dispatch"
+            budget = config.ulp_budget
+            label = config.label or program.op_id or "dispatch"
             divergence = compare_outputs(
                 label, program, inputs, pair.primary, pair.reference, ulp_budget=budget
             )

@@ -22,44 +22,29 @@ from vyre_async.cache.memory import MemoryPipelineCache
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import BackendError, InvalidProgram, KernelCompileFailed, UnsupportedFeature
 from vyre_async.frontend import DispatchFrontEnd
-from vyre_async.ir.expr import Atomic, Bin, Un
 from vyre_async.ir.program import Program
 from vyre_async.ir.validate import validate_or_raise
-from vyre_async.ir.walk import iter_exprs
+from vyre_async.ir.walk import ops_used
 from vyre_async.pipeline import CompiledPipeline
 from vyre_async.seams import BackendLike
+
+if TYPE_CHECKING:
+    from vyre_async._executor import Executor
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from vyre_async.cache.disk import DiskPipelineCache
 
-__all__ = ["PipelineStore", "ops_used"]
+__all__ = ["PipelineStore"]
 __dir__ = _public_dir(__name__)
-
-
-def ops_used(program: Program) -> frozenset[str]:
-    """Return the operations ``program`` uses, named as in `CORE_OPS` (memoised)."""
-    cached = program.memo.get("ops_used")
-    if cached is None:
-        found: set[str] = set()
-        for expr in iter_exprs(program.body):
-            if isinstance(expr, Bin):
-                found.add(f"bin.{expr.op.value}")
-            elif isinstance(expr, Un):
-                found.add(f"un.{expr.op.value}")
-            elif isinstance(expr, Atomic):
-                found.add(f"atomic.{expr.op.value}")
-        cached = frozenset(found)
-        program.memo["ops_used"] = cached
-    return frozenset(cached)
 
 
 class PipelineStore:
     """Compiled pipelines of one backend: identity memo, memory LRU, disk cache, compile-once.
 
     Args:
-        backend: The backend whose hooks build, serialise and load pipelines.
+        executor: The executor whose hooks build, serialise and load pipelines.
         front: The backend's dispatch front end (the pipelines dispatch through it).
         capacity: Entries of the in-memory LRU (the identity memo keeps 4x as many).
         disk_cache: Where serialised pipelines persist across processes, or None.
@@ -71,12 +56,15 @@ class PipelineStore:
 
     def __init__(
         self,
-        backend: BackendLike,
+        executor: Executor,
         front: DispatchFrontEnd,
         capacity: int,
         disk_cache: DiskPipelineCache | None,
+        owner: BackendLike,
     ) -> None:
-        self.backend = backend
+        self.executor = executor
+        #: The backend its pipelines report as theirs (``pipeline.backend``).
+        self.owner = owner
         self.front = front
         self.memory: MemoryPipelineCache[CompiledPipeline] = MemoryPipelineCache(capacity)
         self.disk_cache = disk_cache
@@ -94,7 +82,7 @@ class PipelineStore:
 
     def identity(self, program: Program, config: DispatchConfig) -> PipelineIdentity:
         """Return the cache identity of ``program`` under ``config`` (memoised)."""
-        backend = self.backend
+        backend = self.executor
         options = backend.compile_options(config)
         # Keyed by everything the identity hashes that a config can change: the policy
         # fields and the backend's compile options for it.
@@ -134,9 +122,9 @@ class PipelineStore:
             KernelCompileFailed: the backend's compiler rejected it.
             BackendClosed: the backend was closed.
         """
-        backend = self.backend
-        if backend.closed:
-            backend.check_open()
+        if self.front.closed:
+            self.front.check_open()
+        backend = self.executor
         hot = self._hot.get((id(program), id(config)))
         if hot is not None and hot[0] is program and hot[1] is config:
             cached = self.memory.get(hot[2])  # checked before: only the cache to ask
@@ -202,11 +190,11 @@ class PipelineStore:
     def _load_or_build(
         self, program: Program, config: DispatchConfig, identity: PipelineIdentity
     ) -> CompiledPipeline:
-        backend = self.backend
+        backend = self.executor
 
         def make(native: Any, compile_s: float, source: str) -> CompiledPipeline:
             return CompiledPipeline(
-                backend=backend,
+                backend=self.owner,
                 front=self.front,
                 program=program,
                 config=config,

@@ -155,7 +155,7 @@ def fake_device_programs() -> list[Program]:
     programs += [spin(), elementwise_xor(64), *resident_order_programs()]
     programs += [lane_ids((1024, 1, 1)), lane_ids((1, 1024, 1)), lane_ids((1, 1, 64))]
     programs += benchmark_programs()
-    programs += [launch_probe_program(), elementwise_xor(1024)]  # CupyBackend.calibrate
+    programs += [launch_probe_program(), elementwise_xor(1024)]  # CupyExecutor.calibrate
     programs += [  # its resident-gain probe
         elementwise_xor(RESIDENT_GAIN_PROBE_ELEMENTS),
         resident_gain_probe_program(),

@@ -24,12 +24,18 @@ from tests.conformance.corpus import Case, cases
 from tests.cupy.device_programs import accumulate
 from tests.cupy.fake_cupy import FakeDevice, FakeGraph
 from tests.cupy.unit_programs import early_return
-from vyre_async import DeviceOutOfMemory, DispatchConfig, InvalidProgram, UnsupportedFeature
+from vyre_async import (
+    DeviceOutOfMemory,
+    DispatchConfig,
+    InvalidProgram,
+    UnsupportedFeature,
+    VyreBackend,
+)
 from vyre_async.calibration import Calibration, CalibrationStore, calibration_for
 from vyre_async.pending import DispatchCompleter, PendingDispatch
 from vyre_async.programs import elementwise_xor
 from vyre_async.shadow import compare_outputs
-from vyre_cupy import CupyBackend, create_backend
+from vyre_cupy import create_backend
 from vyre_cupy.codegen import generate
 from vyre_cupy.layout import plan_layout
 from vyre_reference import execute
@@ -38,14 +44,14 @@ CORPUS = [c for c in cases() if c.error is None]
 
 
 @pytest.fixture(scope="module")
-def backend(fake: FakeDevice) -> Iterator[CupyBackend]:
+def backend(fake: FakeDevice) -> Iterator[VyreBackend]:
     backend = create_backend(disk_cache=None, prefetch=False)
     yield backend
     anyio.run(backend.shutdown)
 
 
 @pytest.fixture
-def own_backend(fake: FakeDevice) -> Iterator[CupyBackend]:
+def own_backend(fake: FakeDevice) -> Iterator[VyreBackend]:
     """A backend of the test's own: no graph captured, no event recycled yet.
 
     A test that fails while it holds a replay on the device never lets it go on: closing
@@ -104,12 +110,12 @@ def _check_items(case: Case, batch: list[list[np.ndarray]], results: list[Any]) 
 
 @pytest.mark.parametrize("mode", ["persistent", "command_reuse"])
 def test_every_corpus_case_batched_equals_the_reference_item_by_item(
-    backend: CupyBackend, mode: str
+    backend: VyreBackend, mode: str
 ) -> None:
     check_corpus_batched(backend, mode)
 
 
-def check_corpus_batched(backend: CupyBackend, mode: str) -> None:
+def check_corpus_batched(backend: VyreBackend, mode: str) -> None:
     """Batch 3 input sets of every corpus case in ``mode``; each equals the reference.
 
     Also run by ``test_cupy_gpu`` on a real device.
@@ -144,7 +150,7 @@ def check_corpus_batched(backend: CupyBackend, mode: str) -> None:
 
 
 def test_a_persistent_batch_is_one_launch_and_replays_capture_once(
-    backend: CupyBackend, fake: FakeDevice
+    backend: VyreBackend, fake: FakeDevice
 ) -> None:
     program = elementwise_xor(1003)  # a size no other test uses: its graph is captured here
     pipeline = backend.compile(program)
@@ -165,7 +171,7 @@ def test_a_persistent_batch_is_one_launch_and_replays_capture_once(
 
 
 def test_replays_from_concurrent_batches_never_share_the_arena_at_once(
-    backend: CupyBackend,
+    backend: VyreBackend,
 ) -> None:
     program = elementwise_xor(512)
     pipeline = backend.compile(program)
@@ -189,7 +195,7 @@ def test_replays_from_concurrent_batches_never_share_the_arena_at_once(
             np.testing.assert_array_equal(out, a ^ b)
 
 
-def test_batches_that_cannot_run_batched_run_plain_and_say_why(backend: CupyBackend) -> None:
+def test_batches_that_cannot_run_batched_run_plain_and_say_why(backend: VyreBackend) -> None:
     xor = backend.compile(elementwise_xor(64))
     resident = backend.upload(np.arange(64, dtype=np.uint32))
     try:
@@ -215,7 +221,7 @@ def test_batches_that_cannot_run_batched_run_plain_and_say_why(backend: CupyBack
         backend.free(resident)
 
 
-def test_a_bad_input_set_launches_nothing(backend: CupyBackend, fake: FakeDevice) -> None:
+def test_a_bad_input_set_launches_nothing(backend: VyreBackend, fake: FakeDevice) -> None:
     pipeline = backend.compile(elementwise_xor(16))
     good = [np.zeros(16, np.uint32)] * 2
     launches = fake.launches
@@ -225,14 +231,14 @@ def test_a_bad_input_set_launches_nothing(backend: CupyBackend, fake: FakeDevice
     assert fake.launches == launches
 
 
-def test_an_empty_batch_returns_nothing_in_every_mode(backend: CupyBackend) -> None:
+def test_an_empty_batch_returns_nothing_in_every_mode(backend: VyreBackend) -> None:
     pipeline = backend.compile(elementwise_xor(16))
     for mode in (None, "plain", "persistent", "command_reuse"):
         assert pipeline.dispatch_batch([], mode=mode) == []  # type: ignore[arg-type]
 
 
 def test_the_policy_picks_the_mode_from_calibration(
-    backend: CupyBackend, fake: FakeDevice, tmp_path: Any
+    backend: VyreBackend, fake: FakeDevice, tmp_path: Any
 ) -> None:
     store = CalibrationStore(tmp_path)
     base = Calibration(
@@ -271,14 +277,14 @@ def test_the_policy_picks_the_mode_from_calibration(
         _forget_calibration(backend)
 
 
-def _forget_calibration(backend: CupyBackend) -> None:
+def _forget_calibration(backend: VyreBackend) -> None:
     from vyre_async import calibration
 
     with calibration._memo_lock:
         calibration._memo.pop(backend, None)
 
 
-def test_a_requested_mode_the_config_disables_is_refused(backend: CupyBackend) -> None:
+def test_a_requested_mode_the_config_disables_is_refused(backend: VyreBackend) -> None:
     pipeline = backend.compile(elementwise_xor(8))
     with pytest.raises(UnsupportedFeature, match="Fix:"):
         pipeline.dispatch_batch([], DispatchConfig(persistent_thread="disable"), mode="persistent")
@@ -286,7 +292,7 @@ def test_a_requested_mode_the_config_disables_is_refused(backend: CupyBackend) -
         pipeline.dispatch_batch([], mode="fast")  # type: ignore[arg-type]
 
 
-def test_accumulate_with_read_write_buffers_batches_exactly(backend: CupyBackend) -> None:
+def test_accumulate_with_read_write_buffers_batches_exactly(backend: VyreBackend) -> None:
     program = accumulate()
     pipeline = backend.compile(program)
     batch = [[np.arange(64, dtype=np.uint32) * k, np.full(64, k, np.uint32)] for k in range(1, 9)]
@@ -297,7 +303,7 @@ def test_accumulate_with_read_write_buffers_batches_exactly(backend: CupyBackend
             assert _attributes(pending)["vyre.batch.mode"] == mode
 
 
-def test_every_upload_carries_its_copy_overlap_verdict(backend: CupyBackend) -> None:
+def test_every_upload_carries_its_copy_overlap_verdict(backend: VyreBackend) -> None:
     pipeline = backend.compile(elementwise_xor(1001))  # a size of its own: a fresh graph
     a = np.arange(1001, dtype=np.uint32)
     plain = pipeline.dispatch([a, a])
@@ -323,11 +329,11 @@ def test_every_upload_carries_its_copy_overlap_verdict(backend: CupyBackend) -> 
 
 
 def test_persistent_blocks_loop_over_more_tasks_than_they_are(
-    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # One SM holds 32 blocks of 64 lanes: 20 items x 16 workgroups = 320 tasks loop
     # ten times over the 32 blocks.
-    monkeypatch.setitem(backend.info.attributes, "MultiProcessorCount", 1)
+    monkeypatch.setitem(backend.executor.info.attributes, "MultiProcessorCount", 1)
     pipeline = backend.compile(elementwise_xor(1000))
     rng = np.random.default_rng(11)
     batch = [[rng.integers(0, 2**32, 1000, dtype=np.uint32) for _ in range(2)] for _ in range(20)]
@@ -350,7 +356,7 @@ def test_persistent_blocks_loop_over_more_tasks_than_they_are(
 
 
 def test_an_early_return_ends_the_task_not_the_block(
-    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     program = early_return()  # 16 workgroups per item, returns inside a loop
     assert generate(program).batch_entry is not None
@@ -366,7 +372,7 @@ def test_an_early_return_ends_the_task_not_the_block(
 
 
 def test_batches_too_big_for_one_arena_or_a_kept_graph_run_plain(
-    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pipeline = backend.compile(elementwise_xor(256))
     a = np.arange(256, dtype=np.uint32)
@@ -381,7 +387,7 @@ def test_batches_too_big_for_one_arena_or_a_kept_graph_run_plain(
 
 
 def test_a_replay_that_fails_to_enqueue_drops_its_graph_and_fails_the_rest(
-    backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pipeline = backend.compile(elementwise_xor(1002))  # a size of its own: a fresh graph
     a = np.arange(1002, dtype=np.uint32)
@@ -413,7 +419,7 @@ def test_a_replay_that_fails_to_enqueue_drops_its_graph_and_fails_the_rest(
 
 
 def test_a_kernel_keeps_its_most_recently_used_graphs(
-    backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A graph per launch shape (iterations among its key), the least recently used dropped.
     monkeypatch.setattr(vyre_cupy.batch, "GRAPHS_PER_KERNEL", 2)
@@ -438,19 +444,21 @@ def test_a_kernel_keeps_its_most_recently_used_graphs(
     assert fake.captures == captures + 1  # (both kept: replayed, not captured again)
 
 
-def test_a_batch_of_one_is_one_persistent_launch(backend: CupyBackend, fake: FakeDevice) -> None:
+def test_a_batch_of_one_is_one_persistent_launch(backend: VyreBackend, fake: FakeDevice) -> None:
     pipeline = backend.compile(elementwise_xor(1004))
     a, b = np.arange(1004, dtype=np.uint32), np.full(1004, 5, np.uint32)
     launches, batched = fake.launches, fake.batch_launches
     (pending,) = pipeline.dispatch_batch([[a, b]], mode="persistent")
     np.testing.assert_array_equal(pending.result()[0], a ^ b)
     assert _attributes(pending)["vyre.batch.mode"] == "persistent"
-    assert _attributes(pending)["vyre.stream"] in range(backend.device_context.streams.size)
+    assert _attributes(pending)["vyre.stream"] in range(
+        backend.executor.device_context.streams.size
+    )
     assert fake.launches == launches + 1 and fake.batch_launches == batched + 1
 
 
 def test_a_replay_held_on_the_device_holds_back_no_other_batch(
-    own_backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    own_backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A replay waits for its own graph's previous replay only, and settles on its own stream.
 
@@ -475,7 +483,7 @@ def test_a_replay_held_on_the_device_holds_back_no_other_batch(
 
 
 def test_a_dropped_graph_keeps_its_device_memory_until_its_replay_ends(
-    own_backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+    own_backend: VyreBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A graph dropped (least recently used) while a replay of it is still on the device:
     its arena stays allocated for that replay, and is given back once the replay ended."""
@@ -511,7 +519,7 @@ def test_a_dropped_graph_keeps_its_device_memory_until_its_replay_ends(
 
 @pytest.mark.parametrize("mode", ["persistent", "command_reuse"])
 def test_batches_time_their_own_work_on_the_device(
-    own_backend: CupyBackend, monkeypatch: pytest.MonkeyPatch, mode: str
+    own_backend: VyreBackend, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
     """Each item's device time and upload/launch/readback phases come from its own events.
 
@@ -544,7 +552,7 @@ def test_batches_time_their_own_work_on_the_device(
 
 
 def test_a_persistent_batch_without_device_memory_fails_each_item_and_frees_its_stream(
-    backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Out of device memory for the batch's arena: every item fails with the device's error
     (and its fix), its stream is given back, and the next batch runs."""
@@ -555,7 +563,7 @@ def test_a_persistent_batch_without_device_memory_fails_each_item_and_frees_its_
     for pending in pipeline.dispatch_batch([[a, a]] * 3, mode="persistent"):
         with pytest.raises(DeviceOutOfMemory, match=r"enqueueing a persistent batch(.|\n)*Fix:"):
             pending.result()
-    assert max(backend.device_context.streams.busy()) == 0  # its stream is free again
+    assert max(backend.executor.device_context.streams.busy()) == 0  # its stream is free again
     monkeypatch.undo()
     for pending in pipeline.dispatch_batch([[a, a ^ 1]] * 3, mode="persistent"):
         assert (pending.result()[0] == 1).all()
@@ -581,7 +589,7 @@ def test_persistent_blocks_are_what_the_device_holds_at_once(
 
 
 def test_a_persistent_launch_sizes_its_blocks_from_its_tasks_and_the_device(
-    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every (item, workgroup) task counts, and the device's SM count (1 if it says none)."""
     asked: list[tuple[int, tuple[int, int, int], int]] = []
@@ -599,14 +607,14 @@ def test_a_persistent_launch_sizes_its_blocks_from_its_tasks_and_the_device(
     twice = DispatchConfig(grid_override=(16, 2, 1))  # every element done by 2 workgroups
     for pending in pipeline.dispatch_batch([[a, a]] * 3, twice, mode="persistent"):
         assert not pending.result()[0].any()
-    monkeypatch.delitem(backend.info.attributes, "MultiProcessorCount")
+    monkeypatch.delitem(backend.executor.info.attributes, "MultiProcessorCount")
     for pending in pipeline.dispatch_batch([[a, a]] * 3, mode="persistent"):
         assert not pending.result()[0].any()
     assert asked == [(48, (64, 1, 1), 132), (96, (64, 1, 1), 132), (48, (64, 1, 1), 1)]
 
 
 def test_why_a_batch_runs_plain_at_its_limits(
-    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An empty batch, iterations on a persistent batch; arenas exactly at a limit still batch."""
     program = elementwise_xor(256)
@@ -631,13 +639,13 @@ def test_why_a_batch_runs_plain_at_its_limits(
 
 
 def test_a_replay_without_pinned_memory_fails_the_rest_of_its_batch(
-    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Pinned staging runs out at the second item: it and every later one fail with the
     device's error (and its fix); the first one runs, and so does the next batch."""
     pipeline = backend.compile(elementwise_xor(1011))  # a size of its own
     a = np.arange(1011, dtype=np.uint32)
-    cuda = backend.device_context.cupy.cuda
+    cuda = backend.executor.device_context.cupy.cuda
     pinned, calls = cuda.alloc_pinned_memory, {"n": 0}
 
     def scarce(nbytes: int) -> Any:
@@ -657,7 +665,7 @@ def test_a_replay_without_pinned_memory_fails_the_rest_of_its_batch(
         assert (pending.result()[0] == 1).all()
 
 
-def test_a_persistent_batch_of_two_settles_both(backend: CupyBackend) -> None:
+def test_a_persistent_batch_of_two_settles_both(backend: VyreBackend) -> None:
     pipeline = backend.compile(elementwise_xor(1012))
     a = np.arange(1012, dtype=np.uint32)
     pendings = pipeline.dispatch_batch([[a, a ^ 1], [a, a ^ 2]], mode="persistent")
@@ -759,12 +767,12 @@ def test_a_batch_shares_its_kernel_time_and_a_stopped_item_is_told_its_result_wa
 
 
 def test_a_persistent_batch_finishes_in_its_streams_order(
-    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The bridge finishes watches in order per queue: a batch's queue is its stream."""
     pipeline = backend.compile(elementwise_xor(64))
     a = np.arange(64, dtype=np.uint32)
-    bridge = backend.device_context.bridge
+    bridge = backend.executor.device_context.bridge
     submitted: list[tuple[int, object]] = []
     submit = bridge.submit
 

@@ -10,7 +10,7 @@ value of each generator occurs four times (`covering`: 264 programs, one
   generator built race-free must not be flagged, and must come out byte for byte
   as the reference's; a launch the detector flags is not compared (real threads
   may order its racing accesses either way);
-- the fake CuPy device (the unchanged `CupyBackend` over the emulator built as a
+- the fake CuPy device (the unchanged `CupyExecutor` over the emulator built as a
   library, at the same time as the batch emulator): every parameter value once,
   the race-free cases and the atomics;
 - the ``ray`` backend (reference workers over Ray): those again, byte for byte,

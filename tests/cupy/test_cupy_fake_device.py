@@ -1,4 +1,4 @@
-"""The `CupyBackend` end to end on a fake CUDA device (see ``fake_cupy.py``), without a GPU.
+"""The cupy backend (`CupyExecutor`) end to end on a fake CUDA device (``fake_cupy.py``), no GPU.
 
 The backend runs unchanged — probe, codegen, "NVRTC", module loading, stream
 pool, pinned staging, arena upload/memset/launch/readback, event timing,
@@ -47,12 +47,13 @@ from vyre_async import (
     InvalidProgram,
     ResidentBuffer,
     UnsupportedFeature,
+    VyreBackend,
     telemetry,
 )
 from vyre_async.cache.disk import PipelineCacheWarning
 from vyre_async.pending import DispatchCompleter, PendingDispatch
 from vyre_async.programs import elementwise_xor, standard_workloads
-from vyre_cupy import CupyBackend, create_backend
+from vyre_cupy import create_backend
 from vyre_cupy.layout import Source, plan_layout
 
 pytestmark = pytest.mark.anyio
@@ -110,20 +111,20 @@ test_gpu_callbacks_and_shadow = (
 
 
 @pytest.fixture(scope="module")
-def backend(fake: FakeDevice) -> Iterator[CupyBackend]:
+def backend(fake: FakeDevice) -> Iterator[VyreBackend]:
     backend = create_backend(disk_cache=None)
     yield backend
     anyio.run(backend.shutdown)
 
 
 @pytest.fixture
-def vyre_backend(backend: CupyBackend) -> CupyBackend:
+def vyre_backend(backend: VyreBackend) -> VyreBackend:
     """The contract tests below (shared with `vyre_async.testing`) run on the fake device."""
     return backend
 
 
 @pytest.fixture(scope="module")
-def gpu(backend: CupyBackend) -> CupyBackend:
+def gpu(backend: VyreBackend) -> VyreBackend:
     """The fake-device backend, under the name the GPU tests use."""
     return backend
 
@@ -135,7 +136,7 @@ def fresh_device(toolchain: Toolchain, fake: FakeDevice) -> Iterator[FakeDevice]
         yield device
 
 
-def test_probe_and_capabilities(backend: CupyBackend) -> None:
+def test_probe_and_capabilities(backend: VyreBackend) -> None:
     caps = backend.capabilities()
     assert caps.device_name == "Emulated sm_90 (CPU)"
     assert caps.async_compute and not caps.grid_sync and not caps.subgroup_ops
@@ -150,7 +151,7 @@ def test_probe_and_capabilities(backend: CupyBackend) -> None:
 
 @pytest.mark.anyio
 async def test_outputs_are_private_arrays_with_device_timing_and_phases(
-    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     program = elementwise_xor(100)
     a = np.arange(100, dtype=np.uint32)
@@ -176,7 +177,7 @@ async def test_outputs_are_private_arrays_with_device_timing_and_phases(
 
 
 @pytest.mark.anyio
-async def test_one_completion_thread_for_many_dispatches(backend: CupyBackend) -> None:
+async def test_one_completion_thread_for_many_dispatches(backend: VyreBackend) -> None:
     program = elementwise_xor(64)
     a = np.arange(64, dtype=np.uint32)
     pendings = [backend.dispatch(program, [a, np.full(64, k, np.uint32)]) for k in range(300)]
@@ -184,12 +185,15 @@ async def test_one_completion_thread_for_many_dispatches(backend: CupyBackend) -
     assert sum(n.startswith("vyre-cupy-completion") for n in names) == 1
     for k, pending in enumerate(pendings):
         assert (await pending)[0].tolist() == (a ^ k).tolist()
-    assert max(backend.device_context.streams.busy()) == 0
-    assert backend.device_context.streams.created() <= backend.device_context.streams.size
+    assert max(backend.executor.device_context.streams.busy()) == 0
+    assert (
+        backend.executor.device_context.streams.created()
+        <= backend.executor.device_context.streams.size
+    )
 
 
 @pytest.mark.anyio
-async def test_resident_buffers(backend: CupyBackend) -> None:
+async def test_resident_buffers(backend: VyreBackend) -> None:
     program = accumulate()
     x = backend.upload(np.arange(256, dtype=np.uint32), label="x")
     acc = backend.alloc(DType.U32, 256, label="acc")
@@ -225,7 +229,7 @@ async def test_resident_buffers(backend: CupyBackend) -> None:
 
 @pytest.mark.anyio
 async def test_device_out_of_memory_surfaces_at_the_result(
-    backend: CupyBackend, fake: FakeDevice
+    backend: VyreBackend, fake: FakeDevice
 ) -> None:
     program = elementwise_xor(1 << 16)
     a = np.zeros(1 << 16, np.uint32)
@@ -242,7 +246,7 @@ async def test_device_out_of_memory_surfaces_at_the_result(
 
 
 def test_a_resident_buffer_updated_in_place_needs_no_copy_of_it(
-    backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A READ_WRITE resident buffer passed once is bound in place, not copied into the arena:
     the dispatch runs on a device with far less memory left than the buffer's size."""
@@ -262,7 +266,7 @@ def test_a_resident_buffer_updated_in_place_needs_no_copy_of_it(
 
 
 def test_corpus_with_every_input_resident_equals_the_expected_outputs(
-    backend: CupyBackend,
+    backend: VyreBackend,
 ) -> None:
     """Every (non-bool) input uploaded first: READ inputs bound in place, READ_WRITE ones
     written in place (and read back from there), WRITE outputs still start at zero."""
@@ -297,12 +301,15 @@ def test_corpus_with_every_input_resident_equals_the_expected_outputs(
     assert ran >= 30
 
 
-def test_device_limits_are_checked_before_launch(backend: CupyBackend) -> None:
+def test_device_limits_are_checked_before_launch(backend: VyreBackend) -> None:
     program = elementwise_xor(4)
     a = np.zeros(4, np.uint32)
     with pytest.raises(UnsupportedFeature) as info:
         backend.dispatch(program, [a, a], DispatchConfig(grid_override=(1, 70000, 1)))
     assert "grid" in str(info.value) and "Fix:" in str(info.value)
+    # The executor reports the device's grid limit; the driver's front end refuses a wider grid.
+    assert backend.capabilities().max_grid_size == (2**31 - 1, 65535, 65535)
+    assert info.value.feature == "grid size" and "'cupy'" in str(info.value)
 
 
 @pytest.mark.anyio
@@ -332,7 +339,7 @@ def test_a_resident_upload_that_fails_on_the_device_is_logged_and_loses_it(
             backend.upload(np.arange(8, dtype=np.uint32))
             anyio.run(backend.flush)
             assert not caplog.records  # an upload that worked logs nothing
-            runtime = backend.device_context.runtime
+            runtime = backend.executor.device_context.runtime
             memcpy = runtime.memcpyAsync
             reached, gate = threading.Event(), threading.Event()
 
@@ -397,12 +404,12 @@ async def test_shutdown_finishes_work_and_refuses_more(fake: FakeDevice) -> None
     pendings = [backend.dispatch(program, [a, a]) for _ in range(20)]
     await backend.shutdown()
     assert all(p.done() for p in pendings)
-    assert not backend.device_context.bridge.running
+    assert not backend.executor.device_context.bridge.running
     with pytest.raises(BackendClosed):
         backend.dispatch(program, [a, a])
 
 
-async def test_cancelling_waiters_releases_everything(backend: CupyBackend) -> None:
+async def test_cancelling_waiters_releases_everything(backend: VyreBackend) -> None:
     spin, xor = contract.spin(), elementwise_xor(256)
     flag = backend.upload(np.zeros(1, np.uint32))
     await anyio.to_thread.run_sync(backend.download, flag)  # the upload finished
@@ -439,11 +446,13 @@ async def test_cancelling_waiters_releases_everything(backend: CupyBackend) -> N
             scope.cancel()
         # The victims' kernels are still spinning (the gate is shut): open it, so they end
         # and the survivors queued behind them on the same streams run.
-        ctypes.memmove(flag.native(backend).ptr, np.ones(1, np.uint32).ctypes.data, 4)
+        ctypes.memmove(flag.native(backend.executor).ptr, np.ones(1, np.uint32).ctypes.data, 4)
     assert len(scopes) == 100 and cancelled == 100
     assert survivors_ok == 100
     await backend.flush()  # the cancelled dispatches' device work ended and was released
-    assert backend.in_flight == 0 and max(backend.device_context.streams.busy()) == 0
+    assert (
+        backend.executor.in_flight == 0 and max(backend.executor.device_context.streams.busy()) == 0
+    )
     assert _threads() <= threads_before
     out = await backend.dispatch(xor, [np.full(256, 3, np.uint32), np.ones(256, np.uint32)])
     assert out[0].tolist() == [2] * 256
@@ -455,7 +464,7 @@ def _threads() -> int:
     return sum(not t.name.startswith("fake-stream") for t in threading.enumerate())
 
 
-async def test_empty_buffers_and_results_discarded_after_a_timeout(backend: CupyBackend) -> None:
+async def test_empty_buffers_and_results_discarded_after_a_timeout(backend: VyreBackend) -> None:
     empty = np.zeros(0, np.uint32)
     outputs = await backend.dispatch(accumulate(), [empty, empty])
     assert outputs[0].shape == (0,) and outputs[0].dtype == np.uint32
@@ -465,9 +474,11 @@ async def test_empty_buffers_and_results_discarded_after_a_timeout(backend: Cupy
     with pytest.raises(DispatchTimeout) as info:
         await pending
     assert "gated" in str(info.value) and "Fix:" in str(info.value)
-    ctypes.memmove(flag.native(backend).ptr, np.ones(1, np.uint32).ctypes.data, 4)
+    ctypes.memmove(flag.native(backend.executor).ptr, np.ones(1, np.uint32).ctypes.data, 4)
     await backend.flush()  # the kernel ended; its result was dropped and its memory released
-    assert backend.in_flight == 0 and max(backend.device_context.streams.busy()) == 0
+    assert (
+        backend.executor.in_flight == 0 and max(backend.executor.device_context.streams.busy()) == 0
+    )
     backend.free(flag)
 
 
@@ -482,11 +493,11 @@ def test_factory_uses_the_default_disk_cache(
         create_backend(disk_cache="elsewhere")
 
 
-async def test_arm_graph_joins_layers_on_the_device(backend: CupyBackend) -> None:
+async def test_arm_graph_joins_layers_on_the_device(backend: VyreBackend) -> None:
     """Every arm submitted at once; stream events order them on their resident buffers."""
     from tests.policies.kernels import binop
     from vyre_async.graph import ArmGraph
-    from vyre_reference import ReferenceBackend
+    from vyre_reference import reference_backend
 
     rng = np.random.default_rng(11)
     graph = ArmGraph(label="fake-device")
@@ -500,7 +511,7 @@ async def test_arm_graph_joins_layers_on_the_device(backend: CupyBackend) -> Non
     graph.arm(xor, {"a": "p", "b": "q", "out": "r"})
     graph.arm(add, {"a": "r", "b": "p", "out": "x"})  # rewrites x, read by the first arm
     on_device = await graph.run(backend)
-    reference = ReferenceBackend()
+    reference = reference_backend()
     expected = await graph.run(reference)
     await reference.shutdown()
     assert on_device.report.joins_on == "device"
@@ -563,7 +574,7 @@ def test_calibrate_measures_launch_modes_compile_and_copies(
 
 
 @pytest.fixture
-def own_backend(fake: FakeDevice) -> Iterator[CupyBackend]:
+def own_backend(fake: FakeDevice) -> Iterator[VyreBackend]:
     """A fake-device backend of the test's own, which the test closes."""
     backend = create_backend(disk_cache=None)
     yield backend
@@ -571,15 +582,15 @@ def own_backend(fake: FakeDevice) -> Iterator[CupyBackend]:
         anyio.run(backend.aclose)
 
 
-async def test_a_closed_backend_refuses_every_operation(own_backend: CupyBackend) -> None:
+async def test_a_closed_backend_refuses_every_operation(own_backend: VyreBackend) -> None:
     await contract.test_a_closed_backend_refuses_every_operation(own_backend)
 
 
-async def test_a_resident_buffer_of_another_instance_is_refused(own_backend: CupyBackend) -> None:
+async def test_a_resident_buffer_of_another_instance_is_refused(own_backend: VyreBackend) -> None:
     await contract.test_a_resident_buffer_of_another_instance_is_refused(own_backend)
 
 
-async def test_closing_gives_up_on_a_kernel_it_cannot_stop(own_backend: CupyBackend) -> None:
+async def test_closing_gives_up_on_a_kernel_it_cannot_stop(own_backend: VyreBackend) -> None:
     """A kernel cannot be stopped: close waits close_timeout, then fails its dispatch."""
     own_backend.close_timeout = 0.2
     flag = own_backend.upload(np.zeros(1, np.uint32))
@@ -595,12 +606,12 @@ async def test_closing_gives_up_on_a_kernel_it_cannot_stop(own_backend: CupyBack
         with pytest.raises(BackendClosed):
             own_backend.dispatch(gate(), [flag])
     finally:  # let the abandoned kernel end, so the emulator thread stops spinning
-        ctypes.memmove(flag.native(own_backend).ptr, np.ones(1, np.uint32).ctypes.data, 4)
+        ctypes.memmove(flag.native(own_backend.executor).ptr, np.ones(1, np.uint32).ctypes.data, 4)
 
 
 @pytest.mark.anyio
 async def test_the_span_is_the_callers_child_when_the_completion_thread_ends_it(
-    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Traced dispatch finished on the completion thread: the caller's trace, phases on it."""
     exporter, _ = otel_sdk.install()
@@ -608,7 +619,7 @@ async def test_the_span_is_the_callers_child_when_the_completion_thread_ends_it(
     program = elementwise_xor(64)
     a = np.arange(64, dtype=np.uint32)
     await backend.dispatch(program, [a, a])  # compiled
-    bridge = backend.device_context.bridge
+    bridge = backend.executor.device_context.bridge
     polled = bridge.polled
     exporter.clear()
     with trace.get_tracer("tests").start_as_current_span("request") as request:
@@ -625,12 +636,12 @@ async def test_the_span_is_the_callers_child_when_the_completion_thread_ends_it(
 
 
 async def test_a_download_is_ordered_before_a_writer_submitted_after_it(
-    backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """download() (blocking: from a worker thread) counts as a reader of the buffer."""
     from tests.cupy.fake_cupy import MEMCPY_D2H
 
-    ctx = backend.device_context
+    ctx = backend.executor.device_context
     x = backend.upload(np.ones(64, np.uint32))
     acc = backend.upload(np.zeros(64, np.uint32))
     assert (await anyio.to_thread.run_sync(backend.download, acc)).tolist() == [0] * 64
@@ -693,14 +704,14 @@ def test_forked_test_processes_load_library_copies_of_their_own(tmp_path: Path) 
 
 
 def _hold_next_upload(
-    monkeypatch: pytest.MonkeyPatch, backend: CupyBackend, device: FakeDevice, count: int = 1
+    monkeypatch: pytest.MonkeyPatch, backend: VyreBackend, device: FakeDevice, count: int = 1
 ) -> tuple[threading.Event, threading.Event]:
     """Hold the next ``count`` host-to-device copies on the device: their streams stop before.
 
     Returns ``(reached, gate)``: ``reached`` is set once the first stream stopped there;
     setting ``gate`` lets them go on. Later copies are not held.
     """
-    runtime = backend.device_context.runtime
+    runtime = backend.executor.device_context.runtime
     memcpy = runtime.memcpyAsync
     reached, gate = threading.Event(), threading.Event()
     left = [count]
@@ -721,7 +732,7 @@ def _hold_next_upload(
 
 
 def test_a_dispatch_with_resident_inputs_held_on_the_device_holds_back_no_other(
-    own_backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+    own_backend: VyreBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Dispatches with resident inputs settle on their own streams: one held on the device
     holds back no later one that shares no buffer with it."""
@@ -740,7 +751,7 @@ def test_a_dispatch_with_resident_inputs_held_on_the_device_holds_back_no_other(
 
 
 def test_a_writer_waits_for_the_readers_of_its_buffer_only(
-    own_backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+    own_backend: VyreBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A dispatch that writes a resident buffer waits for the earlier dispatches reading it,
     and for nothing else: not for other work, on another stream, still on the device."""
@@ -761,7 +772,7 @@ def test_a_writer_waits_for_the_readers_of_its_buffer_only(
 
 
 def test_a_dispatch_with_resident_inputs_out_of_memory_frees_its_stream(
-    backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     x = backend.upload(np.arange(1 << 12, dtype=np.uint32))
     try:
@@ -769,13 +780,13 @@ def test_a_dispatch_with_resident_inputs_out_of_memory_frees_its_stream(
         monkeypatch.setattr(fake, "memory_limit", fake.allocated + 1024)  # less than its arena
         with pytest.raises(DeviceOutOfMemory, match="Fix:"):
             backend.dispatch_sync(accumulate(), [x, np.zeros(1 << 12, np.uint32)])
-        assert max(backend.device_context.streams.busy()) == 0  # its stream is free again
+        assert max(backend.executor.device_context.streams.busy()) == 0  # its stream is free again
     finally:
         backend.free(x)
 
 
 def test_a_dispatch_with_resident_inputs_times_its_own_work(
-    own_backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    own_backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its device time and upload/launch/readback phases come from its own events: none
     negative or longer than the dispatch took (on a backend of its own every event is new:
@@ -788,7 +799,7 @@ def test_a_dispatch_with_resident_inputs_times_its_own_work(
 
 
 def test_dispatches_that_only_read_a_resident_buffer_wait_for_no_one_another(
-    own_backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+    own_backend: VyreBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Readers of one resident buffer wait for its last write only: one held on the device
     holds back no later reader."""
@@ -824,7 +835,7 @@ def test_a_kernel_that_fails_on_the_device_says_so(
 
 
 def test_a_launch_shape_keeps_two_stagings_for_its_next_launches(
-    own_backend: CupyBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
+    own_backend: VyreBackend, fake: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Up to two stagings (device arena and pinned buffer) of a launch shape stay allocated
     for its next launches, for arenas up to SPARE_ARENA_BYTES included."""
@@ -864,7 +875,7 @@ def _assert_timed_by_its_own_events(pending: PendingDispatch, *, empty_phases: b
 
 
 def test_launch_shapes_beyond_the_templates_kept_still_run(
-    own_backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    own_backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cuda_launch, "TEMPLATES_PER_KERNEL", 2)  # a third shape drops one
     templates = own_backend.compile(accumulate()).native.templates
@@ -880,7 +891,7 @@ def test_launch_shapes_beyond_the_templates_kept_still_run(
 
 
 def test_a_plain_dispatch_times_its_own_work(
-    own_backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    own_backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its device time and phases come from its own events: none empty, negative or longer
     than the dispatch took (on a backend of its own every event is new: one left unrecorded

@@ -30,9 +30,9 @@ from tests.conformance.corpus import cases
 from tests.cupy.op_table import op_cases
 from tests.cupy.unit_programs import unit_cases
 from tests.strategies import programs, small_inputs_for
-from vyre_async import DispatchConfig, DType, InvalidProgram, UnsupportedFeature
+from vyre_async import DispatchConfig, DType, InvalidProgram, UnsupportedFeature, VyreBackend
 from vyre_async.shadow import compare_outputs
-from vyre_cupy import CupyBackend, create_backend
+from vyre_cupy import create_backend
 from vyre_reference import execute
 
 
@@ -54,11 +54,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=str
 
 
 @pytest.fixture(scope="module")
-def gpu() -> CupyBackend:
+def gpu() -> VyreBackend:
     return create_backend(disk_cache=None)
 
 
-def test_corpus_byte_for_byte(gpu: CupyBackend) -> None:
+def test_corpus_byte_for_byte(gpu: VyreBackend) -> None:
     for case in cases():
         if case.error is not None:
             with pytest.raises(case.error):
@@ -71,7 +71,7 @@ def test_corpus_byte_for_byte(gpu: CupyBackend) -> None:
         assert divergence is None, str(divergence)
 
 
-def test_every_operator_on_edge_values(gpu: CupyBackend) -> None:
+def test_every_operator_on_edge_values(gpu: VyreBackend) -> None:
     for case in op_cases() + unit_cases():
         outputs = gpu.dispatch_sync(case.program, list(case.inputs))
         want = execute(case.program, list(case.inputs))
@@ -82,7 +82,7 @@ def test_every_operator_on_edge_values(gpu: CupyBackend) -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_random_programs_on_one_lane_match_the_reference(
-    gpu: CupyBackend, data: st.DataObject
+    gpu: VyreBackend, data: st.DataObject
 ) -> None:
     # One lane: no other lane can race, so GPU and lockstep reference must agree exactly.
     program = data.draw(programs(), label="program")
@@ -94,7 +94,7 @@ def test_random_programs_on_one_lane_match_the_reference(
     assert divergence is None, f"{divergence}\n{program!r}"
 
 
-def test_subnormals_survive(gpu: CupyBackend) -> None:
+def test_subnormals_survive(gpu: VyreBackend) -> None:
     from vyre_async.programs import saxpy
 
     tiny = np.array([1e-45, 1e-40, -3e-39], np.float32)
@@ -105,7 +105,7 @@ def test_subnormals_survive(gpu: CupyBackend) -> None:
 
 
 def test_device_timing_phases_and_one_completion_thread(
-    gpu: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    gpu: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from vyre_async.pending import DispatchCompleter
     from vyre_async.programs import elementwise_xor
@@ -126,7 +126,7 @@ def test_device_timing_phases_and_one_completion_thread(
     assert phases[-3:] == ["vyre.upload", "vyre.launch", "vyre.readback"]
 
 
-def test_resident_buffers(gpu: CupyBackend) -> None:
+def test_resident_buffers(gpu: VyreBackend) -> None:
     from tests.cupy.device_programs import accumulate
 
     x = gpu.upload(np.arange(1 << 16, dtype=np.uint32))
@@ -143,7 +143,7 @@ def test_resident_buffers(gpu: CupyBackend) -> None:
         gpu.download(acc)
 
 
-def test_limits_are_checked_before_launch(gpu: CupyBackend) -> None:
+def test_limits_are_checked_before_launch(gpu: VyreBackend) -> None:
     from vyre_async.programs import elementwise_xor
 
     a = np.zeros(4, np.uint32)
@@ -187,7 +187,7 @@ def test_disk_cache_skips_nvrtc_in_a_fresh_process(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["persistent", "command_reuse"])
 def test_corpus_batched_as_one_persistent_launch_or_graph_replays(
-    gpu: CupyBackend, mode: str
+    gpu: VyreBackend, mode: str
 ) -> None:
     """Every corpus case, 3 input sets per batch, equals the reference item by item."""
     from tests.cupy.test_cupy_batch import check_corpus_batched
@@ -195,7 +195,7 @@ def test_corpus_batched_as_one_persistent_launch_or_graph_replays(
     check_corpus_batched(gpu, mode)
 
 
-def test_large_persistent_batch_loops_its_blocks_over_every_task(gpu: CupyBackend) -> None:
+def test_large_persistent_batch_loops_its_blocks_over_every_task(gpu: VyreBackend) -> None:
     """More tasks than the device holds at once: the persistent blocks loop in place."""
     from vyre_async.programs import elementwise_xor
 
@@ -211,7 +211,7 @@ def test_large_persistent_batch_loops_its_blocks_over_every_task(gpu: CupyBacken
             assert pending.record.attributes["vyre.batch.mode"] == mode
 
 
-def test_done_callbacks_and_shadow_comparisons_on_the_callback_thread(gpu: CupyBackend) -> None:
+def test_done_callbacks_and_shadow_comparisons_on_the_callback_thread(gpu: VyreBackend) -> None:
     """Done-callbacks of 512 GPU dispatches run once each on ``vyre-callbacks``;
     a callback may wait on the GPU itself; a shadow comparing every dispatch with the
     reference finds no divergence."""
@@ -220,7 +220,7 @@ def test_done_callbacks_and_shadow_comparisons_on_the_callback_thread(gpu: CupyB
     from vyre_async import ShadowBackend
     from vyre_async.pending import PendingDispatch, wait_for_callbacks
     from vyre_async.programs import elementwise_xor
-    from vyre_reference import ReferenceBackend
+    from vyre_reference import reference_backend
 
     program = elementwise_xor(1024)
     rng = np.random.default_rng(11)
@@ -252,7 +252,7 @@ def test_done_callbacks_and_shadow_comparisons_on_the_callback_thread(gpu: CupyB
     assert all(ok and name == "vyre-callbacks" for _, name, ok in seen)
     assert nested == [True]
 
-    shadow = ShadowBackend(gpu, ReferenceBackend(), sample_rate=1.0, seed=1)
+    shadow = ShadowBackend(gpu, reference_backend(), sample_rate=1.0, seed=1)
 
     async def main() -> None:
         for _ in range(64):
@@ -262,4 +262,4 @@ def test_done_callbacks_and_shadow_comparisons_on_the_callback_thread(gpu: CupyB
         await shadow.flush()
 
     anyio.run(main)
-    assert shadow.stats.compared == 64 and shadow.stats.divergences == 0
+    assert shadow.executor.stats.compared == 64 and shadow.executor.stats.divergences == 0

@@ -39,13 +39,13 @@ import vyre_cupy.compile
 import vyre_cupy.device
 from tests.cupy.device_programs import accumulate
 from tests.cupy.fake_cupy import FakeDevice
-from vyre_async import DiskPipelineCache, DispatchConfig
+from vyre_async import DiskPipelineCache, DispatchConfig, VyreBackend
 from vyre_async.execution import choose_execution_mode, requested_mode
 from vyre_async.ir import Program
 from vyre_async.pipeline import CompiledPipeline, Launch
 from vyre_async.plan import BindingPlan, LaunchGeometry
 from vyre_async.programs import elementwise_xor
-from vyre_cupy import CupyBackend, create_backend
+from vyre_cupy import CupyExecutor, create_backend
 from vyre_cupy.batch import batch_obstacle, enqueue_replay, graph_for
 from vyre_cupy.device import DeviceInfo
 from vyre_cupy.kernel import CudaKernel
@@ -56,7 +56,7 @@ MISS, HIT = "miss", "hit"
 XOR = elementwise_xor(64)
 
 
-def shutdown(backend: CupyBackend) -> None:
+def shutdown(backend: VyreBackend) -> None:
     anyio.run(backend.shutdown)
 
 
@@ -82,7 +82,7 @@ def reference(prog: Program, inputs: list[np.ndarray], cfg: DispatchConfig) -> l
 
 
 @pytest.fixture(scope="module")
-def backend(fake: FakeDevice) -> Iterator[CupyBackend]:
+def backend(fake: FakeDevice) -> Iterator[VyreBackend]:
     made = create_backend(disk_cache=None, prefetch=False)
     yield made
     shutdown(made)
@@ -202,7 +202,7 @@ COMPILER_CASES: dict[str, list[tuple[str, Patch, str]]] = {
 
 # What the backend object adds: its version (in the identity); settings that change no code.
 BACKEND_CASES: list[tuple[str, Patch, str]] = [
-    ("backend version", _set(lambda: CupyBackend, "version", "9.9.9"), MISS),
+    ("backend version", _set(lambda: CupyExecutor, "version", "9.9.9"), MISS),
     ("fewer streams", lambda mp: {"streams": 2}, HIT),
     ("no prefetcher", lambda mp: {"prefetch": False}, HIT),
 ]
@@ -219,7 +219,7 @@ def test_the_identity_has_a_case_for_every_device_and_compiler_input() -> None:
     fields = {f.name for f in dataclasses.fields(DeviceInfo)}
     assert set(DEVICE_CASES) == fields
     # What the fingerprints read: every DeviceInfo field they read is a miss case ...
-    read = _names_read(DeviceInfo.fingerprint.fget) | _names_read(CupyBackend.compiler_fingerprint)
+    read = _names_read(DeviceInfo.fingerprint.fget) | _names_read(CupyExecutor.compiler_fingerprint)
     misses = {name for name, cases in DEVICE_CASES.items() if any(v == MISS for *_, v in cases)}
     assert read & fields == misses - {"nvrtc_archs"}  # (the archs reach it as the target)
     assert "_target" in read
@@ -236,7 +236,7 @@ TABLE = [
 
 
 #: The fingerprint(s) each input of the identity reaches. The compiler fingerprint
-#: reads the target (``-arch``), which `CupyBackend` chooses from the compute
+#: reads the target (``-arch``), which `CupyExecutor` chooses from the compute
 #: capability and NVRTC's architectures.
 FINGERPRINT_OF: dict[str, set[str]] = {
     "name": {"device"},
@@ -256,13 +256,13 @@ TARGET_INPUTS = {"compute_capability", "nvrtc_archs"}
 def test_each_fingerprint_reads_the_inputs_it_is_said_to() -> None:
     fields = {f.name for f in dataclasses.fields(DeviceInfo)}
     device = _names_read(DeviceInfo.fingerprint.fget) & fields
-    compiler = _names_read(CupyBackend.compiler_fingerprint) & (fields | set(COMPILER_CASES))
+    compiler = _names_read(CupyExecutor.compiler_fingerprint) & (fields | set(COMPILER_CASES))
     assert device == {f for f, parts in FINGERPRINT_OF.items() if "device" in parts}
     assert compiler | TARGET_INPUTS == {
         f for f, parts in FINGERPRINT_OF.items() if "compiler" in parts
     }
     assert "choose_target(info.compute_capability, info.nvrtc_archs)" in inspect.getsource(
-        CupyBackend.__init__
+        CupyExecutor.__init__
     )
 
 
@@ -330,7 +330,7 @@ def _templates(pipeline: CompiledPipeline) -> dict[tuple[int, ...], Any]:
     return kernel.templates
 
 
-def test_a_template_input_changed_alone(backend: CupyBackend) -> None:
+def test_a_template_input_changed_alone(backend: VyreBackend) -> None:
     prog = elementwise_xor(96)  # a size no other test of this module uses
     pipeline = backend.compile(prog)
     base_inputs = xor_inputs(96)
@@ -359,7 +359,7 @@ def test_a_template_input_changed_alone(backend: CupyBackend) -> None:
     assert templates[(96, 96, 96)] is base
 
 
-def test_templates_are_per_kernel(backend: CupyBackend) -> None:
+def test_templates_are_per_kernel(backend: VyreBackend) -> None:
     """The counts are the whole key only within one kernel: another kernel has its own."""
     xor = backend.compile(elementwise_xor(48))
     acc = backend.compile(accumulate())
@@ -397,7 +397,7 @@ def _replay(
     return results
 
 
-def test_the_graph_key_has_a_case_for_every_component(backend: CupyBackend) -> None:
+def test_the_graph_key_has_a_case_for_every_component(backend: VyreBackend) -> None:
     pipeline = backend.compile(elementwise_xor(72))
     _replay(pipeline, _batch_inputs(pipeline.program, 72, 2, 0), DispatchConfig())
     kernel = pipeline.native
@@ -413,7 +413,7 @@ def test_the_graph_key_has_a_case_for_every_component(backend: CupyBackend) -> N
 )
 def test_a_graph_key_component_changed_alone(
     fake: FakeDevice,
-    backend: CupyBackend,
+    backend: VyreBackend,
     case: tuple[Program, DispatchConfig, DispatchConfig, int],
 ) -> None:
     prog, base_cfg, changed, n = case
@@ -436,7 +436,7 @@ def test_a_graph_key_component_changed_alone(
         assert_outputs(outputs, reference(prog, inputs, changed))
 
 
-def test_the_graph_workgroup_changed_alone(fake: FakeDevice, backend: CupyBackend) -> None:
+def test_the_graph_workgroup_changed_alone(fake: FakeDevice, backend: VyreBackend) -> None:
     """A launch of one kernel with another block shape gets its own graph (and replays right).
 
     No dispatch can make it (see GRAPH_CASES), so the launch is planned and
@@ -461,12 +461,13 @@ def test_the_graph_workgroup_changed_alone(fake: FakeDevice, backend: CupyBacken
         launch.completer,
         0.0,
         launch.template,
+        shape=launch.shape,
     )
 
-    graph = graph_for(backend.device_context, kernel, narrow)
+    graph = graph_for(backend.executor.device_context, kernel, narrow)
     assert fake.captures == captures + 1
-    assert graph is not graph_for(backend.device_context, kernel, launch)
-    enqueue_replay(backend.device_context, [narrow], kernel)
+    assert graph is not graph_for(backend.executor.device_context, kernel, launch)
+    enqueue_replay(backend.executor.device_context, [narrow], kernel)
 
     want = execute(prog, inputs, grid_override=grid, workgroup_override=(32, 1, 1))
     assert_outputs(launch.pending.result(), want)
@@ -484,7 +485,7 @@ def test_the_graph_workgroup_changed_alone(fake: FakeDevice, backend: CupyBacken
     ids=["label", "timeout", "max_output_bytes", "profile"],
 )
 def test_what_the_graph_does_not_depend_on_hits(
-    fake: FakeDevice, backend: CupyBackend, changed: DispatchConfig
+    fake: FakeDevice, backend: VyreBackend, changed: DispatchConfig
 ) -> None:
     prog = elementwise_xor(160)
     pipeline = backend.compile(prog)
@@ -504,7 +505,7 @@ def test_what_the_graph_does_not_depend_on_hits(
 
 
 def test_a_batch_of_launches_differing_in_one_shape_input_runs_plain(
-    backend: CupyBackend,
+    backend: VyreBackend,
 ) -> None:
     """``batch_obstacle``'s shape (counts, geometry, iterations): each alone makes it mixed.
 
@@ -540,7 +541,7 @@ def test_a_batch_of_launches_differing_in_one_shape_input_runs_plain(
         assert batch_obstacle(launches, "command_reuse", kernel) == reason, name
         assert batch_obstacle(launches, "persistent", kernel) == reason, name
 
-        backend.enqueue_batch(launches, decision)
+        backend.executor.enqueue_batch(launches, decision)
 
         for (inputs, c), launch in zip(batch, launches, strict=True):
             assert_outputs(launch.pending.result(), reference(prog, inputs, c))

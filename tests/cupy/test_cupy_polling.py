@@ -22,10 +22,10 @@ import pytest
 
 import vyre_cupy.launch as cuda_launch
 from tests.cupy.fake_cupy import FakeDevice
-from vyre_async import DispatchConfig
+from vyre_async import DispatchConfig, VyreBackend
 from vyre_async.pending import DispatchCompleter
 from vyre_async.programs import elementwise_xor
-from vyre_cupy import CupyBackend, create_backend
+from vyre_cupy import create_backend
 from vyre_cupy.completion import CompletionBridge
 
 pytestmark = pytest.mark.anyio
@@ -315,22 +315,22 @@ def test_take_over_ends_the_quiet_time(bridge: CompletionBridge, state: str) -> 
 
 
 @pytest.fixture(scope="module")
-def backend(fake: FakeDevice) -> Iterator[CupyBackend]:
+def backend(fake: FakeDevice) -> Iterator[VyreBackend]:
     backend = create_backend(disk_cache=None)
     yield backend
     anyio.run(backend.shutdown)
 
 
 @pytest.fixture
-def timed(fake: FakeDevice, backend: CupyBackend) -> Iterator[FakeDevice]:
+def timed(fake: FakeDevice, backend: VyreBackend) -> Iterator[FakeDevice]:
     """The device in timed mode: each kernel occupies 2 ms of the device timeline."""
-    assert backend.device_context.bridge.wait_idle(EVENTUALLY_S)
+    assert backend.executor.device_context.bridge.wait_idle(EVENTUALLY_S)
     fake.timed, fake.kernel_s = True, 0.002
     try:
         yield fake
     finally:
         fake.timed, fake.kernel_s = False, 0.0
-        bridge = backend.device_context.bridge
+        bridge = backend.executor.device_context.bridge
         bridge.take_over()  # no quiet time left over for the next test
         assert bridge.wait_idle(EVENTUALLY_S)
 
@@ -340,22 +340,22 @@ def xor_inputs(n: int) -> tuple[np.ndarray, np.ndarray]:
     return a, np.arange(n, dtype=np.uint32) + np.uint32(12345)
 
 
-async def idle(backend: CupyBackend) -> None:
+async def idle(backend: VyreBackend) -> None:
     """Wait (off the loop) until nothing is in flight on the bridge."""
-    bridge = backend.device_context.bridge
+    bridge = backend.executor.device_context.bridge
     assert await anyio.to_thread.run_sync(bridge.wait_idle, EVENTUALLY_S)
 
 
 @asyncio_only
 async def test_an_awaited_dispatch_is_finished_by_the_awaiting_loops_poll(
-    backend: CupyBackend, timed: FakeDevice, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, timed: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A budget far longer than the 2 ms kernel: the loop polls until the event fires
     # (the default 200 us would be spent before a 2 ms kernel ends).
     monkeypatch.setattr(cuda_launch, "POLL_BUDGET_S", NEVER_S)
     program = elementwise_xor(64)
     a, b = xor_inputs(64)
-    bridge = backend.device_context.bridge
+    bridge = backend.executor.device_context.bridge
     await backend.dispatch(program, [a, b])  # compiled and warm
     await idle(backend)
     polled, launches = bridge.polled, timed.launches
@@ -367,12 +367,12 @@ async def test_an_awaited_dispatch_is_finished_by_the_awaiting_loops_poll(
 
 
 async def test_without_a_poll_budget_the_bridge_finishes_the_dispatch(
-    backend: CupyBackend, timed: FakeDevice, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, timed: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cuda_launch, "POLL_BUDGET_S", 0.0)
     program = elementwise_xor(64)
     a, b = xor_inputs(64)
-    bridge = backend.device_context.bridge
+    bridge = backend.executor.device_context.bridge
     await backend.dispatch(program, [a, b])
     await idle(backend)
     polled, launches = bridge.polled, timed.launches
@@ -385,13 +385,13 @@ async def test_without_a_poll_budget_the_bridge_finishes_the_dispatch(
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_a_dispatch_awaited_from_trio_goes_to_the_bridge_at_once(
-    backend: CupyBackend, timed: FakeDevice, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, timed: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Trio tasks do not poll: their launches must not be left to a poll that never comes."""
     monkeypatch.setattr(cuda_launch, "POLL_BUDGET_S", NEVER_S)
     program = elementwise_xor(64)
     a, b = xor_inputs(64)
-    bridge = backend.device_context.bridge
+    bridge = backend.executor.device_context.bridge
     await backend.dispatch(program, [a, b])
     await idle(backend)
     polled = bridge.polled
@@ -402,22 +402,22 @@ async def test_a_dispatch_awaited_from_trio_goes_to_the_bridge_at_once(
 
 
 def test_a_dispatch_from_a_plain_thread_goes_to_the_bridge_at_once(
-    backend: CupyBackend, timed: FakeDevice, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, timed: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cuda_launch, "POLL_BUDGET_S", NEVER_S)
     program = elementwise_xor(64)
     a, b = xor_inputs(64)
     backend.dispatch(program, [a, b]).result(timeout=EVENTUALLY_S)
-    assert backend.device_context.bridge.wait_idle(EVENTUALLY_S)
+    assert backend.executor.device_context.bridge.wait_idle(EVENTUALLY_S)
     pending = backend.dispatch(program, [a, b])
     # Finished by the bridge, not left quiet for a minute (done() alone never waits).
-    assert backend.device_context.bridge.wait_idle(EVENTUALLY_S)
+    assert backend.executor.device_context.bridge.wait_idle(EVENTUALLY_S)
     assert pending.done()
     assert pending.result(timeout=0)[0].tolist() == (a ^ b).tolist()
 
 
 async def test_dispatches_under_the_default_budget_are_correct_whoever_finishes_them(
-    backend: CupyBackend, timed: FakeDevice
+    backend: VyreBackend, timed: FakeDevice
 ) -> None:
     program = elementwise_xor(64)
     a, b = xor_inputs(64)
@@ -451,7 +451,7 @@ class Handoffs:
 
 @asyncio_only
 async def test_an_asyncio_dispatch_is_left_to_its_loop_for_the_poll_budget(
-    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The loop polls for the budget (then hands over to the bridge), the bridge stays quiet
     as long, and the launch learns its shape's end (any budget, however short)."""
@@ -459,26 +459,26 @@ async def test_an_asyncio_dispatch_is_left_to_its_loop_for_the_poll_budget(
     program = elementwise_xor(64)
     a, b = xor_inputs(64)
     await backend.dispatch(program, [a, b])
-    bridge = backend.device_context.bridge
+    bridge = backend.executor.device_context.bridge
     handoffs = Handoffs(monkeypatch, bridge)
     with anyio.fail_after(EVENTUALLY_S):
         outputs = await backend.dispatch(program, [a, b])
     assert outputs[0].tolist() == (a ^ b).tolist()
     (submit,) = handoffs.submits
     assert submit["quiet_s"] == 0.25 and submit["queue"] == submit["stream"]
-    assert submit["ends"] is not None  # the shape's LaunchTemplate.ends: it learns
+    assert submit["ends"] is not None  # the shape's KernelLayout.ends: it learns
     assert handoffs.polls == [{"budget_s": 0.25, "give_up": bridge.take_over}]
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_a_trio_dispatch_is_handed_to_the_bridge_with_no_quiet_time(
-    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cuda_launch, "POLL_BUDGET_S", NEVER_S)
     program = elementwise_xor(64)
     a, b = xor_inputs(64)
     await backend.dispatch(program, [a, b])
-    handoffs = Handoffs(monkeypatch, backend.device_context.bridge)
+    handoffs = Handoffs(monkeypatch, backend.executor.device_context.bridge)
     with anyio.fail_after(EVENTUALLY_S):
         await backend.dispatch(program, [a, b])
     assert [(h["quiet_s"], h["ends"]) for h in handoffs.submits] == [(0.0, None)]
@@ -486,7 +486,7 @@ async def test_a_trio_dispatch_is_handed_to_the_bridge_with_no_quiet_time(
 
 
 def test_a_thread_dispatch_is_handed_to_the_bridge_with_no_quiet_time(
-    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Work dispatched from a thread and not waited on (callbacks, ``done()``) is the bridge's
     at once: a quiet window would hold its callbacks back for nobody's poll."""
@@ -494,7 +494,7 @@ def test_a_thread_dispatch_is_handed_to_the_bridge_with_no_quiet_time(
     program = elementwise_xor(64)
     a, b = xor_inputs(64)
     backend.dispatch(program, [a, b]).result(timeout=EVENTUALLY_S)
-    handoffs = Handoffs(monkeypatch, backend.device_context.bridge)
+    handoffs = Handoffs(monkeypatch, backend.executor.device_context.bridge)
     settled = threading.Event()
     pending = backend.dispatch(program, [a, b])
     pending.add_done_callback(lambda _: settled.set())
@@ -518,9 +518,9 @@ def strided(a: np.ndarray) -> np.ndarray:
     ["2-d", "strided", "fortran-order", "strided-2-d"],
 )
 async def test_inputs_of_any_shape_and_strides_give_the_flat_result(
-    backend: CupyBackend, shape: str
+    backend: VyreBackend, shape: str
 ) -> None:
-    assert backend.copies_inputs  # the driver hands over the caller's arrays
+    assert backend.executor.copies_inputs  # the driver hands over the caller's arrays
     program = elementwise_xor(64)
     a, b = xor_inputs(64)
     expected = await backend.dispatch(program, [a, b])
@@ -539,7 +539,7 @@ async def test_inputs_of_any_shape_and_strides_give_the_flat_result(
     assert outputs[0].tolist() == expected[0].tolist()
 
 
-async def test_a_strided_and_a_reversed_view_match_their_flat_copies(backend: CupyBackend) -> None:
+async def test_a_strided_and_a_reversed_view_match_their_flat_copies(backend: VyreBackend) -> None:
     program = elementwise_xor(64)
     view = np.arange(128, dtype=np.uint32)[::2]
     other = np.arange(64, dtype=np.uint32)[::-1]  # negative stride
@@ -550,7 +550,7 @@ async def test_a_strided_and_a_reversed_view_match_their_flat_copies(backend: Cu
 
 @pytest.mark.parametrize("shape", ["flat", "2-d", "strided"])
 async def test_mutating_the_inputs_after_dispatch_does_not_change_the_result(
-    backend: CupyBackend, shape: str
+    backend: VyreBackend, shape: str
 ) -> None:
     program = elementwise_xor(64)
     a, b = xor_inputs(64)
@@ -609,10 +609,10 @@ def test_quiet_work_nobody_polls_is_not_starved_by_polled_work_coming_after_it(
 
 
 async def test_a_small_shape_reuses_its_staging_and_never_mixes_inputs(
-    backend: CupyBackend, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Finished launches hand their arena and pinned staging to the next of the shape."""
-    ctx = backend.device_context
+    ctx = backend.executor.device_context
     allocations: list[int] = []
     alloc = ctx.alloc
 
@@ -830,7 +830,7 @@ def test_a_spin_stops_at_spin_max(clock: Clock, monkeypatch: pytest.MonkeyPatch)
 
 @asyncio_only
 async def test_awaited_launches_teach_their_shape_when_they_end(
-    backend: CupyBackend, timed: FakeDevice, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, timed: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cuda_launch, "POLL_BUDGET_S", NEVER_S)
     program = elementwise_xor(64)

@@ -82,7 +82,7 @@ from typing import TYPE_CHECKING
 import vyre_cupy.layout
 from vyre_cupy.context import DeviceContext
 if TYPE_CHECKING:
-    from vyre_cupy.backend import CupyBackend
+    from vyre_cupy.backend import CupyExecutor
 def late():
     from vyre_cupy import batch
     from . import streams

@@ -1,4 +1,4 @@
-"""A minimal backend for testing the backend-neutral driver machinery.
+"""A minimal executor for testing the backend-neutral driver machinery.
 
 It "compiles" a program to its wire bytes (so the disk cache has real bytes to
 store) and answers every dispatch inline with the outputs as initialised:
@@ -14,16 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from vyre_async.backend import VyreBackend
+from vyre_async.abc import Executor
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.ir import Access, Program
-from vyre_async.pending import PendingDispatch
 from vyre_async.pipeline import Launch
 from vyre_async.resident import ResidentBuffer
 
 
-class BytesBackend(VyreBackend):
+class BytesBackend(Executor):
     id = "bytes-test"
     version = "1.0"
 
@@ -52,7 +51,7 @@ class BytesBackend(VyreBackend):
         assert Program.from_wire(payload) == program
         return payload
 
-    def enqueue(self, launch: Launch) -> PendingDispatch:
+    def enqueue(self, launch: Launch) -> None:
         self.launches.append(launch)
         outputs = []
         inputs = dict(zip((d.name for d in launch.plan.inputs), launch.inputs, strict=True))
@@ -65,7 +64,6 @@ class BytesBackend(VyreBackend):
                 outputs.append(np.zeros(launch.plan.count_of(decl.name), decl.dtype.numpy))
         launch.completer.mark_started()
         launch.completer.resolve(outputs, device_s=0.0, compile_s=launch.compile_s)
-        return launch.pending
 
 
 class DelayBackend(BytesBackend):
@@ -83,9 +81,8 @@ class DelayBackend(BytesBackend):
         self._worker = threading.Thread(target=self._serve, daemon=True)
         self._worker.start()
 
-    def enqueue(self, launch: Launch) -> PendingDispatch:
+    def enqueue(self, launch: Launch) -> None:
         self._queue.put((launch, time.time_ns()))
-        return launch.pending
 
     def _serve(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -101,6 +98,10 @@ class DelayBackend(BytesBackend):
             launch.completer.annotate("vyre.stream", 1)
             launch.completer.resolve(outputs, device_s=self.delay)
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """End the worker thread (after the dispatches queued so far)."""
         self._queue.put(None)
         self._worker.join()
+
+    async def close(self, timeout: float) -> None:
+        self._queue.put(None)  # the worker ends after what is queued (a daemon: never waited)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from tests.driver.fakes import BytesBackend
+from tests.helpers import backend_of
 from vyre_async import (
     BackendError,
     BackendRegistration,
@@ -27,6 +28,7 @@ from vyre_async import (
     UnsupportedFeature,
 )
 from vyre_async.arguments import real_number, wait_seconds
+from vyre_async.backend import VyreBackend
 from vyre_async.cache.disk import DiskPipelineCache
 from vyre_async.cache.memory import MemoryPipelineCache
 from vyre_async.calibration import CalibrationStore
@@ -35,15 +37,15 @@ from vyre_async.graph import ArmGraph
 from vyre_async.ir import Access, Assign, BufferDecl, DType, Let, Load, Loop, Program, Var, u32
 from vyre_async.programs import elementwise_xor, sum_reduction
 from vyre_async.tracing import configure_tracing
-from vyre_reference import ReferenceBackend
+from vyre_reference import reference_backend
 
 U = np.uint32
 XOR = elementwise_xor(64)
 A = np.arange(64, dtype=U)
 
 
-def _backend() -> ReferenceBackend:
-    return ReferenceBackend(prefetch=False)
+def _backend() -> VyreBackend:
+    return reference_backend(prefetch=False)
 
 
 BAD_CALLS: dict[str, Callable[[], object]] = {
@@ -77,14 +79,14 @@ BAD_CALLS: dict[str, Callable[[], object]] = {
     ),
     "ShadowBackend(sample_rate=2)": lambda: ShadowBackend(_backend(), _backend(), sample_rate=2),
     "ShadowBackend(primary=None)": lambda: ShadowBackend(None, _backend()),  # type: ignore[arg-type]
-    "ReferenceBackend(max_workers=0)": lambda: ReferenceBackend(max_workers=0),
-    "ReferenceBackend(max_workers='2')": lambda: ReferenceBackend(max_workers="2"),  # type: ignore[arg-type]
-    "ReferenceBackend(inline_ns=-1)": lambda: ReferenceBackend(inline_ns=-1),
-    "ReferenceBackend(close_timeout=inf)": lambda: ReferenceBackend(close_timeout=math.inf),
-    "ReferenceBackend(pipeline_cache_capacity=0)": lambda: ReferenceBackend(
+    "reference_backend(max_workers=0)": lambda: reference_backend(max_workers=0),
+    "reference_backend(max_workers='2')": lambda: reference_backend(max_workers="2"),  # type: ignore[arg-type]
+    "reference_backend(inline_ns=-1)": lambda: reference_backend(inline_ns=-1),
+    "reference_backend(close_timeout=inf)": lambda: reference_backend(close_timeout=math.inf),
+    "reference_backend(pipeline_cache_capacity=0)": lambda: reference_backend(
         pipeline_cache_capacity=0
     ),
-    "ReferenceBackend(disk_cache='/tmp')": lambda: ReferenceBackend(disk_cache="/tmp"),  # type: ignore[arg-type]
+    "reference_backend(disk_cache='/tmp')": lambda: reference_backend(disk_cache="/tmp"),  # type: ignore[arg-type]
     "result(timeout='1')": lambda: _backend().dispatch(XOR, [A, A]).result(timeout="1"),  # type: ignore[arg-type]
     "result(timeout=nan)": lambda: _backend().dispatch(XOR, [A, A]).result(timeout=math.nan),
     "graph resource 2**40": lambda: ArmGraph().resource("r", "u32", 2**40),
@@ -99,7 +101,7 @@ BAD_CALLS: dict[str, Callable[[], object]] = {
         )
     ),
     "MemoryPipelineCache(0)": lambda: MemoryPipelineCache(0),
-    "ReferenceBackend(close_timeout=10**400)": lambda: ReferenceBackend(close_timeout=10**400),
+    "reference_backend(close_timeout=10**400)": lambda: reference_backend(close_timeout=10**400),
     "download(5)": lambda: _backend().download(5),  # type: ignore[arg-type]
     "free('buffer')": lambda: _backend().free("buffer"),  # type: ignore[arg-type]
     "DiskPipelineCache(123)": lambda: DiskPipelineCache(123),  # type: ignore[arg-type]
@@ -145,7 +147,7 @@ def _slow_program() -> Program:
 @pytest.mark.parametrize("timeout", [1e10, 1e300, math.inf, 10**400])
 def test_huge_timeouts_wait_like_no_timeout(timeout: float) -> None:
     """DispatchConfig(timeout=1e10) or result(timeout=1e10) raised a raw OverflowError."""
-    backend = ReferenceBackend(inline_ns=0)
+    backend = reference_backend(inline_ns=0)
     n = [np.array([200_000], U)]  # long enough that both waits really block (0.1.0 overflowed)
     config = DispatchConfig(timeout=timeout)
     assert backend.dispatch(_slow_program(), n, config).result()[0].tolist() == [0]
@@ -154,7 +156,7 @@ def test_huge_timeouts_wait_like_no_timeout(timeout: float) -> None:
 
 @pytest.mark.anyio
 async def test_huge_timeouts_can_be_awaited() -> None:
-    backend = ReferenceBackend(inline_ns=0)
+    backend = reference_backend(inline_ns=0)
     pending = backend.dispatch(
         _slow_program(), [np.array([20_000], U)], DispatchConfig(timeout=1e10)
     )
@@ -173,7 +175,7 @@ class Limited(BytesBackend):
 
 def test_workgroup_override_is_checked_against_the_backend() -> None:
     """(2**31, 1, 1) ran for 4.4 s on the reference backend in 0.1.0."""
-    backend = Limited()
+    backend = backend_of(Limited)
     ok = backend.dispatch(XOR, [A, A], DispatchConfig(workgroup_override=(128, 1, 1)))
     assert ok.result()[0].size == 64
     for shape in [(512, 1, 1), (64, 8, 1), (1, 1, 2)]:
@@ -181,14 +183,14 @@ def test_workgroup_override_is_checked_against_the_backend() -> None:
             config = DispatchConfig(workgroup_override=shape, grid_override=1)
             backend.dispatch(XOR, [A, A], config)
         assert info.value.feature == "workgroup size"  # type: ignore[attr-defined]
-    reference = ReferenceBackend()
+    reference = reference_backend()
     with pytest.raises(UnsupportedFeature):
         config = DispatchConfig(workgroup_override=(1, 1, 128), grid_override=1)
         reference.dispatch(XOR, [A, A], config)
 
 
 def test_max_storage_buffer_bytes_is_enforced_before_copying() -> None:
-    backend = Limited()
+    backend = backend_of(Limited)
     small = np.zeros(256, U)  # exactly 1 KiB
     assert backend.dispatch(elementwise_xor(256), [small, small]).result()[0].size == 256
     with pytest.raises(InvalidProgram, match="largest buffer"):
@@ -198,13 +200,13 @@ def test_max_storage_buffer_bytes_is_enforced_before_copying() -> None:
 
 
 def test_speculation_disable_skips_shape_prediction_and_force_needs_a_prefetcher() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     assert backend.prefetcher is not None
     backend.dispatch(XOR, [A, A], DispatchConfig(speculation="disable")).result()
     assert backend.prefetcher.stats().dispatches == 0
     backend.dispatch(XOR, [A, A], DispatchConfig(speculation="force")).result()
     assert backend.prefetcher.stats().dispatches == 1
-    without = ReferenceBackend(prefetch=False)
+    without = reference_backend(prefetch=False)
     with pytest.raises(UnsupportedFeature, match="prefetch") as info:
         without.dispatch(XOR, [A, A], DispatchConfig(speculation="force"))
     assert "Fix:" in str(info.value)

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from tests.driver.fakes import BytesBackend
-from vyre_async import InvalidProgram, UnsupportedFeature
+from tests.helpers import backend_of
+from vyre_async import (
+    DispatchTimeout,
+    InvalidProgram,
+    Launch,
+    PendingDispatch,
+    UnsupportedFeature,
+)
+from vyre_async.abc import Executor
 from vyre_async.backend import CORE_OPS, VyreBackend, ops_used
 from vyre_async.cache import DiskPipelineCache, PipelineCacheWarning
 from vyre_async.config import DispatchConfig
@@ -25,44 +34,44 @@ def _xor_inputs(n: int) -> list[np.ndarray]:
 
 
 def test_compile_once_then_hit() -> None:
-    backend = BytesBackend()
+    backend = backend_of(BytesBackend)
     program = elementwise_xor(64)
     first = compile(backend, program)
     again = backend.compile(elementwise_xor(64))
     assert first is again
-    assert backend.builds == 1
+    assert backend.executor.builds == 1
     stats = backend.cache_stats()
     assert (stats.hits, stats.misses, stats.miss_reasons) == (1, 1, {"empty": 1})
     assert first.source == "compiled" and first.compile_s >= 0
 
 
 def test_resizing_a_buffer_does_not_recompile() -> None:
-    backend = BytesBackend()
+    backend = backend_of(BytesBackend)
     backend.compile(elementwise_xor(64))
     assert backend.compile(elementwise_xor(100_000)).native is not None
-    assert backend.builds == 1
+    assert backend.executor.builds == 1
 
 
 def test_a_shared_pipeline_is_planned_with_the_dispatched_programs_sizes() -> None:
-    backend = BytesBackend()
+    backend = backend_of(BytesBackend)
     assert backend.dispatch_sync(elementwise_xor(1000), _xor_inputs(1000))[0].size == 1000
     assert backend.dispatch_sync(elementwise_xor(8), _xor_inputs(8))[0].size == 8
-    assert backend.builds == 1
-    assert backend.launches[-1].plan.program == elementwise_xor(8)
+    assert backend.executor.builds == 1
+    assert backend.executor.launches[-1].plan.program == elementwise_xor(8)
 
 
 def test_a_pipeline_compiled_for_another_size_dispatches_with_this_programs_sizes() -> None:
-    backend = BytesBackend()
+    backend = backend_of(BytesBackend)
     backend.compile(elementwise_xor(1000))
     small = backend.compile(elementwise_xor(8), DispatchConfig(label="small"))
-    assert backend.builds == 1
+    assert backend.executor.builds == 1
     assert small.program == elementwise_xor(8) and small.config.label == "small"
     assert small.dispatch(_xor_inputs(8)).result()[0].size == 8
     assert small.dispatch_batch([_xor_inputs(8)])[0].result()[0].size == 8
 
 
 def test_miss_reasons() -> None:
-    backend = BytesBackend()
+    backend = backend_of(BytesBackend)
     backend.compile(elementwise_xor(8))
     backend.compile(saxpy(8))
     assert backend.pipelines.last_miss_reason == "program_changed"
@@ -85,7 +94,7 @@ def test_miss_reasons() -> None:
 
 
 def test_memory_cache_is_bounded() -> None:
-    backend = BytesBackend(pipeline_cache_capacity=2)
+    backend = backend_of(BytesBackend, pipeline_cache_capacity=2)
     for n in range(1, 5):
         backend.compile(histogram(bins=n))
     stats = backend.cache_stats()
@@ -94,33 +103,35 @@ def test_memory_cache_is_bounded() -> None:
 
 def test_disk_cache_skips_the_build_in_a_new_backend(tmp_path: Path) -> None:
     disk = DiskPipelineCache(tmp_path)
-    BytesBackend(disk_cache=disk).compile(histogram())
-    fresh = BytesBackend(disk_cache=DiskPipelineCache(tmp_path))
+    backend_of(BytesBackend, disk_cache=disk).compile(histogram())
+    fresh = backend_of(BytesBackend, disk_cache=DiskPipelineCache(tmp_path))
     pipeline = fresh.compile(histogram())
-    assert (fresh.builds, fresh.loads, pipeline.source) == (0, 1, "disk")
-    other_device = BytesBackend(disk_cache=DiskPipelineCache(tmp_path), fingerprint="host-b")
+    assert (fresh.executor.builds, fresh.executor.loads, pipeline.source) == (0, 1, "disk")
+    other_device = backend_of(
+        BytesBackend, disk_cache=DiskPipelineCache(tmp_path), fingerprint="host-b"
+    )
     other_device.compile(histogram())
-    assert other_device.builds == 1
+    assert other_device.executor.builds == 1
 
 
 def test_corrupt_disk_entry_rebuilds_with_a_warning(tmp_path: Path) -> None:
     disk = DiskPipelineCache(tmp_path)
-    pipeline = BytesBackend(disk_cache=disk).compile(histogram())
+    pipeline = backend_of(BytesBackend, disk_cache=disk).compile(histogram())
     path = disk.path_for(pipeline.identity.hex)
     path.write_bytes(path.read_bytes()[:-3])
-    fresh = BytesBackend(disk_cache=disk)
+    fresh = backend_of(BytesBackend, disk_cache=disk)
     with pytest.warns(PipelineCacheWarning):
         assert fresh.compile(histogram()).source == "compiled"
-    assert fresh.builds == 1
-    assert BytesBackend(disk_cache=disk).compile(histogram()).source == "disk"
+    assert fresh.executor.builds == 1
+    assert backend_of(BytesBackend, disk_cache=disk).compile(histogram()).source == "disk"
 
 
 def test_dispatch_outputs_and_launch_plan() -> None:
-    backend = BytesBackend()
+    backend = backend_of(BytesBackend)
     pending = backend.dispatch(elementwise_xor(10), _xor_inputs(10), DispatchConfig(label="L"))
     assert pending.done()
     assert pending.result()[0].tolist() == [0] * 10
-    launch = backend.launches[-1]
+    launch = backend.executor.launches[-1]
     assert launch.plan.geometry.grid == (1, 1, 1)
     assert launch.config.label == "L"
     assert pending.record.cache_hit is False
@@ -128,7 +139,7 @@ def test_dispatch_outputs_and_launch_plan() -> None:
 
 
 def test_inputs_are_copied_before_dispatch_returns() -> None:
-    backend = BytesBackend()
+    backend = backend_of(BytesBackend)
     hist = np.arange(256, dtype=U)
     pending = backend.dispatch(histogram(), [np.zeros(4, U), hist])
     hist[:] = 7
@@ -136,11 +147,11 @@ def test_inputs_are_copied_before_dispatch_returns() -> None:
 
 
 def test_dispatch_sync_and_pipeline_batch() -> None:
-    backend = BytesBackend()
+    backend = backend_of(BytesBackend)
     assert backend.dispatch_sync(elementwise_xor(4), _xor_inputs(4))[0].size == 4
     pipeline = backend.compile(elementwise_xor(4))
     results = [p.result() for p in pipeline.dispatch_batch([_xor_inputs(4)] * 3)]
-    assert len(results) == 3 and backend.builds == 1
+    assert len(results) == 3 and backend.executor.builds == 1
 
 
 @pytest.mark.parametrize(
@@ -188,15 +199,15 @@ def test_errors_before_launch(
     error: type[Exception],
     needle: str,
 ) -> None:
-    backend = BytesBackend()
+    backend = backend_of(BytesBackend)
     with pytest.raises(error, match="Fix:") as info:
         backend.dispatch(program, inputs, config)  # type: ignore[arg-type]
     assert needle in str(info.value)
-    assert backend.launches == []
+    assert backend.executor.launches == []
 
 
 def test_pipeline_refuses_a_config_that_needs_other_code() -> None:
-    backend = BytesBackend()
+    backend = backend_of(BytesBackend)
     pipeline = backend.compile(elementwise_xor(4), DispatchConfig(ulp_budget=1))
     pipeline.dispatch(_xor_inputs(4), DispatchConfig(ulp_budget=1, label="fine")).result()
     with pytest.raises(InvalidProgram, match="compile a pipeline for this config"):
@@ -210,13 +221,14 @@ def test_unsupported_operations_are_named() -> None:
 
     assert "atomic.add" in ops_used(histogram())
     with pytest.raises(UnsupportedFeature, match=r"atomic\.add"):
-        NoAtomics().dispatch(histogram(), [np.zeros(4, U), np.zeros(256, U)])
+        backend_of(NoAtomics).dispatch(histogram(), [np.zeros(4, U), np.zeros(256, U)])
 
 
 def test_conservative_defaults() -> None:
-    backend = BytesBackend()
-    assert VyreBackend.capabilities(backend).features == frozenset()
-    assert VyreBackend.capabilities(backend).max_workgroup_size == (1, 1, 1)
+    backend = backend_of(BytesBackend)
+    assert Executor.capabilities(backend.executor).features == frozenset()
+    assert Executor.capabilities(backend.executor).max_workgroup_size == (1, 1, 1)
+    assert Executor.capabilities(backend.executor).max_grid_size is None
     assert backend.supported_ops() == CORE_OPS
     assert not backend.device_lost()
     with pytest.raises(UnsupportedFeature, match="device recovery"):
@@ -232,17 +244,46 @@ def test_conservative_defaults() -> None:
         assert "Fix:" in str(info.value)
 
 
+def test_vyre_backend_is_final_and_takes_an_executor() -> None:
+    with pytest.raises(TypeError, match=r"VyreBackend is final.*Fix: write the backend as a"):
+
+        class Mine(VyreBackend):  # type: ignore[misc]
+            pass
+
+    with pytest.raises(InvalidProgram, match="needs an Executor, got a str") as info:
+        VyreBackend("reference")  # type: ignore[arg-type]
+    assert "\nFix: " in str(info.value)
+    executor = BytesBackend()
+    backend = VyreBackend(executor, prefetch=False)
+    assert (backend.executor, backend.id, backend.version) == (executor, "bytes-test", "1.0")
+    assert backend.prefetcher is None
+
+
+def test_the_caller_gets_the_drivers_pending_whatever_enqueue_returns() -> None:
+    class OwnPending(BytesBackend):  # hands back a pending of its own, without the timeout
+        def enqueue(self, launch: Launch) -> Any:
+            self.launches.append(launch)
+            return PendingDispatch.create(label="mine")[0]
+
+    backend = backend_of(OwnPending, prefetch=False)
+    pending = backend.dispatch(elementwise_xor(4), _xor_inputs(4), DispatchConfig(timeout=0.05))
+    (launch,) = backend.executor.launches
+    assert pending is launch.pending
+    with pytest.raises(DispatchTimeout):
+        pending.result(timeout=10)  # the driver's deadline holds: the executor never settled it
+
+
 def test_a_backend_needs_an_id() -> None:
     class Nameless(BytesBackend):
         id = ""
 
     with pytest.raises(TypeError, match="class attribute id"):
-        Nameless()
+        backend_of(Nameless)
 
 
 @pytest.mark.anyio
 async def test_async_context_manager_and_compile_async() -> None:
-    async with BytesBackend() as backend:
+    async with backend_of(BytesBackend) as backend:
         pipeline = await backend.compile_async(elementwise_xor(4))
         assert (await pipeline.dispatch(_xor_inputs(4)))[0].size == 4
 
@@ -285,7 +326,7 @@ class _SlowCompile(BytesBackend):
 def test_timeout_counts_compilation_from_dispatch() -> None:
     from vyre_async import DispatchTimeout
 
-    backend = _SlowCompile(prefetch=False)
+    backend = backend_of(_SlowCompile, prefetch=False)
     pending = backend.dispatch(elementwise_xor(4), _xor_inputs(4), DispatchConfig(timeout=0.1))
     with pytest.raises(DispatchTimeout):
         pending.result()
@@ -299,7 +340,7 @@ def test_foreign_compile_errors_become_kernel_compile_failed() -> None:
             raise OSError("compiler binary vanished")
 
     with pytest.raises(KernelCompileFailed, match="compiler binary vanished") as info:
-        Broken(prefetch=False).dispatch(elementwise_xor(4), _xor_inputs(4))
+        backend_of(Broken, prefetch=False).dispatch(elementwise_xor(4), _xor_inputs(4))
     assert isinstance(info.value.__cause__, OSError)
 
 
@@ -309,24 +350,24 @@ def test_an_unloadable_disk_entry_is_a_miss_then_rebuilt(tmp_path: Path) -> None
             raise ValueError("entry from an incompatible toolkit")
 
     disk = DiskPipelineCache(tmp_path)
-    BytesBackend(disk_cache=disk, prefetch=False).compile(histogram())
-    picky = Picky(disk_cache=disk, prefetch=False)
+    backend_of(BytesBackend, disk_cache=disk, prefetch=False).compile(histogram())
+    picky = backend_of(Picky, disk_cache=disk, prefetch=False)
     with pytest.warns(PipelineCacheWarning, match="incompatible toolkit"):
         assert picky.compile(histogram()).source == "compiled"
-    assert picky.builds == 1
+    assert picky.executor.builds == 1
 
 
 def test_dispatch_sync_inside_a_running_loop_is_refused_before_anything_runs() -> None:
     import anyio
 
-    backend = BytesBackend()
+    backend = backend_of(BytesBackend)
 
     async def inside() -> None:
         with pytest.raises(RuntimeError, match="dispatch_sync\\(\\) would block"):
             backend.dispatch_sync(elementwise_xor(4), _xor_inputs(4))
 
     anyio.run(inside)
-    assert backend.launches == []  # nothing was dispatched and left running
+    assert backend.executor.launches == []  # nothing was dispatched and left running
 
 
 def test_compile_options_that_read_other_config_fields_get_their_own_pipeline() -> None:
@@ -334,14 +375,14 @@ def test_compile_options_that_read_other_config_fields_get_their_own_pipeline() 
         def compile_options(self, config: DispatchConfig) -> dict[str, object]:
             return {"debug": config.profile == "debug"}
 
-    backend = ProfiledBackend()
+    backend = backend_of(ProfiledBackend)
     program = elementwise_xor(4)
     plain = backend.compile(program)
     debug = backend.compile(program, DispatchConfig(profile="debug"))
-    assert backend.builds == 2  # not the plain build served for the debug options
+    assert backend.executor.builds == 2  # not the plain build served for the debug options
     assert plain.identity != debug.identity
     assert backend.compile(program, DispatchConfig(profile="debug")).identity == debug.identity
-    assert backend.builds == 2
+    assert backend.executor.builds == 2
 
 
 def test_pipelines_served_from_memory_keep_their_disk_entries_when_others_are_written(
@@ -352,7 +393,7 @@ def test_pipelines_served_from_memory_keep_their_disk_entries_when_others_are_wr
     import time
 
     disk = DiskPipelineCache(tmp_path)
-    backend = BytesBackend(disk_cache=disk)
+    backend = backend_of(BytesBackend, disk_cache=disk)
     hot = backend.compile(histogram(bins=8))
     hot_path = disk.path_for(hot.identity.hex)
     an_hour_ago = time.time() - 3600
@@ -362,5 +403,5 @@ def test_pipelines_served_from_memory_keep_their_disk_entries_when_others_are_wr
         backend.compile(histogram(bins=bins))
         backend.compile(histogram(bins=8))  # the hot one, from memory
     assert hot_path.exists()
-    fresh = BytesBackend(disk_cache=DiskPipelineCache(tmp_path))
+    fresh = backend_of(BytesBackend, disk_cache=DiskPipelineCache(tmp_path))
     assert fresh.compile(histogram(bins=8)).source == "disk"

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tests.driver.fakes import BytesBackend
+from tests.helpers import backend_of
 from vyre_async import (
     BackendClosed,
     DispatchConfig,
@@ -30,7 +31,7 @@ from vyre_async.frontend import TEMPLATE_CAPACITY, LaunchTemplate
 from vyre_async.plan import plan_dispatch
 from vyre_async.programs import elementwise_xor
 from vyre_async.resident import ResidentBuffer
-from vyre_reference import ReferenceBackend
+from vyre_reference import ReferenceExecutor
 
 
 def xor_inputs(n: int) -> list[np.ndarray]:
@@ -43,7 +44,7 @@ def close(backend: Any) -> None:
 
 @pytest.fixture
 def backend() -> Iterator[BytesBackend]:
-    backend = BytesBackend(prefetch=False)
+    backend = backend_of(BytesBackend, prefetch=False)
     yield backend
     close(backend)
 
@@ -66,7 +67,7 @@ class CopyingBackend(BytesBackend):
         return super().enqueue(launch)
 
 
-class CapturingReference(ReferenceBackend):
+class CapturingReference(ReferenceExecutor):
     """The reference backend, recording each `Launch` it is given."""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -79,7 +80,7 @@ class CapturingReference(ReferenceBackend):
 
 
 def template_of(backend: BytesBackend) -> LaunchTemplate:
-    template = backend.launches[-1].template
+    template = backend.executor.launches[-1].template
     assert template is not None
     return template
 
@@ -105,7 +106,7 @@ def test_one_launch_shape_is_planned_once_and_shares_one_template(
         backend.dispatch(program, xor_inputs(16), config).result()
         assert template_of(backend) is first
     assert plans == [(16, 16)]  # checked and planned once (sizes: the inputs')
-    assert backend.launches[-1].plan is first.plan
+    assert backend.executor.launches[-1].plan is first.plan
 
     # A new config object equal to the first: the same template.
     backend.dispatch(program, xor_inputs(16), DispatchConfig(timeout=30.0)).result()
@@ -136,13 +137,13 @@ def test_the_template_memo_stays_bounded(backend: BytesBackend) -> None:
     shapes = TEMPLATE_CAPACITY + 40
     for n in range(1, shapes + 1):
         backend.dispatch(program, xor_inputs(n), config).result()
-        assert backend.launches[-1].plan.counts == (n, n, 4)
-    assert len(backend.launches) == shapes
+        assert backend.executor.launches[-1].plan.counts == (n, n, 4)
+    assert len(backend.executor.launches) == shapes
     assert len(backend.front._by_id) <= TEMPLATE_CAPACITY
     assert len(backend.front._by_value) <= TEMPLATE_CAPACITY
     # Early shapes were dropped and are planned again, correctly.
     backend.dispatch(program, xor_inputs(1), config).result()
-    assert backend.launches[-1].plan.counts == (1, 1, 4)
+    assert backend.executor.launches[-1].plan.counts == (1, 1, 4)
 
 
 def test_a_shape_in_use_keeps_its_template_while_many_others_come_and_go(
@@ -167,7 +168,7 @@ def test_host_inputs_arrive_as_private_flat_copies(backend: BytesBackend) -> Non
     square = np.arange(16, dtype=np.uint32).reshape(4, 4)
     strided = np.arange(32, dtype=np.uint32)[::2]
     backend.dispatch(program, [square, strided]).result()
-    launch = backend.launches[-1]
+    launch = backend.executor.launches[-1]
     first, second = launch.inputs
     assert isinstance(first, np.ndarray) and isinstance(second, np.ndarray)
     assert first is not square and second is not strided
@@ -182,24 +183,24 @@ def test_host_inputs_arrive_as_private_flat_copies(backend: BytesBackend) -> Non
 
 
 def test_a_backend_that_copies_inputs_receives_the_callers_arrays() -> None:
-    backend = CopyingBackend(prefetch=False)
+    backend = backend_of(CopyingBackend, prefetch=False)
     try:
         program = elementwise_xor(16)
         square = np.arange(16, dtype=np.uint32).reshape(4, 4)
         strided = np.arange(32, dtype=np.uint32)[::2]
         backend.dispatch(program, [square, strided]).result()
-        received = backend.received[-1]
+        received = backend.executor.received[-1]
         assert received[0] is square  # the caller's own objects: no copy by the driver
         assert received[1] is strided
-        assert backend.launches[-1].resident is False
-        copied = backend.copied[-1]
+        assert backend.executor.launches[-1].resident is False
+        copied = backend.executor.copied[-1]
         square[...] = 0  # after dispatch(): the backend's own copy is unaffected
         assert copied[0].tolist() == list(range(16))
         assert copied[1].tolist() == list(range(0, 32, 2))
 
         # What is not an array of the buffer's dtype is still converted (and checked).
         backend.dispatch(program, [np.arange(16, dtype=np.uint32).tobytes(), strided]).result()
-        first = backend.received[-1][0]
+        first = backend.executor.received[-1][0]
         assert isinstance(first, np.ndarray) and first.dtype == np.uint32
         assert first.tolist() == list(range(16))
         with pytest.raises(InvalidProgram, match="Fix:"):
@@ -209,19 +210,19 @@ def test_a_backend_that_copies_inputs_receives_the_callers_arrays() -> None:
 
 
 def test_resident_inputs_mark_the_launch_resident() -> None:
-    backend = CapturingReference(prefetch=False)
+    backend = backend_of(CapturingReference, prefetch=False)
     try:
         program = elementwise_xor(16)
         a, b = xor_inputs(16)
         buffer = backend.upload(a)
         outputs = backend.dispatch(program, [buffer, b]).result()
-        launch = backend.launches[-1]
+        launch = backend.executor.launches[-1]
         assert launch.resident is True
         assert isinstance(launch.inputs[0], ResidentBuffer) and launch.inputs[0] is buffer
         assert outputs[0].tolist() == (a ^ b).tolist()
 
         outputs = backend.dispatch(program, [a, b]).result()
-        assert backend.launches[-1].resident is False
+        assert backend.executor.launches[-1].resident is False
         assert outputs[0].tolist() == (a ^ b).tolist()
         backend.free(buffer)
     finally:
@@ -243,11 +244,11 @@ def test_a_warm_repeat_dispatch_counts_a_cache_hit(backend: BytesBackend) -> Non
         assert pending.record.cache_hit is True
         pending.result()
         assert backend.cache_stats().hits == hits + i
-    assert backend.builds == 1
+    assert backend.executor.builds == 1
 
 
 def test_closing_the_backend_closes_the_store_even_for_a_memoised_program() -> None:
-    backend = BytesBackend(prefetch=False)
+    backend = backend_of(BytesBackend, prefetch=False)
     program = elementwise_xor(16)
     config = DispatchConfig()
     for _ in range(2):  # the second lookup takes the identity memo's fast path
@@ -278,7 +279,7 @@ def test_errors_before_launch_carry_a_fix_and_leave_no_template_behind(
     for _ in range(2):
         with pytest.raises(InvalidProgram, match="Fix:"):
             backend.dispatch(program, xor_inputs(16)[:1], too_small)  # one input missing
-    assert backend.launches == []  # nothing reached the backend
+    assert backend.executor.launches == []  # nothing reached the backend
     assert not backend.front._by_id and not backend.front._by_value
     # The same shape under a config that allows it plans and runs.
     big_enough = DispatchConfig(max_output_bytes=64)
@@ -289,7 +290,7 @@ def test_errors_before_launch_carry_a_fix_and_leave_no_template_behind(
 
 def test_a_template_planned_for_one_pipeline_does_not_skip_another_pipelines_policy_check() -> None:
     """The same program, config and sizes on a pipeline of another policy must still refuse."""
-    backend = BytesBackend()
+    backend = backend_of(BytesBackend)
     program = elementwise_xor(8)
     loose = DispatchConfig(ulp_budget=3)
     inputs = [np.arange(8, dtype=np.uint32), np.ones(8, dtype=np.uint32)]
@@ -306,13 +307,14 @@ def test_running_out_of_host_memory_copying_an_input_is_device_out_of_memory() -
 import resource, sys
 import numpy as np
 from tests.driver.fakes import BytesBackend
+from tests.helpers import backend_of
 from vyre_async import DeviceOutOfMemory
 from vyre_async.programs import elementwise_xor
 resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 n = 2**32 - 1  # 16 GiB once copied; BytesBackend reports no storage limit
 huge = np.broadcast_to(np.uint32(1), (n,))
 try:
-    BytesBackend().dispatch(elementwise_xor(n), [huge, huge])
+    backend_of(BytesBackend).dispatch(elementwise_xor(n), [huge, huge])
 except DeviceOutOfMemory as exc:
     assert "Fix:" in str(exc), exc
     print("mapped")

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.driver.fakes import BytesBackend
+from tests.helpers import backend_of
 from vyre_async import DiskPipelineCache, DispatchConfig
 from vyre_async.cache import identity as identity_module
 from vyre_async.cache.identity import PipelineIdentity, classify_miss, pipeline_identity
@@ -168,9 +169,9 @@ BACKEND_CHANGES: list[tuple[str, dict[str, Any]]] = [
     "change", [c[1] for c in BACKEND_CHANGES], ids=[c[0] for c in BACKEND_CHANGES]
 )
 def test_a_backend_hook_changes_its_identities(change: dict[str, Any]) -> None:
-    assert CompilerBackend(**change).pipeline_identity(XOR) != CompilerBackend().pipeline_identity(
-        XOR
-    )
+    assert backend_of(CompilerBackend, **change).pipeline_identity(XOR) != backend_of(
+        CompilerBackend
+    ).pipeline_identity(XOR)
 
 
 def test_backend_id_and_version_change_its_identities() -> None:
@@ -180,9 +181,9 @@ def test_backend_id_and_version_change_its_identities() -> None:
     class Newer(CompilerBackend):
         version = "1.1"
 
-    base = CompilerBackend().pipeline_identity(XOR)
-    assert Other().pipeline_identity(XOR) != base
-    assert Newer().pipeline_identity(XOR) != base
+    base = backend_of(CompilerBackend).pipeline_identity(XOR)
+    assert backend_of(Other).pipeline_identity(XOR) != base
+    assert backend_of(Newer).pipeline_identity(XOR) != base
 
 
 @pytest.mark.parametrize(
@@ -191,12 +192,12 @@ def test_backend_id_and_version_change_its_identities() -> None:
 def test_a_disk_entry_from_another_compiler_or_device_is_not_loaded(
     tmp_path: Path, change: dict[str, Any]
 ) -> None:
-    CompilerBackend(disk_cache=DiskPipelineCache(tmp_path)).compile(histogram())
-    same = CompilerBackend(disk_cache=DiskPipelineCache(tmp_path))
-    assert same.compile(histogram()).source == "disk" and same.builds == 0
+    backend_of(CompilerBackend, disk_cache=DiskPipelineCache(tmp_path)).compile(histogram())
+    same = backend_of(CompilerBackend, disk_cache=DiskPipelineCache(tmp_path))
+    assert same.compile(histogram()).source == "disk" and same.executor.builds == 0
 
-    other = CompilerBackend(disk_cache=DiskPipelineCache(tmp_path), **change)
+    other = backend_of(CompilerBackend, disk_cache=DiskPipelineCache(tmp_path), **change)
     pipeline = other.compile(histogram())
 
-    assert (pipeline.source, other.builds, other.loads) == ("compiled", 1, 0)
+    assert (pipeline.source, other.executor.builds, other.executor.loads) == ("compiled", 1, 0)
     assert DiskPipelineCache(tmp_path).info().entries == 2  # each compiler keeps its own

@@ -38,6 +38,7 @@ import pytest
 
 from tests import otel_sdk
 from tests.driver.fakes import BytesBackend
+from tests.helpers import backend_of
 from vyre_async import DiskPipelineCache, DispatchConfig, InvalidProgram, UnsupportedFeature
 from vyre_async.cache import identity as identity_module
 from vyre_async.cache.identity import PipelineIdentity, pipeline_identity
@@ -59,7 +60,7 @@ from vyre_async.ir import (
 from vyre_async.pipeline import Launch
 from vyre_async.plan import LaunchGeometry, plan_dispatch
 from vyre_async.prefetch import Prefetcher
-from vyre_reference import ReferenceBackend, execute
+from vyre_reference import ReferenceExecutor, execute
 from vyre_reference.compile import compile_program
 
 N = 16
@@ -130,7 +131,7 @@ def close(backend: Any) -> None:
 # 1. The pipeline identity ------------------------------------------------------------------
 
 
-class KeyBackend(ReferenceBackend):
+class KeyBackend(ReferenceExecutor):
     """The reference engine with every identity input of a backend settable.
 
     Counts its builds and disk loads; stores a pipeline on disk as its program's
@@ -303,23 +304,23 @@ PROGRAM_TABLE = [
 def test_a_program_field_changed_alone(
     backends: list[Any], field: str, changed: Program, verdict: str
 ) -> None:
-    backend = KeyBackend()
+    backend = backend_of(KeyBackend)
     backends.append(backend)
     config = DispatchConfig()
     base_inputs = inputs_for(BASE)
     assert_outputs(backend.dispatch_sync(BASE, base_inputs), expected(BASE, base_inputs, config))
-    assert backend.builds == 1
+    assert backend.executor.builds == 1
 
     inputs = inputs_for(changed)
     outputs = backend.dispatch_sync(changed, inputs)
 
     stats = backend.cache_stats()
     if verdict == MISS:
-        assert backend.builds == 2, f"changing {field} must recompile"
+        assert backend.executor.builds == 2, f"changing {field} must recompile"
         assert stats.miss_reasons.get("program_changed") == 1
         assert backend.pipeline_identity(changed) != backend.pipeline_identity(BASE)
     else:
-        assert backend.builds == 1, f"changing {field} this way must reuse the pipeline"
+        assert backend.executor.builds == 1, f"changing {field} this way must reuse the pipeline"
         assert (stats.hits, stats.misses) == (1, 1)
         assert backend.pipeline_identity(changed) == backend.pipeline_identity(BASE)
     assert_outputs(outputs, expected(changed, inputs, config))
@@ -332,20 +333,20 @@ def test_a_config_field_changed_alone(
     backends: list[Any], field: str, case: tuple[DispatchConfig, str]
 ) -> None:
     changed, verdict = case
-    backend = KeyBackend()
+    backend = backend_of(KeyBackend)
     backends.append(backend)
     inputs = inputs_for(BASE)
     base = backend.compile(BASE)
-    assert backend.builds == 1
+    assert backend.executor.builds == 1
 
     pipeline = backend.compile(BASE, changed)
 
     if verdict == MISS:
-        assert backend.builds == 2, f"changing {field} must recompile"
+        assert backend.executor.builds == 2, f"changing {field} must recompile"
         assert backend.cache_stats().miss_reasons.get("policy_changed") == 1
         assert pipeline.identity.policy_digest != base.identity.policy_digest
     else:
-        assert backend.builds == 1, f"changing {field} must reuse the pipeline"
+        assert backend.executor.builds == 1, f"changing {field} must reuse the pipeline"
         assert pipeline.identity == base.identity
     assert pipeline.config == changed  # it plans with this caller's config
     if changed.cooperative:  # the reference engine has no grid sync: refused at dispatch
@@ -366,23 +367,29 @@ def test_a_backend_input_changed_alone(
     case: tuple[type[KeyBackend], dict[str, Any], str],
 ) -> None:
     cls, change, verdict = case
-    first = KeyBackend(disk_cache=DiskPipelineCache(tmp_path))
+    first = backend_of(KeyBackend, disk_cache=DiskPipelineCache(tmp_path))
     backends.append(first)
     first.compile(BASE)
-    same = KeyBackend(disk_cache=DiskPipelineCache(tmp_path))
+    same = backend_of(KeyBackend, disk_cache=DiskPipelineCache(tmp_path))
     backends.append(same)
-    assert same.compile(BASE).source == "disk" and same.builds == 0  # the base hits
+    assert same.compile(BASE).source == "disk" and same.executor.builds == 0  # the base hits
 
-    other = cls(disk_cache=DiskPipelineCache(tmp_path), **change)
+    other = backend_of(cls, disk_cache=DiskPipelineCache(tmp_path), **change)
     backends.append(other)
     pipeline = other.compile(BASE)
 
     if verdict == MISS:
-        assert (pipeline.source, other.builds, other.loads) == ("compiled", 1, 0), name
+        assert (pipeline.source, other.executor.builds, other.executor.loads) == (
+            "compiled",
+            1,
+            0,
+        ), name
         assert pipeline.identity != same.compile(BASE).identity
         assert DiskPipelineCache(tmp_path).info().entries == 2
     else:
-        assert (pipeline.source, other.builds, other.loads) == ("disk", 0, 1), name
+        assert (pipeline.source, other.executor.builds, other.executor.loads) == ("disk", 0, 1), (
+            name
+        )
     inputs = inputs_for(BASE)
     assert_outputs(other.dispatch_sync(BASE, inputs), expected(BASE, inputs, DispatchConfig()))
 
@@ -390,16 +397,16 @@ def test_a_backend_input_changed_alone(
 def test_the_key_version_changed_alone(
     tmp_path: Path, backends: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = KeyBackend(disk_cache=DiskPipelineCache(tmp_path))
+    first = backend_of(KeyBackend, disk_cache=DiskPipelineCache(tmp_path))
     backends.append(first)
     before = first.compile(BASE).identity
     monkeypatch.setattr(identity_module, "CACHE_KEY_VERSION", identity_module.CACHE_KEY_VERSION + 1)
-    other = KeyBackend(disk_cache=DiskPipelineCache(tmp_path))
+    other = backend_of(KeyBackend, disk_cache=DiskPipelineCache(tmp_path))
     backends.append(other)
 
     pipeline = other.compile(BASE)
 
-    assert (pipeline.source, other.builds, other.loads) == ("compiled", 1, 0)
+    assert (pipeline.source, other.executor.builds, other.executor.loads) == ("compiled", 1, 0)
     assert pipeline.identity.digest != before.digest
     inputs = inputs_for(BASE)
     assert_outputs(other.dispatch_sync(BASE, inputs), expected(BASE, inputs, DispatchConfig()))
@@ -436,7 +443,7 @@ def test_a_config_field_a_backend_compiles_with_recompiles(backends: list[Any]) 
     policy digest, options) must miss on it: a memo keyed by the policy alone
     would hand out the first config's pipeline.
     """
-    backend = KeyBackend(options_for=lambda cfg: {"profile": cfg.profile})
+    backend = backend_of(KeyBackend, options_for=lambda cfg: {"profile": cfg.profile})
     backends.append(backend)
     fast, safe = DispatchConfig(profile="fast"), DispatchConfig(profile="safe")
 
@@ -444,7 +451,7 @@ def test_a_config_field_a_backend_compiles_with_recompiles(backends: list[Any]) 
     second = backend.compile(BASE, safe)
     again = backend.compile(BASE, DispatchConfig(profile="fast"))  # an equal config: a hit
 
-    assert backend.builds == 2
+    assert backend.executor.builds == 2
     assert second.identity != first.identity and again.identity == first.identity
     inputs = inputs_for(BASE)
     assert_outputs(second.dispatch(inputs).result(), expected(BASE, inputs, safe))
@@ -454,27 +461,28 @@ def test_a_config_field_a_backend_compiles_with_recompiles(backends: list[Any]) 
 
 
 class TemplateBackend(BytesBackend):
-    """Records each launch; keeps a per-shape fact in ``template.backend_state``, as backends do.
+    """Records each launch; derives a per-shape fact in ``plan_shape``, as executors do.
 
-    The fact is what a backend may derive from the launch shape (the reference
-    backend: inline or pooled; Ray: the program's wire bytes): every launch
-    checks that its template's fact is its own.
+    The fact is what an executor may derive from the launch shape (the reference
+    executor: inline or pooled; Ray: the program's wire bytes): every launch
+    checks that the fact it was handed (``launch.shape``) is its own.
     """
 
     id = "keys-template-test"
 
+    def plan_shape(self, native: Any, plan: Any, config: DispatchConfig) -> Any:
+        self.shapes_planned = getattr(self, "shapes_planned", 0) + 1
+        return (plan, config.launch_shape(), config.label)
+
     def enqueue(self, launch: Launch) -> Any:
-        template = launch.template
-        assert template is not None
+        assert launch.template is not None
         fact = (launch.plan, launch.config.launch_shape(), launch.config.label)
-        if template.backend_state is None:
-            template.backend_state = fact
-        assert template.backend_state == fact, "a launch got another shape's template"
+        assert launch.shape == fact, "a launch got another shape's template"
         return super().enqueue(launch)
 
 
 def template_of(backend: TemplateBackend) -> LaunchTemplate:
-    template = backend.launches[-1].template
+    template = backend.executor.launches[-1].template
     assert template is not None
     return template
 
@@ -548,7 +556,7 @@ def test_a_template_config_field_changed_alone(
     spans: Any, field: str, case: tuple[DispatchConfig, str, type[Exception] | None]
 ) -> None:
     changed, verdict, refusal = case
-    backend = TemplateBackend(prefetch=False)
+    backend = backend_of(TemplateBackend, prefetch=False)
     try:
         inputs = inputs_for(BASE)
         sizes = (N, N)
@@ -580,7 +588,7 @@ def _with_sizes(a: int, b: int) -> list[np.ndarray]:
 
 def test_a_template_input_changed_alone() -> None:
     """Sizes (each input), the program and the pipeline: each alone is a new template."""
-    backend = TemplateBackend(prefetch=False)
+    backend = backend_of(TemplateBackend, prefetch=False)
     try:
         cfg = DispatchConfig()
         backend.dispatch(BASE, _with_sizes(N, N)).result()
@@ -610,7 +618,7 @@ def test_a_template_input_changed_alone() -> None:
 
 def test_what_a_template_does_not_depend_on_hits() -> None:
     """Contents, an equal program or config object, the same pipeline rebound: one template."""
-    backend = TemplateBackend(prefetch=False)
+    backend = backend_of(TemplateBackend, prefetch=False)
     try:
         cfg = DispatchConfig(label="x")
         backend.dispatch(BASE, _with_sizes(N, N), cfg).result()
@@ -628,7 +636,7 @@ def test_what_a_template_does_not_depend_on_hits() -> None:
             else:
                 via.dispatch(inputs, config).result()
             assert template_of(backend) is base
-            assert backend.launches[-1].inputs[0].tolist() == inputs[0].tolist()
+            assert backend.executor.launches[-1].inputs[0].tolist() == inputs[0].tolist()
     finally:
         close(backend)
 
@@ -683,7 +691,7 @@ def test_a_fingerprint_component_changed_alone(
 ) -> None:
     """After a steady run of the base shape, the changed shape is a scored miss, then predicted."""
     prog, inputs, cfg = case
-    backend = KeyBackend()
+    backend = backend_of(KeyBackend)
     backends.append(backend)
     prefetcher = _prefetcher(backend)
     backend.compile(prog, cfg)  # ready: only the fingerprint can make it a miss
@@ -703,7 +711,7 @@ def test_a_fingerprint_component_changed_alone(
 
 
 def test_the_fingerprint_workgroup_changed_alone(backends: list[Any]) -> None:
-    backend = KeyBackend()
+    backend = backend_of(KeyBackend)
     backends.append(backend)
     prefetcher = _prefetcher(backend)
     _steady(backend, BASE, inputs_for(BASE), XOR_CFG)
@@ -727,7 +735,7 @@ def test_the_fingerprint_workgroup_changed_alone(backends: list[Any]) -> None:
     ["contents", "label", "timeout", "an equal program"],
 )
 def test_what_the_fingerprint_does_not_depend_on_hits(backends: list[Any], change: str) -> None:
-    backend = KeyBackend()
+    backend = backend_of(KeyBackend)
     backends.append(backend)
     prefetcher = _prefetcher(backend)
     _steady(backend, BASE, inputs_for(BASE), XOR_CFG)

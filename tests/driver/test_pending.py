@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.driver.fakes import BytesBackend
+from tests.helpers import backend_of
 from vyre_async import (
     BackendError,
     DispatchConfig,
@@ -259,7 +260,7 @@ def test_the_deadline_counts_compilation_in_dispatch() -> None:
         def enqueue(self, launch: Launch) -> PendingDispatch:
             return launch.pending  # the device never finishes it
 
-    backend = SlowCompile()
+    backend = backend_of(SlowCompile)
     pending = backend.dispatch(elementwise_xor(8), _xor_inputs(8), DispatchConfig(timeout=0.2))
     assert pending.done()  # 0.3 s of compile already spent the 0.2 s
     with pytest.raises(DispatchTimeout):

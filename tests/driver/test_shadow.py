@@ -10,6 +10,7 @@ import anyio
 import numpy as np
 import pytest
 
+from tests.helpers import backend_of
 from vyre_async import (
     ConformanceCase,
     DispatchConfig,
@@ -24,20 +25,18 @@ from vyre_async import (
 from vyre_async.ir import Access, BufferDecl, DType, Let, Load, Program, Store, Un, Var, gid
 from vyre_async.programs import elementwise_xor, saxpy
 from vyre_async.shadow import compare_outputs
-from vyre_reference import ReferenceBackend
+from vyre_reference import ReferenceExecutor, reference_backend
 
 U = np.uint32
 
 
-class _OffByOne(ReferenceBackend):
+class _OffByOne(ReferenceExecutor):
     """The reference, except that element 3 of every output is flipped in its lowest bit."""
 
     id = "off-by-one"
 
     def enqueue(self, launch: Launch) -> PendingDispatch:
-        real = ReferenceBackend.dispatch(
-            self._inner, launch.plan.program, launch.inputs, launch.config
-        )
+        real = self._inner.dispatch(launch.plan.program, launch.inputs, launch.config)
         outputs = [o.copy() for o in real.result()]
         for o in outputs:
             if o.size > 3:
@@ -46,8 +45,8 @@ class _OffByOne(ReferenceBackend):
         return launch.pending
 
     def __init__(self) -> None:
-        super().__init__(prefetch=False)
-        self._inner = ReferenceBackend(prefetch=False)
+        super().__init__()
+        self._inner = reference_backend(prefetch=False)
 
 
 def _xor_case(label: str = "xor") -> ConformanceCase:
@@ -57,14 +56,16 @@ def _xor_case(label: str = "xor") -> ConformanceCase:
 
 
 def test_identical_backends_conform() -> None:
-    reference = ReferenceBackend(prefetch=False)
-    assert_conformance(ReferenceBackend(prefetch=False), reference, [_xor_case(), _xor_case("b")])
+    reference = reference_backend(prefetch=False)
+    assert_conformance(reference_backend(prefetch=False), reference, [_xor_case(), _xor_case("b")])
 
 
 def test_first_difference_raises_a_divergence_with_context() -> None:
     case = _xor_case()
     with pytest.raises(Divergence) as info:
-        assert_conformance(_OffByOne(), ReferenceBackend(prefetch=False), [case])
+        assert_conformance(
+            backend_of(_OffByOne, prefetch=False), reference_backend(prefetch=False), [case]
+        )
     d = info.value
     assert (d.label, d.output_index, d.element) == ("xor", 0, 3)
     assert d.fingerprint == case.program.fingerprint().hex()
@@ -75,7 +76,7 @@ def test_first_difference_raises_a_divergence_with_context() -> None:
 
 
 def test_an_empty_case_list_is_an_error() -> None:
-    reference = ReferenceBackend(prefetch=False)
+    reference = reference_backend(prefetch=False)
     with pytest.raises(InvalidProgram, match="Fix:"):
         assert_conformance(reference, reference, [])
 
@@ -117,7 +118,10 @@ def test_size_and_count_mismatches_diverge() -> None:
 def test_shadow_serves_the_primary_and_records_divergences() -> None:
     seen: list[Divergence] = []
     shadow = ShadowBackend(
-        _OffByOne(), ReferenceBackend(prefetch=False), sample_rate=1.0, on_divergence=seen.append
+        backend_of(_OffByOne, prefetch=False),
+        reference_backend(prefetch=False),
+        sample_rate=1.0,
+        on_divergence=seen.append,
     )
     case = _xor_case()
     outputs = shadow.dispatch_sync(case.program, case.inputs, DispatchConfig(label="req"))
@@ -125,40 +129,54 @@ def test_shadow_serves_the_primary_and_records_divergences() -> None:
     expected[3] ^= 1
     assert outputs[0].tolist() == expected.tolist()  # the primary's answer, never failed
     anyio.run(shadow.flush)  # (the comparison, on_divergence included, has run)
-    assert (shadow.stats.dispatches, shadow.stats.sampled, shadow.stats.compared) == (1, 1, 1)
-    assert shadow.stats.divergences == 1 and len(seen) == 1
-    assert seen[0].label == "req" and shadow.stats.recent[0] is seen[0]
+    assert (
+        shadow.executor.stats.dispatches,
+        shadow.executor.stats.sampled,
+        shadow.executor.stats.compared,
+    ) == (1, 1, 1)
+    assert shadow.executor.stats.divergences == 1 and len(seen) == 1
+    assert seen[0].label == "req" and shadow.executor.stats.recent[0] is seen[0]
 
 
 def test_shadow_at_rate_zero_passes_straight_through() -> None:
-    shadow = ShadowBackend(_OffByOne(), ReferenceBackend(prefetch=False), sample_rate=0.0)
+    shadow = ShadowBackend(
+        backend_of(_OffByOne, prefetch=False), reference_backend(prefetch=False), sample_rate=0.0
+    )
     case = _xor_case()
     shadow.dispatch_sync(case.program, case.inputs)
-    assert (shadow.stats.dispatches, shadow.stats.sampled, shadow.stats.compared) == (1, 0, 0)
+    assert (
+        shadow.executor.stats.dispatches,
+        shadow.executor.stats.sampled,
+        shadow.executor.stats.compared,
+    ) == (1, 0, 0)
     with pytest.raises(ValueError, match="sample_rate"):
-        ShadowBackend(_OffByOne(), ReferenceBackend(prefetch=False), sample_rate=1.5)
+        ShadowBackend(
+            backend_of(_OffByOne, prefetch=False),
+            reference_backend(prefetch=False),
+            sample_rate=1.5,
+        )
 
 
 def test_a_failing_reference_never_fails_the_request() -> None:
-    class Broken(ReferenceBackend):
+    class Broken(ReferenceExecutor):
         id = "broken-ref"
 
         def enqueue(self, launch: Launch) -> PendingDispatch:
             raise RuntimeError("reference down")
 
     shadow = ShadowBackend(
-        ReferenceBackend(prefetch=False), Broken(prefetch=False), sample_rate=1.0
+        reference_backend(prefetch=False), backend_of(Broken, prefetch=False), sample_rate=1.0
     )
     case = _xor_case()
     assert shadow.dispatch_sync(case.program, case.inputs)[0].size == 16
-    assert shadow.stats.reference_errors == 1
+    assert shadow.executor.stats.reference_errors == 1
 
 
 def test_shadow_backend_does_not_promise_resident_ordering() -> None:
     """It has no resident buffers, so arm graphs must not join on the device through it."""
-    primary = ReferenceBackend(prefetch=False)
+    primary = reference_backend(prefetch=False)
     assert primary.capabilities().ordered_resident_buffers
-    shadow = ShadowBackend(primary, ReferenceBackend(prefetch=False), sample_rate=0.0)
+    shadow = ShadowBackend(primary, reference_backend(prefetch=False), sample_rate=0.0)
     caps = shadow.capabilities()
     assert not caps.ordered_resident_buffers
     assert caps.max_workgroup_lanes == primary.capabilities().max_workgroup_lanes
@@ -174,18 +192,25 @@ def test_flush_waits_for_every_sampled_comparison() -> None:
         seen.append(divergence)
 
     shadow = ShadowBackend(
-        _OffByOne(), ReferenceBackend(prefetch=False), sample_rate=1.0, on_divergence=slow
+        backend_of(_OffByOne, prefetch=False),
+        reference_backend(prefetch=False),
+        sample_rate=1.0,
+        on_divergence=slow,
     )
     case = _xor_case()
     for _ in range(3):
         shadow.dispatch_sync(case.program, case.inputs)
     anyio.run(shadow.flush)
-    assert (shadow.stats.sampled, shadow.stats.compared, shadow.stats.divergences) == (3, 3, 3)
+    assert (
+        shadow.executor.stats.sampled,
+        shadow.executor.stats.compared,
+        shadow.executor.stats.divergences,
+    ) == (3, 3, 3)
     assert len(seen) == 3
 
 
 def test_flush_does_not_wait_for_a_comparison_a_failed_primary_cannot_make() -> None:
-    class Failing(ReferenceBackend):
+    class Failing(ReferenceExecutor):
         id = "failing"
 
         def enqueue(self, launch: Launch) -> PendingDispatch:
@@ -193,7 +218,7 @@ def test_flush_does_not_wait_for_a_comparison_a_failed_primary_cannot_make() -> 
             return launch.pending
 
     shadow = ShadowBackend(
-        Failing(prefetch=False), ReferenceBackend(prefetch=False), sample_rate=1.0
+        backend_of(Failing, prefetch=False), reference_backend(prefetch=False), sample_rate=1.0
     )
     case = _xor_case()
     with pytest.raises(DispatchFailed, match="fell over"):
@@ -204,7 +229,7 @@ def test_flush_does_not_wait_for_a_comparison_a_failed_primary_cannot_make() -> 
             await shadow.flush()
 
     anyio.run(flush_in_time)
-    assert (shadow.stats.sampled, shadow.stats.compared) == (1, 0)
+    assert (shadow.executor.stats.sampled, shadow.executor.stats.compared) == (1, 0)
 
 
 def test_flush_waits_for_the_dispatches_before_it_not_for_those_made_meanwhile() -> None:
@@ -217,7 +242,10 @@ def test_flush_waits_for_the_dispatches_before_it_not_for_those_made_meanwhile()
         holds[divergence.label].wait(20)
 
     shadow = ShadowBackend(
-        _OffByOne(), ReferenceBackend(prefetch=False), sample_rate=1.0, on_divergence=on_divergence
+        backend_of(_OffByOne, prefetch=False),
+        reference_backend(prefetch=False),
+        sample_rate=1.0,
+        on_divergence=on_divergence,
     )
     case = _xor_case()
 

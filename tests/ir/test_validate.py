@@ -730,7 +730,7 @@ def test_every_rule_titled_after_buffers_is_in_the_kind_table() -> None:
 
 @pytest.mark.parametrize("access", [Access.WRITE, Access.WORKGROUP])
 def test_zero_count_buffer_is_refused_before_it_runs(access: Access) -> None:
-    from vyre_reference import ReferenceBackend, execute
+    from vyre_reference import execute, reference_backend
 
     bad = program(
         [Store("b", lid(), u32(1)), Store("out", lid(), Load("b", lid()))],
@@ -740,4 +740,4 @@ def test_zero_count_buffer_is_refused_before_it_runs(access: Access) -> None:
         execute(bad, [])
     assert info.value.code is ErrorCode.InvalidProgram
     with pytest.raises(InvalidProgram, match="V006"):
-        ReferenceBackend().dispatch(bad, [])  # refused before any worker starts
+        reference_backend().dispatch(bad, [])  # refused before any worker starts

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from tests.driver.fakes import BytesBackend
+from tests.helpers import backend_of
 from vyre_async import BackendCapabilities, DispatchConfig, compile
 from vyre_async.calibration import (
     Calibration,
@@ -37,7 +38,7 @@ from vyre_async.execution import choose_execution_mode
 from vyre_async.pending import PendingDispatch
 from vyre_async.pipeline import Launch
 from vyre_async.programs import elementwise_xor
-from vyre_reference import ReferenceBackend
+from vyre_reference import ReferenceExecutor, reference_backend
 
 US = 1_000
 GPU_LIKE = Calibration(
@@ -79,9 +80,9 @@ class CapableBackend(BytesBackend):
         self.calibrations += 1
         return self.calibration
 
-    def enqueue(self, launch: Launch) -> PendingDispatch:
+    def enqueue(self, launch: Launch) -> None:
         self.seen.append(launch.pending)
-        return super().enqueue(launch)
+        super().enqueue(launch)
 
 
 # The record -----------------------------------------------------------------------------
@@ -205,29 +206,29 @@ def test_unwritable_store_logs_and_carries_on(
 
 def test_measured_once_per_device_then_cached(tmp_path: Path) -> None:
     store = CalibrationStore(tmp_path)
-    backend = CapableBackend(calibration=replace(GPU_LIKE, measured_at=0.0))
+    backend = backend_of(CapableBackend, calibration=replace(GPU_LIKE, measured_at=0.0))
     assert calibration_for(backend, store=store) is None  # never measures by default
     first = calibration_for(backend, measure=True, store=store)
     assert first is not None and first.measured_at > 0  # stamped
     assert calibration_for(backend, measure=True, store=store) == first
-    assert backend.calibrations == 1
+    assert backend.executor.calibrations == 1
     # A new backend object for the same device reads the disk record.
-    other = CapableBackend()
+    other = backend_of(CapableBackend)
     assert calibration_for(other, store=store) == first
-    assert other.calibrations == 0
+    assert other.executor.calibrations == 0
     assert calibration_for(other, refresh=True, store=store) is not None
-    assert other.calibrations == 1
+    assert other.executor.calibrations == 1
 
 
 def test_backends_without_calibration_return_none(tmp_path: Path) -> None:
-    backend = BytesBackend()
+    backend = backend_of(BytesBackend)
     assert backend.calibrate() is None
     assert calibration_for(backend, measure=True, store=CalibrationStore(tmp_path)) is None
     assert not list(tmp_path.iterdir())
 
 
 def test_reference_backend_measures_what_it_has(tmp_path: Path) -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     record = calibration_for(backend, measure=True, store=CalibrationStore(tmp_path))
     assert record is not None
     assert (record.backend_id, record.device_fingerprint) == (
@@ -245,7 +246,7 @@ def test_reference_backend_measures_what_it_has(tmp_path: Path) -> None:
 
 def test_bundle_example_on_a_capable_backend() -> None:
     decision = choose_execution_mode(
-        CapableBackend(), batch_size=500, repeats=500, calibration=GPU_LIKE
+        backend_of(CapableBackend), batch_size=500, repeats=500, calibration=GPU_LIKE
     )
     assert (decision.mode.kind, decision.mode.savings_ns) == ("persistent", 2_450_000)
     assert decision.reuse.savings_ns == 2_225_000
@@ -258,7 +259,7 @@ def test_bundle_example_on_a_capable_backend() -> None:
 
 def test_small_batches_stay_plain() -> None:
     decision = choose_execution_mode(
-        CapableBackend(), batch_size=5, repeats=5, calibration=GPU_LIKE
+        backend_of(CapableBackend), batch_size=5, repeats=5, calibration=GPU_LIKE
     )
     assert (decision.mode.kind, decision.mode.reason) == ("plain", "neither_profitable")
     assert decision.persistent.reason == "setup_not_amortized"
@@ -266,20 +267,20 @@ def test_small_batches_stay_plain() -> None:
 
 
 def test_backend_without_paths_is_plain_and_says_why() -> None:
-    decision = choose_execution_mode(ReferenceBackend(), batch_size=10_000, repeats=10_000)
+    decision = choose_execution_mode(reference_backend(), batch_size=10_000, repeats=10_000)
     assert (decision.mode.kind, decision.mode.reason) == ("plain", "unsupported_by_backend")
     assert decision.persistent.reason == decision.reuse.reason == "unsupported_by_backend"
     assert not decision.calibrated
 
 
 def test_uncalibrated_capable_backend_is_plain() -> None:
-    backend = CapableBackend(calibration=None)
+    backend = backend_of(CapableBackend, calibration=None)
     decision = choose_execution_mode(backend, batch_size=500, repeats=500)
     assert (decision.mode.kind, decision.mode.reason) == ("plain", "uncalibrated")
 
 
 def test_config_disables_and_forces_persistent_threads() -> None:
-    backend = CapableBackend()
+    backend = backend_of(CapableBackend)
     off = choose_execution_mode(
         backend,
         batch_size=500,
@@ -309,7 +310,7 @@ def test_only_graph_replay_available() -> None:
             return BackendCapabilities(graph_replay=True)
 
     decision = choose_execution_mode(
-        ReplayOnly(), batch_size=500, repeats=500, calibration=GPU_LIKE
+        backend_of(ReplayOnly), batch_size=500, repeats=500, calibration=GPU_LIKE
     )
     assert (decision.mode.kind, decision.mode.savings_ns) == ("command_reuse", 2_225_000)
     assert decision.persistent.reason == "unsupported_by_backend"
@@ -317,11 +318,11 @@ def test_only_graph_replay_available() -> None:
 
 def test_mode_inputs_are_validated() -> None:
     with pytest.raises(ValueError, match="Fix:"):
-        choose_execution_mode(ReferenceBackend(), batch_size=-1, repeats=1)
+        choose_execution_mode(reference_backend(), batch_size=-1, repeats=1)
 
 
 def test_dispatch_batch_records_the_verdict_on_every_span(tmp_path: Path) -> None:
-    backend = CapableBackend()
+    backend = backend_of(CapableBackend)
     calibration_for(backend, measure=True, store=CalibrationStore(tmp_path))
     pipeline = compile(backend, elementwise_xor(64))
     inputs = [np.zeros(64, np.uint32)] * 2
@@ -334,7 +335,7 @@ def test_dispatch_batch_records_the_verdict_on_every_span(tmp_path: Path) -> Non
 
 
 def test_dispatch_batch_on_the_reference_backend_is_plain() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     pipeline = compile(backend, elementwise_xor(64))
     pendings = pipeline.dispatch_batch([[np.ones(64, np.uint32)] * 2] * 4)
     for pending in pendings:
@@ -654,7 +655,7 @@ def test_old_temp_files_are_reclaimed_and_foreign_ones_kept(tmp_path: Path) -> N
 def test_arm_overlap_is_measured_and_filled_in(tmp_path: Path) -> None:
     from vyre_async.calibration import measure_arm_overlap
 
-    backend = ReferenceBackend()
+    backend = reference_backend()
     overlap = measure_arm_overlap(backend, rounds=2, elements=1 << 14)
     assert isinstance(overlap, int) and -10_000 <= overlap <= 10_000
     store = CalibrationStore(tmp_path)
@@ -666,7 +667,7 @@ def test_arm_overlap_is_measured_and_filled_in(tmp_path: Path) -> None:
 
 def test_a_record_without_the_overlap_gets_it_when_measuring(tmp_path: Path) -> None:
     store = CalibrationStore(tmp_path)
-    backend = ReferenceBackend()
+    backend = reference_backend()
     old = Calibration(
         backend_id="reference",
         backend_version=backend.version,
@@ -676,7 +677,7 @@ def test_a_record_without_the_overlap_gets_it_when_measuring(tmp_path: Path) -> 
     )
     assert store.save(old)
     assert calibration_for(backend, store=store) == old  # reading never measures
-    filled = calibration_for(ReferenceBackend(), measure=True, store=store)
+    filled = calibration_for(reference_backend(), measure=True, store=store)
     assert (
         filled is not None
         and filled.launch_ns == 1_000
@@ -689,12 +690,12 @@ def test_a_record_without_the_overlap_gets_it_when_measuring(tmp_path: Path) -> 
 def test_arm_overlap_unmeasurable_stays_none(caplog: pytest.LogCaptureFixture) -> None:
     from vyre_async.calibration import measure_arm_overlap
 
-    class Broken(ReferenceBackend):
-        def enqueue(self, launch: Launch) -> PendingDispatch:
+    class Broken(ReferenceExecutor):
+        def enqueue(self, launch: Launch) -> None:
             raise RuntimeError("no")
 
     with caplog.at_level(logging.WARNING, logger="vyre_async.calibration"):
-        assert measure_arm_overlap(Broken()) is None
+        assert measure_arm_overlap(backend_of(Broken)) is None
     assert "arm overlap" in caplog.text
 
 
@@ -711,10 +712,10 @@ def test_arm_overlap_is_validated(bad: Any) -> None:
 def test_resident_gain_is_measured_and_filled_in(tmp_path: Path) -> None:
     from vyre_async.calibration import measure_resident_gain
 
-    backend = ReferenceBackend()
+    backend = reference_backend()
     gain = measure_resident_gain(backend, rounds=2, elements=1 << 14)
     assert isinstance(gain, int) and -10_000 <= gain <= 10_000
-    assert backend.resident_count == 0  # the probe freed what it uploaded and allocated
+    assert backend.executor.resident_count == 0  # the probe freed what it uploaded and allocated
     store = CalibrationStore(tmp_path)
     record = calibration_for(backend, measure=True, store=store)
     assert record is not None and record.resident_gain_bps is not None
@@ -724,7 +725,7 @@ def test_resident_gain_is_measured_and_filled_in(tmp_path: Path) -> None:
 
 def test_a_record_written_before_the_resident_gain_loads_and_gets_it(tmp_path: Path) -> None:
     store = CalibrationStore(tmp_path)
-    backend = ReferenceBackend()
+    backend = reference_backend()
     old = Calibration(
         backend_id="reference",
         backend_version=backend.version,
@@ -739,7 +740,7 @@ def test_a_record_written_before_the_resident_gain_loads_and_gets_it(tmp_path: P
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, sort_keys=True))
     assert calibration_for(backend, store=store) == old  # reading never measures
-    filled = calibration_for(ReferenceBackend(), measure=True, store=store)
+    filled = calibration_for(reference_backend(), measure=True, store=store)
     assert filled is not None and filled.resident_gain_bps is not None
     assert (filled.launch_ns, filled.concurrent_overlap_bps) == (1_000, 1_234)  # kept
     assert store.entries() == [filled]
@@ -747,30 +748,30 @@ def test_a_record_written_before_the_resident_gain_loads_and_gets_it(tmp_path: P
 
 
 def test_resident_gain_of_a_backend_without_resident_buffers_is_none(tmp_path: Path) -> None:
-    from vyre_async import VyreBackend
+    from vyre_async.abc import Executor
     from vyre_async.calibration import measure_resident_gain
 
-    class HostOnly(ReferenceBackend):
-        upload = VyreBackend.upload
-        alloc = VyreBackend.alloc
+    class HostOnly(ReferenceExecutor):
+        upload = Executor.upload
+        alloc = Executor.alloc
 
-    assert measure_resident_gain(HostOnly()) is None
-    record = calibration_for(HostOnly(), measure=True, store=CalibrationStore(tmp_path))
+    assert measure_resident_gain(backend_of(HostOnly)) is None
+    record = calibration_for(backend_of(HostOnly), measure=True, store=CalibrationStore(tmp_path))
     assert record is not None and record.resident_gain_bps is None
 
 
 def test_resident_gain_unmeasurable_stays_none(caplog: pytest.LogCaptureFixture) -> None:
     from vyre_async.calibration import measure_resident_gain
 
-    class Broken(ReferenceBackend):
-        def enqueue(self, launch: Launch) -> PendingDispatch:
+    class Broken(ReferenceExecutor):
+        def enqueue(self, launch: Launch) -> None:
             raise RuntimeError("no")
 
-    backend = Broken()
+    backend = backend_of(Broken)
     with caplog.at_level(logging.WARNING, logger="vyre_async.calibration"):
         assert measure_resident_gain(backend) is None
     assert "resident gain" in caplog.text
-    assert backend.resident_count == 0
+    assert backend.executor.resident_count == 0
 
 
 @pytest.mark.parametrize("bad", [10_001, -10_001, 1.5, True])

@@ -23,6 +23,7 @@ import pytest
 
 import vyre_async.calibration as calibration_module
 from tests.driver.fakes import BytesBackend
+from tests.helpers import backend_of
 from vyre_async.calibration import (
     Calibration,
     CalibrationStore,
@@ -65,9 +66,11 @@ class OtherIdBackend(CalibratedBackend):
 
 # parameter of calibration_key -> a backend that differs from the base in it alone
 KEY_CASES: dict[str, Any] = {
-    "backend_id": lambda: OtherIdBackend(launch_ns=2000),
-    "backend_version": lambda: CalibratedBackend(version="1.1", launch_ns=2000),
-    "device_fingerprint": lambda: CalibratedBackend(fingerprint="host-b", launch_ns=2000),
+    "backend_id": lambda: backend_of(OtherIdBackend, launch_ns=2000),
+    "backend_version": lambda: backend_of(CalibratedBackend, version="1.1", launch_ns=2000),
+    "device_fingerprint": lambda: backend_of(
+        CalibratedBackend, fingerprint="host-b", launch_ns=2000
+    ),
 }
 
 # field of Calibration outside the key -> another value (a new measurement of one device)
@@ -86,7 +89,7 @@ MEASUREMENTS: dict[str, object] = {
     "measured_at": 2.0,
 }
 
-#: What the base backend (``CalibratedBackend()``) measures.
+#: What the base backend (``backend_of(CalibratedBackend)``) measures.
 BASE = Calibration(
     backend_id="calibrated-test",
     backend_version="1.0",
@@ -109,21 +112,21 @@ def test_every_field_of_a_record_is_in_the_key_or_a_measurement() -> None:
 @pytest.mark.parametrize("field", list(KEY_CASES))
 def test_a_key_field_changed_alone_misses(tmp_path: Path, field: str) -> None:
     store = CalibrationStore(tmp_path)
-    base = CalibratedBackend()
+    base = backend_of(CalibratedBackend)
     assert calibration_for(base, measure=True, store=store) == BASE
     other = KEY_CASES[field]()
 
     assert calibration_for(other, store=store) is None  # not the base's record: a miss
-    assert other.calibrations == 0
+    assert other.executor.calibrations == 0
     measured = calibration_for(other, measure=True, store=store)
 
-    assert other.calibrations == 1
+    assert other.executor.calibrations == 1
     assert measured is not None and measured.launch_ns == 2000
     assert getattr(measured, field) != getattr(BASE, field)
     assert {r.launch_ns for r in store.entries()} == {1000, 2000}  # one record each
     # The base device still finds its own (a new backend object: from disk).
-    again = CalibratedBackend()
-    assert calibration_for(again, store=store) == BASE and again.calibrations == 0
+    again = backend_of(CalibratedBackend)
+    assert calibration_for(again, store=store) == BASE and again.executor.calibrations == 0
 
 
 @pytest.mark.parametrize(("field", "value"), list(MEASUREMENTS.items()), ids=list(MEASUREMENTS))
@@ -140,8 +143,8 @@ def test_a_measurement_changed_alone_is_the_same_devices_record(
 
     assert store.load(BASE.backend_id, BASE.backend_version, BASE.device_fingerprint) == newer
     assert len(store.entries()) == 1
-    backend = CalibratedBackend()
-    assert calibration_for(backend, store=store) == newer and backend.calibrations == 0
+    backend = backend_of(CalibratedBackend)
+    assert calibration_for(backend, store=store) == newer and backend.executor.calibrations == 0
 
 
 @pytest.mark.parametrize(
@@ -151,18 +154,18 @@ def test_a_measurement_changed_alone_is_the_same_devices_record(
 )
 def test_what_the_key_does_not_hold_hits(tmp_path: Path, settings: dict[str, Any]) -> None:
     store = CalibrationStore(tmp_path)
-    assert calibration_for(CalibratedBackend(), measure=True, store=store) == BASE
-    other = CalibratedBackend(**settings)
+    assert calibration_for(backend_of(CalibratedBackend), measure=True, store=store) == BASE
+    other = backend_of(CalibratedBackend, **settings)
 
     assert calibration_for(other, measure=True, store=store) == BASE
-    assert other.calibrations == 0
+    assert other.executor.calibrations == 0
 
 
 def test_the_format_version_changed_alone_misses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VYRE_CACHE_DIR", str(tmp_path))
-    assert calibration_for(CalibratedBackend(), measure=True) == BASE
+    assert calibration_for(backend_of(CalibratedBackend), measure=True) == BASE
     old_root = CalibrationStore().root
     monkeypatch.setattr(
         calibration_module,
@@ -173,21 +176,21 @@ def test_the_format_version_changed_alone_misses(
     assert CalibrationStore().root != old_root  # the default folder follows the version
     # ... and a record of the old format is not read, wherever it is.
     assert CalibrationStore(old_root).load("calibrated-test", "1.0", "host-a") is None
-    backend = CalibratedBackend(launch_ns=3000)
+    backend = backend_of(CalibratedBackend, launch_ns=3000)
     assert calibration_for(backend) is None
     measured = calibration_for(backend, measure=True)
-    assert backend.calibrations == 1
+    assert backend.executor.calibrations == 1
     assert measured is not None and measured.launch_ns == 3000
 
 
 def test_the_memory_memo_is_per_backend_object(tmp_path: Path) -> None:
     """The in-memory memo (by backend object) hands a record to that backend only."""
     store = CalibrationStore(tmp_path)
-    base = CalibratedBackend()
+    base = backend_of(CalibratedBackend)
     calibration_for(base, measure=True, store=store)
     (path,) = tmp_path.glob("*.json")
     path.unlink()  # from now on only the memo holds it
 
     assert calibration_for(base, store=store) == BASE  # the memo
-    other = CalibratedBackend(fingerprint="host-b", launch_ns=2000)
+    other = backend_of(CalibratedBackend, fingerprint="host-b", launch_ns=2000)
     assert calibration_for(other, store=store) is None

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.driver.fakes import DelayBackend
+from tests.helpers import backend_of
 from tests.policies.kernels import accumulate, atomic_sum, binop, rotate
 from vyre_async import (
     DispatchConfig,
@@ -23,6 +24,7 @@ from vyre_async import (
     UnsupportedFeature,
     VyreBackend,
 )
+from vyre_async.abc import Executor
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.graph import ArmGraph, GraphResult, Residency, summarize_arm
 from vyre_async.ir import Access, Atomic, BufferDecl, DType, Let, Load, Program
@@ -31,22 +33,22 @@ from vyre_async.pipeline import Launch
 from vyre_async.policies import ArmSummary
 from vyre_async.programs import saxpy
 from vyre_async.resident import ResidentBuffer
-from vyre_reference import ReferenceBackend
+from vyre_reference import ReferenceExecutor, reference_backend
 
 N = 64
 RNG = np.random.default_rng(7)
 
 
-class RecordingBackend(ReferenceBackend):
+class RecordingBackend(ReferenceExecutor):
     """Keeps every pending dispatch so tests can read its span attributes."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.launched: list[PendingDispatch] = []
 
-    def enqueue(self, launch: Launch) -> PendingDispatch:
+    def enqueue(self, launch: Launch) -> None:
         self.launched.append(launch.pending)
-        return super().enqueue(launch)
+        super().enqueue(launch)
 
     def attributes(self) -> list[dict[str, Any]]:
         return [dict(p.record.attributes or {}) for p in self.launched]
@@ -55,10 +57,10 @@ class RecordingBackend(ReferenceBackend):
 class HostOnlyBackend(RecordingBackend):
     """The reference engine without resident buffers (the contract's defaults)."""
 
-    upload = VyreBackend.upload
-    alloc = VyreBackend.alloc
-    download = VyreBackend.download
-    free = VyreBackend.free
+    upload = Executor.upload
+    alloc = Executor.alloc
+    download = Executor.download
+    free = Executor.free
 
 
 def rand_u32(n: int = N) -> np.ndarray:
@@ -83,8 +85,8 @@ def xor_graph() -> tuple[ArmGraph, dict[str, np.ndarray]]:
 
 
 @pytest.fixture
-def backend() -> Iterator[RecordingBackend]:
-    b = RecordingBackend(inline_ns=0)
+def backend() -> Iterator[VyreBackend]:
+    b = backend_of(RecordingBackend, inline_ns=0)
     yield b
     anyio.run(b.shutdown)
 
@@ -217,7 +219,7 @@ def test_initial_contents_are_private_copies() -> None:
 
 
 @pytest.mark.anyio
-async def test_run_matches_the_arithmetic_and_reports_layers(backend: RecordingBackend) -> None:
+async def test_run_matches_the_arithmetic_and_reports_layers(backend: VyreBackend) -> None:
     graph, init = xor_graph()
     result = await graph.run(backend, outputs=["p", "r", "x"])
     x, y, z = init["x"], init["y"], init["z"]
@@ -244,14 +246,14 @@ async def test_run_matches_the_arithmetic_and_reports_layers(backend: RecordingB
     assert report.execution.mode.reason == "unsupported_by_backend"
     text = report.describe()
     assert "layer 0" in text and "concurrent" in text and "read_after_write" in text
-    assert backend.resident_count == 0  # every uploaded resource was freed
+    assert backend.executor.resident_count == 0  # every uploaded resource was freed
 
 
 @pytest.mark.anyio
-async def test_every_arm_span_gets_its_layer_and_reason(backend: RecordingBackend) -> None:
+async def test_every_arm_span_gets_its_layer_and_reason(backend: VyreBackend) -> None:
     graph, _ = xor_graph()
     await graph.run(backend)
-    attrs = backend.attributes()
+    attrs = backend.executor.attributes()
     assert [a["vyre.arm.index"] for a in attrs] == [0, 1, 3, 2, 4]  # layer by layer
     by_arm = {a["vyre.arm.index"]: a for a in attrs}
     assert [by_arm[i]["vyre.policy.arm.layer"] for i in range(5)] == [0, 0, 1, 0, 2]
@@ -268,17 +270,17 @@ async def test_every_arm_span_gets_its_layer_and_reason(backend: RecordingBacken
 @pytest.mark.anyio
 async def test_inline_arms_keep_their_span_attributes() -> None:
     """Tiny arms run inside dispatch(): attributes must be in place before that."""
-    backend = RecordingBackend()  # default inline threshold: 64-lane xors run inline
+    backend = backend_of(RecordingBackend)  # default inline threshold: 64-lane xors run inline
     graph, _ = xor_graph()
     await graph.run(backend)
-    assert all(p.done() for p in backend.launched)
-    assert [a["vyre.policy.arm.layer"] for a in backend.attributes()] == [0, 0, 0, 1, 2]
+    assert all(p.done() for p in backend.executor.launched)
+    assert [a["vyre.policy.arm.layer"] for a in backend.executor.attributes()] == [0, 0, 0, 1, 2]
 
 
 @pytest.mark.anyio
 async def test_layer_arms_are_all_in_flight_together() -> None:
     """The three layer-0 arms are dispatched before any of them is awaited."""
-    backend = DelayBackend(delay=0.05)
+    backend = backend_of(DelayBackend, delay=0.05)
     try:
         graph, _ = xor_graph()
         result = await graph.run(backend, residency="host")
@@ -291,13 +293,13 @@ async def test_layer_arms_are_all_in_flight_together() -> None:
         walls = sorted(arm.wall_s or 0 for arm in first)
         assert walls[-1] > 2.5 * 0.05  # the last waited behind the others: all were queued
     finally:
-        backend.close()
+        await backend.aclose()
 
 
 @pytest.mark.anyio
 async def test_independent_arms_overlap_on_worker_threads() -> None:
     """On the reference backend the layer's arms run on its worker threads concurrently."""
-    backend = ReferenceBackend(inline_ns=0, max_workers=2)
+    backend = reference_backend(inline_ns=0, max_workers=2)
     graph = ArmGraph()
     big = 1 << 18
     for name in ("a", "b", "c", "d", "o1", "o2"):
@@ -310,7 +312,7 @@ async def test_independent_arms_overlap_on_worker_threads() -> None:
     await backend.shutdown()
 
 
-class SpyBackend(ReferenceBackend):
+class SpyBackend(ReferenceExecutor):
     """Notes, at each dispatch, which earlier dispatches had already finished."""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -318,10 +320,10 @@ class SpyBackend(ReferenceBackend):
         self.launched: list[PendingDispatch] = []
         self.done_before: list[list[bool]] = []
 
-    def enqueue(self, launch: Launch) -> PendingDispatch:
+    def enqueue(self, launch: Launch) -> None:
         self.done_before.append([p.done() for p in self.launched])
         self.launched.append(launch.pending)
-        return super().enqueue(launch)
+        super().enqueue(launch)
 
 
 def _spin_add(n: int) -> Program:
@@ -347,7 +349,7 @@ def _spin_add(n: int) -> Program:
 @pytest.mark.anyio
 async def test_device_joins_submit_every_arm_before_the_first_finishes() -> None:
     """Resident resources: no host join between layers; the backend orders the arms."""
-    backend = SpyBackend(inline_ns=0, max_workers=2)
+    backend = backend_of(SpyBackend, inline_ns=0, max_workers=2)
     graph = ArmGraph(label="device")
     x, y = rand_u32(), rand_u32()
     graph.resource("x", "u32", N, initial=x)
@@ -363,14 +365,14 @@ async def test_device_joins_submit_every_arm_before_the_first_finishes() -> None
     graph.arm(xor, {"a": "slow", "b": "y", "out": "z"}, label="z")  # after slow
     graph.arm(xor, {"a": "z", "b": "w", "out": "x"}, label="x")  # after z, w; x read before
     await graph.run(backend)  # compiles every arm: compiling would otherwise take longest
-    backend.launched.clear()
-    backend.done_before.clear()
+    backend.executor.launched.clear()
+    backend.executor.done_before.clear()
     result = await graph.run(backend)
     report = result.report
     assert report.layers == ((0, 1), (2,), (3,))
     assert report.joins_on == "device" and report.host_join_reason is None
     # the last layer was dispatched while the first layer's slow arm still ran
-    assert backend.done_before[3][0] is False
+    assert backend.executor.done_before[3][0] is False
     slow = x + np.uint32(1)
     assert result.outputs["slow"].tolist() == slow.tolist()
     assert result.outputs["w"].tolist() == (x ^ y).tolist()
@@ -384,12 +386,12 @@ async def test_device_joins_submit_every_arm_before_the_first_finishes() -> None
 
 
 @pytest.mark.anyio
-async def test_host_joins_and_their_reasons(backend: RecordingBackend) -> None:
+async def test_host_joins_and_their_reasons(backend: VyreBackend) -> None:
     graph, _ = xor_graph()
     hosted = await graph.run(backend, residency="host")
     assert (hosted.report.joins_on, hosted.report.host_join_reason) == ("host", "host_residency")
     assert "joins on the host (host_residency)" in hosted.report.describe()
-    no_resident = HostOnlyBackend(inline_ns=0)
+    no_resident = backend_of(HostOnlyBackend, inline_ns=0)
     fallback = await graph.run(no_resident)
     assert fallback.report.host_join_reason == "host_residency"
     await no_resident.shutdown()
@@ -398,7 +400,7 @@ async def test_host_joins_and_their_reasons(backend: RecordingBackend) -> None:
         def capabilities(self) -> BackendCapabilities:
             return dataclasses.replace(super().capabilities(), ordered_resident_buffers=False)
 
-    unordered = Unordered(inline_ns=0)
+    unordered = backend_of(Unordered, inline_ns=0)
     awaited = await graph.run(unordered)
     assert (awaited.report.residency, awaited.report.host_join_reason) == (
         "resident",
@@ -425,7 +427,7 @@ async def test_host_joins_and_their_reasons(backend: RecordingBackend) -> None:
 
 @pytest.mark.anyio
 async def test_values_replace_initial_contents_and_outputs_are_copies(
-    backend: RecordingBackend,
+    backend: VyreBackend,
 ) -> None:
     graph = ArmGraph()
     graph.resource("x", "u32", N, initial=np.ones(N, np.uint32))
@@ -445,7 +447,7 @@ async def test_values_replace_initial_contents_and_outputs_are_copies(
 
 
 @pytest.mark.anyio
-async def test_changing_the_graph_restarts_the_submission_count(backend: RecordingBackend) -> None:
+async def test_changing_the_graph_restarts_the_submission_count(backend: VyreBackend) -> None:
     graph, _ = xor_graph()
     assert (await graph.run(backend, outputs=[])).report.submission == 1
     assert (await graph.run(backend, outputs=[])).report.submission == 2
@@ -454,7 +456,7 @@ async def test_changing_the_graph_restarts_the_submission_count(backend: Recordi
 
 
 @pytest.mark.anyio
-async def test_run_argument_errors(backend: RecordingBackend) -> None:
+async def test_run_argument_errors(backend: VyreBackend) -> None:
     graph, _ = xor_graph()
     with pytest.raises(InvalidProgram, match="not a resource"):
         await graph.run(backend, outputs=["nope"])
@@ -467,7 +469,7 @@ async def test_run_argument_errors(backend: RecordingBackend) -> None:
 
 
 @pytest.mark.anyio
-async def test_empty_graph_returns_the_initial_contents(backend: RecordingBackend) -> None:
+async def test_empty_graph_returns_the_initial_contents(backend: VyreBackend) -> None:
     graph = ArmGraph()
     graph.resource("x", "u32", 3, initial=np.array([1, 2, 3], np.uint32))
     result = await graph.run(backend)
@@ -480,7 +482,7 @@ async def test_empty_graph_returns_the_initial_contents(backend: RecordingBacken
 
 @pytest.mark.anyio
 async def test_backend_without_resident_buffers_uses_graph_owned_host_arrays() -> None:
-    backend = HostOnlyBackend(inline_ns=0)
+    backend = backend_of(HostOnlyBackend, inline_ns=0)
     graph, init = xor_graph()
     result = await graph.run(backend, outputs=["r"])
     assert result.report.residency == "host"
@@ -491,30 +493,30 @@ async def test_backend_without_resident_buffers_uses_graph_owned_host_arrays() -
 
 
 @pytest.mark.anyio
-async def test_host_residency_on_request(backend: RecordingBackend) -> None:
+async def test_host_residency_on_request(backend: VyreBackend) -> None:
     graph, init = xor_graph()
     result = await graph.run(backend, outputs=["s"], residency="host")
     assert result.report.residency == "host"
     assert np.array_equal(result.outputs["s"], init["x"] ^ init["z"])
-    assert backend.resident_count == 0
+    assert backend.executor.resident_count == 0
 
 
 @pytest.mark.anyio
 async def test_resident_inputs_are_passed_as_resident_buffers() -> None:
     seen: list[type] = []
 
-    class Spy(ReferenceBackend):
-        def enqueue(self, launch: Launch) -> PendingDispatch:
+    class Spy(ReferenceExecutor):
+        def enqueue(self, launch: Launch) -> None:
             seen.extend(type(item) for item in launch.inputs)
-            return super().enqueue(launch)
+            super().enqueue(launch)
 
     graph, _ = xor_graph()
-    await graph.run(Spy())
+    await graph.run(backend_of(Spy))
     assert seen and all(kind is ResidentBuffer for kind in seen)
 
 
 @pytest.mark.anyio
-async def test_bool_resources_stay_host_arrays(backend: RecordingBackend) -> None:
+async def test_bool_resources_stay_host_arrays(backend: VyreBackend) -> None:
     from vyre_async.ir import BufLen, If, Let, Load, Store, Var, gid
 
     i = Var("i")
@@ -542,14 +544,14 @@ async def test_bool_resources_stay_host_arrays(backend: RecordingBackend) -> Non
 
 @pytest.mark.anyio
 async def test_a_failing_arm_names_itself_and_releases_resources() -> None:
-    class Flaky(ReferenceBackend):
-        def enqueue(self, launch: Launch) -> PendingDispatch:
+    class Flaky(ReferenceExecutor):
+        def enqueue(self, launch: Launch) -> None:
             if launch.plan.program.op_id == "test.or":
                 launch.completer.fail(RuntimeError("boom"))
-                return launch.pending
-            return super().enqueue(launch)
+                return
+            super().enqueue(launch)
 
-    backend = Flaky(inline_ns=0)
+    backend = backend_of(Flaky, inline_ns=0)
     graph = ArmGraph(label="flaky")
     for name in ("a", "b", "o1", "o2"):
         graph.resource(name, "u32", N)
@@ -558,12 +560,12 @@ async def test_a_failing_arm_names_itself_and_releases_resources() -> None:
     with pytest.raises(Exception, match="boom") as info:
         await graph.run(backend)
     assert any("'bad'" in note for note in getattr(info.value, "__notes__", []))
-    assert backend.resident_count == 0
+    assert backend.executor.resident_count == 0
     await backend.shutdown()
 
 
 @pytest.mark.anyio
-async def test_dispatch_rejections_propagate(backend: RecordingBackend) -> None:
+async def test_dispatch_rejections_propagate(backend: VyreBackend) -> None:
     graph = ArmGraph()
     graph.resource("a", "u32", N)
     graph.resource("o", "u32", N)
@@ -572,12 +574,12 @@ async def test_dispatch_rejections_propagate(backend: RecordingBackend) -> None:
     )
     with pytest.raises(UnsupportedFeature):
         await graph.run(backend)
-    assert backend.resident_count == 0
+    assert backend.executor.resident_count == 0
 
 
 @pytest.mark.anyio
 async def test_timeouts_surface_as_dispatch_timeout() -> None:
-    backend = ReferenceBackend(inline_ns=0)
+    backend = reference_backend(inline_ns=0)
     graph = ArmGraph()
     big = 1 << 20
     for name in ("a", "b", "o"):
@@ -587,12 +589,12 @@ async def test_timeouts_surface_as_dispatch_timeout() -> None:
     )
     with pytest.raises(DispatchTimeout):
         await graph.run(backend)
-    assert backend.resident_count == 0
+    assert backend.executor.resident_count == 0
     await backend.shutdown()
 
 
 @pytest.mark.anyio
-async def test_cancellation_waits_for_running_arms_then_frees(backend: RecordingBackend) -> None:
+async def test_cancellation_waits_for_running_arms_then_frees(backend: VyreBackend) -> None:
     graph = ArmGraph()
     big = 1 << 20
     for name in ("a", "b", "o1", "o2", "o3"):
@@ -604,8 +606,8 @@ async def test_cancellation_waits_for_running_arms_then_frees(backend: Recording
         await graph.run(backend)
     assert scope.cancelled_caught
     # The running arms finished before run() returned; then their buffers were freed.
-    assert backend.launched and all(p.done() for p in backend.launched)
-    assert backend.resident_count == 0
+    assert backend.executor.launched and all(p.done() for p in backend.executor.launched)
+    assert backend.executor.resident_count == 0
     result = await graph.run(backend, outputs=["o3"])  # still usable
     assert result.outputs["o3"].shape == (big,)
 
@@ -655,7 +657,7 @@ def graphs(draw: st.DrawFn) -> ArmGraph:
     return graph
 
 
-def sequential(backend: ReferenceBackend, graph: ArmGraph) -> dict[str, np.ndarray]:
+def sequential(backend: VyreBackend, graph: ArmGraph) -> dict[str, np.ndarray]:
     """The oracle: every arm in submission order, one at a time, host arrays."""
     state = {name: res.contents() for name, res in graph.resources.items()}
     for arm in graph.arms:
@@ -666,9 +668,9 @@ def sequential(backend: ReferenceBackend, graph: ArmGraph) -> dict[str, np.ndarr
     return state
 
 
-THREADED = ReferenceBackend(inline_ns=0, max_workers=2)
-INLINE = ReferenceBackend()
-ORACLE = ReferenceBackend(prefetch=False)
+THREADED = reference_backend(inline_ns=0, max_workers=2)
+INLINE = reference_backend()
+ORACLE = reference_backend(prefetch=False)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -687,7 +689,7 @@ def test_graph_equals_sequential_execution(
     for arm in result.report.arms:
         for conflict in arm.conflicts:
             assert layer_of[conflict.earlier] < layer_of[conflict.later]
-    assert backend.resident_count == 0
+    assert backend.executor.resident_count == 0
 
 
 # Arm concurrency verdicts -------------------------------------------------------------------
@@ -715,7 +717,7 @@ def _calibrated(
 @pytest.mark.anyio
 @pytest.mark.parametrize("residency", ["auto", "host"])
 async def test_no_overlap_runs_each_layer_in_order_and_says_why(residency: Residency) -> None:
-    backend = SpyBackend(inline_ns=0, max_workers=2)
+    backend = backend_of(SpyBackend, inline_ns=0, max_workers=2)
     _calibrated(backend, -3_000)
     graph, init = xor_graph()  # layers [0, 1, 3], [2], [4]
     result = await graph.run(backend, residency=residency)
@@ -724,10 +726,11 @@ async def test_no_overlap_runs_each_layer_in_order_and_says_why(residency: Resid
     assert [v.reason for v in report.concurrency] == ["no_overlap", "single_arm", "single_arm"]
     assert report.concurrency[0].savings_ns < 0 and report.concurrent_overlap_bps == -3_000
     # each arm of layer 0 finished before the next was dispatched
-    assert backend.done_before[1] == [True] and backend.done_before[2] == [True, True]
+    spy = backend.executor
+    assert spy.done_before[1] == [True] and spy.done_before[2] == [True, True]
     assert all(arm.concurrent_with == () for arm in report.arms)
     by_arm = {
-        (p.record.attributes or {})["vyre.arm.index"]: p.record.attributes for p in backend.launched
+        (p.record.attributes or {})["vyre.arm.index"]: p.record.attributes for p in spy.launched
     }
     assert by_arm[0]["vyre.policy.arm_concurrency"] == "in_order"
     assert by_arm[0]["vyre.policy.arm_concurrency.reason"] == "no_overlap"
@@ -744,7 +747,7 @@ async def test_no_overlap_runs_each_layer_in_order_and_says_why(residency: Resid
 
 @pytest.mark.anyio
 async def test_overlap_that_pays_runs_the_layer_concurrently() -> None:
-    backend = _calibrated(DelayBackend(delay=0.05), 8_000)
+    backend = _calibrated(backend_of(DelayBackend, delay=0.05), 8_000)
     try:
         graph, _ = xor_graph()
         result = await graph.run(backend, residency="host")
@@ -760,32 +763,32 @@ async def test_overlap_that_pays_runs_the_layer_concurrently() -> None:
         assert walls[-1] > 2.5 * 0.05
         assert "concurrent (overlap_pays" in report.describe()
     finally:
-        backend.close()
+        await backend.aclose()
 
 
 @pytest.mark.anyio
-async def test_uncalibrated_backends_keep_layers_concurrent(backend: RecordingBackend) -> None:
+async def test_uncalibrated_backends_keep_layers_concurrent(backend: VyreBackend) -> None:
     graph, _ = xor_graph()
     result = await graph.run(backend)
     assert result.report.concurrency[0].reason == "uncalibrated"
     assert result.report.concurrent_overlap_bps is None
-    assert backend.attributes()[0]["vyre.policy.arm_concurrency"] == "concurrent"
+    assert backend.executor.attributes()[0]["vyre.policy.arm_concurrency"] == "concurrent"
 
 
 @pytest.mark.anyio
 async def test_failing_in_order_arm_stops_the_layer() -> None:
     class Failing(SpyBackend):
-        def enqueue(self, launch: Launch) -> PendingDispatch:
+        def enqueue(self, launch: Launch) -> None:
             if (launch.pending.record.attributes or {}).get("vyre.arm.index") == 1:
                 raise UnsupportedFeature("arm 1 cannot run here", fix="none")
-            return super().enqueue(launch)
+            super().enqueue(launch)
 
-    backend = _calibrated(Failing(inline_ns=0), 0)
+    backend = _calibrated(backend_of(Failing, inline_ns=0), 0)
     graph, _ = xor_graph()
     with pytest.raises(UnsupportedFeature):
         await graph.run(backend)
-    assert len(backend.launched) == 1  # arm 0 ran and settled; nothing after arm 1
-    assert backend.resident_count == 0
+    assert len(backend.executor.launched) == 1  # arm 0 ran and settled; nothing after arm 1
+    assert backend.executor.resident_count == 0
     await backend.shutdown()
 
 
@@ -797,11 +800,11 @@ async def test_resident_buffers_measured_slower_make_auto_use_host_arrays_and_sa
     seen: list[type] = []
 
     class Spy(RecordingBackend):
-        def enqueue(self, launch: Launch) -> PendingDispatch:
+        def enqueue(self, launch: Launch) -> None:
             seen.extend(type(item) for item in launch.inputs)
-            return super().enqueue(launch)
+            super().enqueue(launch)
 
-    backend = _calibrated(Spy(inline_ns=0), None, gain_bps=-1_500)
+    backend = _calibrated(backend_of(Spy, inline_ns=0), None, gain_bps=-1_500)
     graph, init = xor_graph()
     result = await graph.run(backend)
     report = result.report
@@ -809,7 +812,7 @@ async def test_resident_buffers_measured_slower_make_auto_use_host_arrays_and_sa
     assert report.residency_verdict is not None and report.residency_verdict.savings_ns < 0
     assert report.resident_gain_bps == -1_500
     assert (report.joins_on, report.host_join_reason) == ("host", "host_residency")
-    assert seen and ResidentBuffer not in seen and backend.resident_count == 0
+    assert seen and ResidentBuffer not in seen and backend.executor.resident_count == 0
     text = report.describe()
     assert "resources host (resident_slower)" in text and "resident gain: -15 %" in text
     x, y, z = init["x"], init["y"], init["z"]
@@ -823,7 +826,7 @@ async def test_resident_buffers_measured_slower_make_auto_use_host_arrays_and_sa
 
 @pytest.mark.anyio
 async def test_resident_buffers_that_pay_stay_resident() -> None:
-    backend = _calibrated(RecordingBackend(inline_ns=0), None, gain_bps=4_000)
+    backend = _calibrated(backend_of(RecordingBackend, inline_ns=0), None, gain_bps=4_000)
     graph, _ = xor_graph()
     report = (await graph.run(backend)).report
     assert (report.residency, report.residency_reason) == ("resident", "resident_pays")
@@ -835,12 +838,12 @@ async def test_resident_buffers_that_pay_stay_resident() -> None:
 
 
 @pytest.mark.anyio
-async def test_uncalibrated_and_unsupported_residency_reasons(backend: RecordingBackend) -> None:
+async def test_uncalibrated_and_unsupported_residency_reasons(backend: VyreBackend) -> None:
     graph, _ = xor_graph()
     report = (await graph.run(backend)).report
     assert (report.residency, report.residency_reason) == ("resident", "uncalibrated")
     assert report.resident_gain_bps is None and "resident gain: not calibrated" in report.describe()
-    no_resident = HostOnlyBackend(inline_ns=0)
+    no_resident = backend_of(HostOnlyBackend, inline_ns=0)
     fallback = (await graph.run(no_resident)).report
     assert (fallback.residency, fallback.residency_reason) == ("host", "no_resident_buffers")
     await no_resident.shutdown()
@@ -848,7 +851,7 @@ async def test_uncalibrated_and_unsupported_residency_reasons(backend: Recording
 
 @pytest.mark.anyio
 async def test_a_backends_nan_or_negative_device_time_does_not_break_the_graph(
-    backend: RecordingBackend, monkeypatch: pytest.MonkeyPatch
+    backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from vyre_async.pending import DispatchCompleter
 

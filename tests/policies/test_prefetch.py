@@ -14,19 +14,20 @@ import numpy as np
 import pytest
 
 from tests import otel_sdk
+from tests.helpers import backend_of
 from tests.policies.kernels import binop
-from vyre_async import DispatchConfig, KernelCompileFailed
+from vyre_async import DispatchConfig, KernelCompileFailed, VyreBackend
 from vyre_async.ir import Program
 from vyre_async.pending import PendingDispatch
 from vyre_async.prefetch import Prefetcher, PrefetchJob
-from vyre_reference import ReferenceBackend
+from vyre_reference import ReferenceExecutor, reference_backend
 
 N = 64
 A, B, C, D = (binop(name, N) for name in ("xor", "or", "and", "add"))
 INPUTS = [np.arange(N, dtype=np.uint32), np.full(N, 5, np.uint32)]
 
 
-class SlowBackend(ReferenceBackend):
+class SlowBackend(ReferenceExecutor):
     """The reference backend with a compiler the test can slow down or hold.
 
     Every dispatch runs on the worker pool (no inline runs). Every compile
@@ -95,7 +96,7 @@ async def test_cyclic_workload_prefetches_every_pipeline_after_warm_up() -> None
     job. (It used to sleep 150 ms per dispatch against a 50 ms compile, and
     failed once on a loaded machine.)
     """
-    backend = SlowBackend(pipeline_cache_capacity=2)
+    backend = backend_of(SlowBackend, pipeline_cache_capacity=2)
     prefetcher = backend.prefetcher
     assert prefetcher is not None
     loop_thread = threading.current_thread().name
@@ -120,8 +121,9 @@ async def test_cyclic_workload_prefetches_every_pipeline_after_warm_up() -> None
     assert stats.prefetched_used == measured
     # One background build per measured dispatch, plus the one predicted by the
     # last warm-up dispatch (A,B,C,A predicts B); everything before was cold.
-    assert [op for op, _ in backend.builds[:warm_up]] == [A.op_id, B.op_id, C.op_id, A.op_id]
-    background = [thread for _, thread in backend.builds[warm_up:]]
+    builds = backend.executor.builds
+    assert [op for op, _ in builds[:warm_up]] == [A.op_id, B.op_id, C.op_id, A.op_id]
+    background = [thread for _, thread in builds[warm_up:]]
     assert len(background) == measured + 1
     assert all(t.startswith("vyre-prefetch") and t != loop_thread for t in background)
     assert _attrs(after[-1])["vyre.prefetch.hit_rate"] == pytest.approx(stats.hit_rate)
@@ -131,7 +133,7 @@ async def test_cyclic_workload_prefetches_every_pipeline_after_warm_up() -> None
 @pytest.mark.anyio
 async def test_without_prefetch_every_cycled_dispatch_waits_for_a_compile() -> None:
     """The control experiment: same cycle and cache, ``prefetch=False``."""
-    backend = SlowBackend(compile_s=0.01, pipeline_cache_capacity=2, prefetch=False)
+    backend = backend_of(SlowBackend, compile_s=0.01, pipeline_cache_capacity=2, prefetch=False)
     assert backend.prefetcher is None
     pendings = []
     for k in range(9):
@@ -139,19 +141,19 @@ async def test_without_prefetch_every_cycled_dispatch_waits_for_a_compile() -> N
         await pending
         pendings.append(pending)
     assert all(p.record.cache_hit is False for p in pendings)
-    assert len(backend.builds) == 9
+    assert len(backend.executor.builds) == 9
     await backend.shutdown()
 
 
 # Histories: repeat, cycle, partial cycle, no pattern -------------------------------------
 
 
-def _fp_program(backend: ReferenceBackend, program: Program) -> bytes:
+def _fp_program(backend: VyreBackend, program: Program) -> bytes:
     return backend.pipeline_identity(program).digest
 
 
 def test_repeat_history_hits_without_compiling() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     pendings = [backend.dispatch(A, INPUTS) for _ in range(10)]
     for p in pendings:
         p.result()
@@ -180,7 +182,7 @@ def test_steady_repeats_count_and_predict_exactly_as_one_by_one_bookkeeping(
     history longer than the window, the repeats a steady run skipped show in
     the history (and in later predictions) once another shape comes.
     """
-    fast, slow = ReferenceBackend(), ReferenceBackend()
+    fast, slow = reference_backend(), reference_backend()
     for backend in (fast, slow):
         backend.prefetcher = backend.front.prefetcher = Prefetcher(
             backend.store, capacity=capacity, window=window
@@ -207,7 +209,7 @@ def test_steady_repeats_count_and_predict_exactly_as_one_by_one_bookkeeping(
 
 
 def test_cycle_history_predicts_the_next_program() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     prefetcher = backend.prefetcher
     assert prefetcher is not None
     for program in (A, B, C, A, B, C, A):
@@ -221,7 +223,7 @@ def test_cycle_history_predicts_the_next_program() -> None:
 
 
 def test_partial_cycle_history_predicts_the_missing_program() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     for program in (A, B, C, A, B):
         backend.dispatch_sync(program, INPUTS)
     assert backend.prefetcher is not None
@@ -230,7 +232,7 @@ def test_partial_cycle_history_predicts_the_missing_program() -> None:
 
 
 def test_no_pattern_history_predicts_nothing_and_scores_nothing() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     pendings = [backend.dispatch(p, INPUTS) for p in (A, B, C, D)]
     for p in pendings:
         p.result()
@@ -242,7 +244,7 @@ def test_no_pattern_history_predicts_nothing_and_scores_nothing() -> None:
 
 
 def test_a_wrong_prediction_is_a_miss() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     for program in (A, B, A, B):
         backend.dispatch_sync(program, INPUTS)
     pending = backend.dispatch(C, INPUTS)  # A was predicted
@@ -254,7 +256,7 @@ def test_a_wrong_prediction_is_a_miss() -> None:
 
 
 def test_launch_geometry_is_part_of_the_shape() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     wide = DispatchConfig(grid_override=(2, 1, 1))
     pendings = [
         backend.dispatch(A, INPUTS),
@@ -285,7 +287,7 @@ def test_metric_is_recorded_per_scored_prediction() -> None:
         return found
 
     before = counts()
-    backend = ReferenceBackend()
+    backend = reference_backend()
     for program in (A, A, A, B):
         backend.dispatch_sync(program, INPUTS)
     after = counts()
@@ -295,7 +297,7 @@ def test_metric_is_recorded_per_scored_prediction() -> None:
 
 
 def test_prefetch_can_be_turned_off() -> None:
-    backend = ReferenceBackend(prefetch=False)
+    backend = reference_backend(prefetch=False)
     pending = backend.dispatch(A, INPUTS)
     pending.result()
     assert backend.prefetcher is None
@@ -303,7 +305,7 @@ def test_prefetch_can_be_turned_off() -> None:
 
 
 def test_pipeline_dispatch_is_recorded_too() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     pipeline = backend.compile(A)
     for _ in range(4):
         pipeline.dispatch(INPUTS).result()
@@ -314,10 +316,10 @@ def test_pipeline_dispatch_is_recorded_too() -> None:
 # One compile per identity ----------------------------------------------------------------
 
 
-def _count_compile_entries(backend: SlowBackend) -> Callable[[int], bool]:
+def _count_compile_entries(backend: VyreBackend) -> Callable[[int], bool]:
     """Count callers reaching the shared-compile check; return ``wait_for(n, ...)``.
 
-    `VyreBackend._compile_once` peeks at the memory cache under its compile lock
+    `PipelineStore.compile_once` peeks at the memory cache under its compile lock
     just before a caller joins (or starts) the running compile, so ``n`` peeks
     mean ``n`` callers are past the cache miss and will share one build.
     """
@@ -342,8 +344,8 @@ def _count_compile_entries(backend: SlowBackend) -> Callable[[int], bool]:
 
 
 def test_concurrent_compiles_of_one_identity_share_one_build() -> None:
-    backend = SlowBackend()
-    backend.held.add(A.op_id)  # the build waits until all four callers are in
+    backend = backend_of(SlowBackend)
+    backend.executor.held.add(A.op_id)  # the build waits until all four callers are in
     arrived = _count_compile_entries(backend)
     results: list[Any] = []
     threads = [
@@ -352,17 +354,17 @@ def test_concurrent_compiles_of_one_identity_share_one_build() -> None:
     for t in threads:
         t.start()
     assert arrived(4), "four compile() calls never reached the shared compile"
-    backend.gate.set()
+    backend.executor.gate.set()
     for t in threads:
         t.join()
-    assert len(backend.builds) == 1
+    assert len(backend.executor.builds) == 1
     assert len(results) == 4 and len({id(r) for r in results}) == 1
 
 
 def test_concurrent_compile_errors_reach_every_waiter() -> None:
-    backend = SlowBackend()
-    backend.held.add(A.op_id)
-    backend.fail_on.add(A.op_id)
+    backend = backend_of(SlowBackend)
+    backend.executor.held.add(A.op_id)
+    backend.executor.fail_on.add(A.op_id)
     arrived = _count_compile_entries(backend)
     errors: list[BaseException] = []
 
@@ -376,12 +378,12 @@ def test_concurrent_compile_errors_reach_every_waiter() -> None:
     for t in threads:
         t.start()
     assert arrived(3), "three compile() calls never reached the shared compile"
-    backend.gate.set()
+    backend.executor.gate.set()
     for t in threads:
         t.join()
     assert len(errors) == 3
-    assert len(backend.builds) == 1
-    backend.fail_on.clear()
+    assert len(backend.executor.builds) == 1
+    backend.executor.fail_on.clear()
     assert backend.compile(A).program == A  # not cached as failed: a later compile retries
 
 
@@ -393,23 +395,23 @@ async def test_a_dispatch_racing_the_prefetcher_waits_for_its_compile() -> None:
     dispatch has missed the cache and reached the shared compile, so the two
     overlap on every run.
     """
-    backend = SlowBackend(pipeline_cache_capacity=2)
+    backend = backend_of(SlowBackend, pipeline_cache_capacity=2)
     for program in (A, B, C):
         await backend.dispatch(program, INPUTS)
-    backend.held.add(B.op_id)
+    backend.executor.held.add(B.op_id)
     await backend.dispatch(A, INPUTS)  # compiles A; predicts B (evicted) -> background compile
-    assert await anyio.to_thread.run_sync(backend.entered.wait, 30)
+    assert await anyio.to_thread.run_sync(backend.executor.entered.wait, 30)
     arrived = _count_compile_entries(backend)  # counts from here: the racing dispatch only
     racing: list[PendingDispatch] = []
     thread = threading.Thread(target=lambda: racing.append(backend.dispatch(B, INPUTS)))
     thread.start()  # joins the compile of B that the prefetcher is running
     assert await anyio.to_thread.run_sync(arrived, 1), "the dispatch never reached the compile"
     assert not racing  # still waiting for the held build
-    backend.gate.set()
+    backend.executor.gate.set()
     await anyio.to_thread.run_sync(thread.join, 30)
     (pending,) = racing
     await pending
-    b_builds = [thread for op, thread in backend.builds if op == B.op_id]
+    b_builds = [thread for op, thread in backend.executor.builds if op == B.op_id]
     assert len(b_builds) == 2  # cold + one prefetch, not 3
     assert b_builds[-1].startswith("vyre-prefetch")
     assert pending.record.cache_hit is False  # it missed and waited for the running build
@@ -420,23 +422,23 @@ async def test_a_dispatch_racing_the_prefetcher_waits_for_its_compile() -> None:
 
 
 def test_background_failures_are_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
-    backend = SlowBackend(compile_s=0.0, pipeline_cache_capacity=2)
+    backend = backend_of(SlowBackend, compile_s=0.0, pipeline_cache_capacity=2)
     for program in (A, B, C):
         backend.dispatch_sync(program, INPUTS)
-    backend.fail_on.add(B.op_id)
+    backend.executor.fail_on.add(B.op_id)
     with caplog.at_level(logging.WARNING, logger="vyre_async.prefetch"):
         backend.dispatch_sync(A, INPUTS)  # predicts B; its background build fails
         assert backend.prefetcher is not None
         assert backend.prefetcher.drain(5)
     assert backend.prefetcher.stats().failures == 1
     assert any("background compile" in r.getMessage() for r in caplog.records)
-    backend.fail_on.clear()
+    backend.executor.fail_on.clear()
     assert backend.dispatch_sync(B, INPUTS)[0].shape == (N,)  # compiles it itself
 
 
 def test_queue_is_bounded_and_deduplicated() -> None:
-    backend = SlowBackend()
-    backend.held.add(A.op_id)  # A's build holds the worker until every job was offered
+    backend = backend_of(SlowBackend)
+    backend.executor.held.add(A.op_id)  # A's build holds the worker until every job was offered
     prefetcher = backend.prefetcher
     assert prefetcher is not None
     prefetcher.max_queue = 2
@@ -448,15 +450,15 @@ def test_queue_is_bounded_and_deduplicated() -> None:
     prefetcher.schedule(jobs[0])  # in flight already: ignored
     prefetcher.schedule(jobs[1])
     prefetcher.schedule(jobs[2])  # queue full: dropped
-    backend.gate.set()
+    backend.executor.gate.set()
     assert prefetcher.drain(5)
     stats = prefetcher.stats()
     assert (stats.compiles, stats.dropped) == (2, 1)
-    assert sorted(op for op, _ in backend.builds) == sorted([A.op_id, B.op_id])
+    assert sorted(op for op, _ in backend.executor.builds) == sorted([A.op_id, B.op_id])
 
 
 def test_worker_thread_exits_when_idle_and_on_close() -> None:
-    backend = SlowBackend(compile_s=0.0)
+    backend = backend_of(SlowBackend, compile_s=0.0)
     prefetcher = backend.prefetcher
     assert prefetcher is not None
     prefetcher.idle_s = 0.05
@@ -475,7 +477,7 @@ def test_worker_thread_exits_when_idle_and_on_close() -> None:
 
 @pytest.mark.anyio
 async def test_hit_rate_is_a_span_attribute_on_every_scored_dispatch() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     pendings = []
     for program in (A, B) * 3:
         pending = backend.dispatch(program, INPUTS)

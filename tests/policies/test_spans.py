@@ -29,10 +29,10 @@ SCRIPT = textwrap.dedent(
     from vyre_async import compile
     from vyre_async.graph import ArmGraph
     from vyre_async.programs import elementwise_xor
-    from vyre_reference import ReferenceBackend
+    from vyre_reference import reference_backend
 
     async def main():
-        backend = ReferenceBackend()
+        backend = reference_backend()
         graph = ArmGraph(label="spans")
         for name in ("x", "y", "p", "q"):
             graph.resource(name, "u32", 64)

@@ -1,6 +1,6 @@
 """A fake ``ray`` for the ``ray`` backend's driver-side tests (no cluster).
 
-`RayBackend` takes Ray from ``vyre_ray.backend._import_ray``; the ``fake``
+`RayExecutor` takes Ray from ``vyre_ray.backend._import_ray``; the ``fake``
 fixture makes that return a `FakeRay`, whose actors hold real
 `vyre_ray.worker.Worker`s in this process. Each actor serves its calls on an
 event loop thread of its own, as an async Ray actor does. Arguments, results
@@ -40,12 +40,12 @@ from vyre_async import (
     DispatchConfig,
     PendingDispatch,
 )
+from vyre_async.backend import VyreBackend
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.programs import elementwise_xor
 from vyre_ray.backend import (
     AFFINITY_SLACK,
     TASK_RETRIES,
-    RayBackend,
 )
 from vyre_ray.worker import Worker
 
@@ -296,7 +296,7 @@ class _ActorClass:
 
 
 class FakeRay:
-    """The ``ray`` module as `RayBackend` uses it, recording what it is asked."""
+    """The ``ray`` module as `RayExecutor` uses it, recording what it is asked."""
 
     def __init__(self) -> None:
         self.initialized = False
@@ -420,12 +420,12 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRay]:
 
 
 @pytest.fixture
-def closing(fake: FakeRay) -> Iterator[Callable[[RayBackend], RayBackend]]:
-    """``closing(RayBackend(...))``: closed at the test's end, its threads ended."""
+def closing(fake: FakeRay) -> Iterator[Callable[[VyreBackend], VyreBackend]]:
+    """``closing(create_backend(...))``: closed at the test's end, its threads ended."""
     before = set(threading.enumerate())
-    built: list[RayBackend] = []
+    built: list[VyreBackend] = []
 
-    def keep(backend: RayBackend) -> RayBackend:
+    def keep(backend: VyreBackend) -> VyreBackend:
         built.append(backend)
         return backend
 
@@ -443,7 +443,7 @@ def closing(fake: FakeRay) -> Iterator[Callable[[RayBackend], RayBackend]]:
             assert not thread.is_alive(), f"{thread.name} did not end"
 
 
-def close(backend: RayBackend) -> None:
+def close(backend: VyreBackend) -> None:
     async def aclose() -> None:
         with anyio.fail_after(WAIT_S):
             await backend.aclose()
@@ -467,7 +467,7 @@ class Failing:
         raise self.error
 
 
-def holder_takes(fake: FakeRay, backend: RayBackend, n: int) -> int:
+def holder_takes(fake: FakeRay, backend: VyreBackend, n: int) -> int:
     """How many held calls of ``elementwise_xor(n)`` the worker that ran it takes before
     one goes to another worker.
 

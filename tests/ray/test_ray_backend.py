@@ -38,7 +38,7 @@ from vyre_async import (
     acquire_preferred_backend,
     registered_backends,
 )
-from vyre_async.backend import poll_until
+from vyre_async.backend import VyreBackend, poll_until
 from vyre_async.ir import (
     Access,
     Assign,
@@ -53,7 +53,7 @@ from vyre_async.ir import (
     u32,
 )
 from vyre_async.programs import elementwise_xor
-from vyre_ray import RayBackend
+from vyre_ray import RayExecutor, create_backend, local_backend
 from vyre_ray.backend import cluster_target
 
 pytestmark = pytest.mark.anyio
@@ -61,9 +61,9 @@ XOR = elementwise_xor(64)
 
 
 @pytest.fixture
-def pool() -> RayBackend:
+def pool() -> VyreBackend:
     backend = acquire_backend("ray")
-    assert isinstance(backend, RayBackend)
+    assert isinstance(backend, VyreBackend) and isinstance(backend.executor, RayExecutor)
     return backend
 
 
@@ -141,17 +141,17 @@ def test_ray_is_never_preferred_only_asked_for_by_id() -> None:
 
 def test_a_pool_size_must_be_a_whole_number() -> None:
     with pytest.raises(InvalidProgram, match="workers must be"):
-        RayBackend(workers=0)
+        create_backend(workers=0)
 
 
 # The pool ------------------------------------------------------------------------------------
 
 
-async def test_workers_describe_themselves_and_keep_programs(pool: RayBackend) -> None:
+async def test_workers_describe_themselves_and_keep_programs(pool: VyreBackend) -> None:
     a = np.arange(64, dtype=np.uint32)
     for k in range(8):
         assert (await pool.dispatch(XOR, [a, a + k]))[0].tolist() == (a ^ (a + k)).tolist()
-    workers = pool.workers()
+    workers = pool.executor.workers()
     assert [w.index for w in workers] == [0, 1]
     assert {w.inner for w in workers} == {"reference"}
     assert len({w.pid for w in workers}) == 2 and os.getpid() not in {w.pid for w in workers}
@@ -179,11 +179,11 @@ class _Spy:
 
 
 async def test_a_program_is_sent_once_per_worker() -> None:
-    backend = RayBackend.local(workers=2)
-    handles = [member.handle for member in backend._members]
+    backend = local_backend(workers=2)
+    handles = [member.handle for member in backend.executor._members]
     try:
         sent: list[bool] = []
-        for member in backend._members:
+        for member in backend.executor._members:
             member.handle = _Spy(member.handle, sent)
         program = elementwise_xor(48)
         a = np.arange(48, dtype=np.uint32)
@@ -194,13 +194,13 @@ async def test_a_program_is_sent_once_per_worker() -> None:
         assert len(sent) == 12 and 1 <= sum(sent) <= 2
         assert sent[0] is True
     finally:
-        for member, handle in zip(backend._members, handles, strict=True):
+        for member, handle in zip(backend.executor._members, handles, strict=True):
             member.handle = handle  # the real handles, so closing kills the workers
         await backend.aclose()
 
 
 async def test_large_inputs_go_through_the_object_store_and_outputs_are_writable(
-    pool: RayBackend,
+    pool: VyreBackend,
 ) -> None:
     n = 300_000  # 2 x 1.2 MB: copied, then submitted off the calling thread
     program = elementwise_xor(n)
@@ -213,11 +213,11 @@ async def test_large_inputs_go_through_the_object_store_and_outputs_are_writable
     assert np.array_equal(out, np.arange(n, dtype=np.uint32) ^ np.uint32(7))
 
 
-def test_a_worker_error_arrives_as_the_same_vyre_error(pool: RayBackend) -> None:
+def test_a_worker_error_arrives_as_the_same_vyre_error(pool: VyreBackend) -> None:
     """An error raised on the worker crosses Ray and comes back as itself, with its Fix."""
     from vyre_ray.errors import translate
 
-    handle = pool._members[0].handle
+    handle = pool.executor._members[0].handle
     ref = handle.run.remote(b"\0" * 32, b"not a program", [], DispatchConfig(), None)
     with pytest.raises(Exception) as raw:  # what Ray's future raises: its wrapper class
         ref.future().result(timeout=60)
@@ -229,7 +229,7 @@ def test_a_worker_error_arrives_as_the_same_vyre_error(pool: RayBackend) -> None
 
 def test_workers_that_cannot_start_are_refused_with_a_fix() -> None:
     with pytest.raises(UnsupportedFeature) as info:
-        RayBackend.local(workers=1, inner="cupy")  # no CuPy on the workers here
+        local_backend(workers=1, inner="cupy")  # no CuPy on the workers here
     text = str(info.value)
     assert text.startswith("the 'ray' backend's workers could not start: ")
     # one Fix, this error's own (the worker's error it wraps lost its Fix line until
@@ -265,7 +265,7 @@ def test_an_unreachable_cluster_is_refused_with_its_own_fix() -> None:
 
 
 async def test_a_timeout_cancels_the_remote_task(
-    pool: RayBackend, monkeypatch: pytest.MonkeyPatch
+    pool: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import ray.exceptions as rex
 
@@ -273,16 +273,16 @@ async def test_a_timeout_cancels_the_remote_task(
 
     # The worker is not told the deadline here: only the cancel can end its call early
     # (about 3 s of spinning on the reference engine otherwise, and a result).
-    monkeypatch.setattr(pool, "_config_for", lambda launch: DispatchConfig())
+    monkeypatch.setattr(pool.executor, "_config_for", lambda launch: DispatchConfig())
     pending = pool.dispatch(spin(), [np.array([2_000_000], np.uint32)], DispatchConfig(timeout=0.3))
-    (ref,) = list(pool._running)  # the call in flight
+    (ref,) = list(pool.executor._running)  # the call in flight
     with pytest.raises(DispatchTimeout) as info:
         await pending
     assert "Fix:" in str(info.value)
     with pytest.raises(rex.TaskCancelledError):  # cancelled, not left to finish
         await anyio.to_thread.run_sync(lambda: ray.get(ref, timeout=60))
     with anyio.fail_after(30):
-        await poll_until(lambda: not any(w.in_flight for w in pool.workers()))
+        await poll_until(lambda: not any(w.in_flight for w in pool.executor.workers()))
 
 
 # Faults -------------------------------------------------------------------------------------
@@ -290,7 +290,7 @@ async def test_a_timeout_cancels_the_remote_task(
 
 async def test_a_worker_killed_under_load_costs_no_wrong_result_and_no_hang() -> None:
     """64 tasks dispatch continuously; one worker is SIGKILLed; the pool serves again."""
-    backend = RayBackend.local(workers=2)
+    backend = local_backend(workers=2)
     try:
         program = elementwise_xor(64)
         rng = np.random.default_rng(3)
@@ -317,7 +317,7 @@ async def test_a_worker_killed_under_load_costs_no_wrong_result_and_no_hang() ->
                     wrong.append(k)
                 ok[0] += 1
 
-        victim = backend.workers()[0]
+        victim = backend.executor.workers()[0]
         with anyio.fail_after(90):  # no await hangs
             async with anyio.create_task_group() as tasks:
                 for k in range(64):
@@ -334,7 +334,7 @@ async def test_a_worker_killed_under_load_costs_no_wrong_result_and_no_hang() ->
         # The pool serves again: the killed worker was replaced within 10 s.
         deadline = killed_at + 10.0
         while True:
-            workers = backend.workers()
+            workers = backend.executor.workers()
             if workers[0].pid != victim.pid:
                 break
             assert time.monotonic() < deadline, "the killed worker was not replaced in 10 s"
@@ -347,8 +347,8 @@ async def test_a_worker_killed_under_load_costs_no_wrong_result_and_no_hang() ->
 
 
 async def test_closing_the_pool_ends_its_workers() -> None:
-    backend = RayBackend.local(workers=1)
-    pids = [w.pid for w in backend.workers()]
+    backend = local_backend(workers=1)
+    pids = [w.pid for w in backend.executor.workers()]
     backend.close_timeout = 0.5
     pending = backend.dispatch(spin(), [np.array([0xFFFF_FFFF], np.uint32)])
     await anyio.sleep(0.2)
@@ -363,11 +363,11 @@ async def test_closing_the_pool_ends_its_workers() -> None:
 
 async def test_closing_still_sends_again_a_call_a_worker_did_not_know() -> None:
     """A worker's answer during aclose()'s wait is handled as on an open pool."""
-    backend = RayBackend.local(workers=1)
+    backend = local_backend(workers=1)
     program = elementwise_xor(40)
     # The pool believes its worker holds the program; it does not: the call goes out
     # without the bytes, is answered "program unknown", and must be sent again.
-    backend._members[0].seen[program.fingerprint()] = None
+    backend.executor._members[0].seen[program.fingerprint()] = None
     a = np.arange(40, dtype=np.uint32)
     pending = backend.dispatch(program, [a, a + 3])
     backend.close_timeout = 60
@@ -380,15 +380,15 @@ async def test_closing_still_sends_again_a_call_a_worker_did_not_know() -> None:
 async def test_stopping_the_workers_runs_off_the_event_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    backend = RayBackend.local(workers=1)
-    stop = backend._stop_workers
+    backend = local_backend(workers=1)
+    stop = backend.executor._stop_workers
     threads: list[threading.Thread] = []
 
     def watched() -> None:
         threads.append(threading.current_thread())
         stop()
 
-    monkeypatch.setattr(backend, "_stop_workers", watched)
+    monkeypatch.setattr(backend.executor, "_stop_workers", watched)
     with anyio.fail_after(60):
         await backend.aclose()
     assert len(threads) == 1 and threads[0] is not threading.main_thread()
@@ -396,7 +396,7 @@ async def test_stopping_the_workers_runs_off_the_event_loop(
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the same on trio; one is enough
 async def test_flush_waits_for_earlier_dispatches_only() -> None:
-    backend = RayBackend.local(workers=1)
+    backend = local_backend(workers=1)
     backend.close_timeout = 0.5
     a = np.arange(64, dtype=np.uint32)
     earlier = backend.dispatch(XOR, [a, a])
@@ -436,7 +436,7 @@ def test_worker_options_ray_would_refuse_are_refused_with_a_fix(
     options: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(InvalidProgram, match=message) as info:
-        RayBackend(workers=1, **options)
+        create_backend(workers=1, **options)
     assert str(info.value).rpartition("\n")[2].startswith("Fix: ")
 
 
@@ -445,7 +445,7 @@ def test_worker_options_ray_would_refuse_are_refused_with_a_fix(
 
 async def test_a_workers_span_is_a_child_of_the_callers_span(receiver: Receiver) -> None:
     exporter, _ = otel_sdk.install()  # the caller records its spans in memory
-    backend = RayBackend.local(
+    backend = local_backend(
         workers=1,
         trace="otlp",
         worker_env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50"},
@@ -457,7 +457,7 @@ async def test_a_workers_span_is_a_child_of_the_callers_span(receiver: Receiver)
         (caller,) = [s for s in exporter.get_finished_spans() if s.name == "vyre.dispatch"]
         import ray
 
-        assert ray.get(backend._members[0].handle.flush_telemetry.remote(), timeout=30)
+        assert ray.get(backend.executor._members[0].handle.flush_telemetry.remote(), timeout=30)
         (remote,) = [span for span, _ in receiver.spans() if span.name == "vyre.dispatch"]
         assert remote.trace_id == caller.context.trace_id.to_bytes(16, "big")
         assert remote.parent_span_id == caller.context.span_id.to_bytes(8, "big")

@@ -1,6 +1,6 @@
 """The ``ray`` backend's driver side without a cluster, written for mutation testing.
 
-`RayBackend` takes Ray from ``vyre_ray.backend._import_ray``; here that returns
+`RayExecutor` takes Ray from ``vyre_ray.backend._import_ray``; here that returns
 a `FakeRay`, whose actors hold real `vyre_ray.worker.Worker`s in this process.
 Each actor serves its calls on an event loop thread of its own, as an async Ray
 actor does. Arguments, results and a worker's exceptions cross a pickle round
@@ -49,7 +49,7 @@ import ray.exceptions as rex
 from opentelemetry import propagate, trace
 
 import ray as real_ray
-import vyre_async.tracing
+import vyre_async.abc
 import vyre_ray
 import vyre_ray.backend as rb
 import vyre_ray.worker
@@ -90,6 +90,7 @@ from vyre_async import (
     acquire_backend,
     telemetry,
 )
+from vyre_async.backend import VyreBackend
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.pending import wait_for_callbacks
 from vyre_async.programs import elementwise_xor
@@ -98,8 +99,9 @@ from vyre_ray.backend import (
     AFFINITY_SLACK,
     OFF_THREAD_BYTES,
     START_TIMEOUT_S,
-    RayBackend,
     WorkerInfo,
+    create_backend,
+    local_backend,
 )
 from vyre_ray.errors import UnknownProgram
 from vyre_ray.registration import REGISTRATION
@@ -112,9 +114,9 @@ __all__ = ["_ray_log_level", "closing", "fake"]  # (fixtures: pytest finds them 
 
 
 def test_a_local_cluster_is_started_quiet_and_the_pool_has_its_size(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend(inner="reference"))
+    backend = closing(create_backend(inner="reference"))
     assert fake.inits == [(None, {**QUIET, "num_cpus": 2})]
     # (the cluster says 3 CPUs: a pool on a cluster this process started has its size)
     assert [a.created_with for a in fake.actors] == [("reference", 0, None), ("reference", 1, None)]
@@ -133,18 +135,18 @@ def test_a_local_cluster_is_started_quiet_and_the_pool_has_its_size(
 
 
 def test_a_second_pool_shares_the_connection_and_the_local_size(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    closing(RayBackend())
-    closing(RayBackend())
+    closing(create_backend())
+    closing(create_backend())
     assert len(fake.inits) == 1 and len(fake.actors) == 4
 
 
 def test_a_connection_made_before_is_used_and_the_pool_sized_by_the_cluster(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
     fake.initialized = True  # the application called ray.init() itself
-    closing(RayBackend())
+    closing(create_backend())
     # (VYRE_RAY_LOCAL_WORKERS=2 sizes a pool only on a cluster this process started)
     assert fake.inits == [] and len(fake.actors) == 3
 
@@ -156,7 +158,7 @@ def test_a_connection_made_before_is_used_and_the_pool_sized_by_the_cluster(
 )
 def test_a_named_cluster_is_joined_with_a_worker_per_gpu_else_per_cpu(
     fake: FakeRay,
-    closing: Callable[[RayBackend], RayBackend],
+    closing: Callable[[VyreBackend], VyreBackend],
     monkeypatch: pytest.MonkeyPatch,
     resources: dict[str, float],
     size: int,
@@ -164,17 +166,17 @@ def test_a_named_cluster_is_joined_with_a_worker_per_gpu_else_per_cpu(
 ) -> None:
     monkeypatch.setenv("RAY_ADDRESS", "ray://h:1")  # (wins over VYRE_RAY_LOCAL_WORKERS=2)
     fake.resources = resources
-    closing(RayBackend())
+    closing(create_backend())
     assert fake.inits == [("ray://h:1", QUIET)]
     assert len(fake.actors) == size
     assert fake.options == [{**ACTOR_OPTIONS, "num_gpus": gpus}]
 
 
 def test_an_address_passed_wins_over_RAY_ADDRESS_and_workers_passed_size_the_pool(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], monkeypatch: pytest.MonkeyPatch
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RAY_ADDRESS", "ray://env:1")
-    closing(RayBackend("ray://arg:2", workers=1))
+    closing(create_backend(address="ray://arg:2", workers=1))
     assert fake.inits == [("ray://arg:2", QUIET)] and len(fake.actors) == 1
 
 
@@ -198,22 +200,22 @@ def test_an_address_passed_wins_over_RAY_ADDRESS_and_workers_passed_size_the_poo
 )
 def test_worker_options_reach_ray(
     fake: FakeRay,
-    closing: Callable[[RayBackend], RayBackend],
+    closing: Callable[[VyreBackend], VyreBackend],
     options: dict[str, Any],
     created: tuple[str | None, int, str | None],
     actor_options: dict[str, Any],
 ) -> None:
-    closing(RayBackend(workers=1, **options))
+    closing(create_backend(workers=1, **options))
     assert fake.inits == [(None, {**QUIET, "num_cpus": 1})]
     assert [a.created_with for a in fake.actors] == [created]
     assert fake.options == [{**ACTOR_OPTIONS, **actor_options}]
 
 
 def test_local_starts_a_pool_of_reference_workers(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    closing(RayBackend.local())
-    closing(RayBackend.local(workers=1, inner=None, num_gpus_per_worker=0.5))
+    closing(local_backend())
+    closing(local_backend(workers=1, inner=None, num_gpus_per_worker=0.5))
     assert fake.inits == [(None, {**QUIET, "num_cpus": 2})]
     assert [a.created_with for a in fake.actors] == [
         ("reference", 0, None),
@@ -259,7 +261,7 @@ def test_pool_options_ray_would_refuse_are_refused_before_anything_starts(
     fake: FakeRay, options: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(InvalidProgram) as info:
-        RayBackend(**options)
+        create_backend(**options)
     assert str(info.value) == message
     assert fake.inits == [] and fake.actors == []
 
@@ -275,7 +277,7 @@ def test_an_unreachable_cluster_is_refused_with_its_own_fix(
     monkeypatch.setenv("RAY_ADDRESS", "ray://nowhere:1")
     fake.init_error = ConnectionError(said)
     with pytest.raises(UnsupportedFeature) as info:
-        RayBackend()
+        create_backend()
     # (what the cluster said is kept whole; only the Fix line translate() added is replaced)
     assert str(info.value) == (
         "the 'ray' backend cannot reach its cluster: connecting to the Ray cluster at "
@@ -293,7 +295,7 @@ def test_the_backends_own_fix_is_last_whatever_the_cluster_said(
     monkeypatch.setenv("RAY_ADDRESS", "ray://nowhere:1")
     fake.init_error = ConnectionError("refused\nFix:start the head node")
     with pytest.raises(UnsupportedFeature) as info:
-        RayBackend()
+        create_backend()
     # (the cluster's words keep their place, less their last line: the chained
     # exception has them whole)
     assert str(info.value) == (
@@ -310,7 +312,7 @@ def test_workers_that_cannot_start_are_killed_and_refused_with_their_own_fix(
     if kill_fails:  # (a worker gone already: the error that matters is the start's)
         fake.kill_error = rex.ActorDiedError()
     with pytest.raises(UnsupportedFeature) as info:
-        RayBackend(inner="no-such-backend")  # each worker's constructor fails
+        create_backend(inner="no-such-backend")  # each worker's constructor fails
     assert str(info.value) == (
         "the 'ray' backend's workers could not start: a Ray worker died or did not answer while "
         "starting the pool's workers: ActorDiedError" + WORKERS_FIX
@@ -328,7 +330,7 @@ def test_workers_whose_backend_refuses_to_start_are_refused_with_the_workers_fix
 
     monkeypatch.setattr(Worker, "describe", refuse)
     with pytest.raises(UnsupportedFeature) as info:
-        RayBackend()
+        create_backend()
     # (the worker's own error knows best what to do; the cluster's resources are fine)
     assert str(info.value) == (
         "the 'ray' backend's workers could not start: the worker's cupy backend found no GPU\n"
@@ -346,7 +348,7 @@ def test_a_workers_refusal_that_is_all_fix_line_is_kept_whole(
 
     monkeypatch.setattr(Worker, "describe", refuse)
     with pytest.raises(UnsupportedFeature) as info:
-        RayBackend()
+        create_backend()
     # (no words but a Fix line: they are what happened, and the pool's own Fix follows)
     assert str(info.value) == (
         "the 'ray' backend's workers could not start: Fix: give the worker a GPU" + WORKERS_FIX
@@ -357,7 +359,7 @@ def test_a_workers_refusal_that_is_all_fix_line_is_kept_whole(
 
 
 def test_the_pool_is_as_capable_as_its_weakest_worker(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
     a = BackendCapabilities(
         f16=True, bf16=True, max_workgroup_size=(256, 64, 8), max_workgroup_lanes=256,
@@ -370,33 +372,33 @@ def test_the_pool_is_as_capable_as_its_weakest_worker(
         device_name="a",
     )  # fmt: skip
     fake.capabilities = [a, b]
-    assert closing(RayBackend()).capabilities() == BackendCapabilities(
+    assert closing(create_backend()).capabilities() == BackendCapabilities(
         f16=True, distributed=True, max_workgroup_size=(128, 64, 4), max_workgroup_lanes=256,
         max_storage_buffer_bytes=10, max_workgroup_memory_bytes=3, subgroup_size=None,
         device_name="a, b",
     )  # fmt: skip
     fake.capabilities = [a, a]
-    assert closing(RayBackend()).capabilities() == dataclasses.replace(
+    assert closing(create_backend()).capabilities() == dataclasses.replace(
         a, distributed=True, ordered_resident_buffers=False
     )
 
 
 def test_a_pool_of_unlike_workers_names_each_backend_and_device_once(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], monkeypatch: pytest.MonkeyPatch
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VYRE_RAY_LOCAL_WORKERS", "3")
     fake.devices = [("reference", "cpu b"), ("cupy", "gpu a"), ("reference", "cpu b")]
-    assert closing(RayBackend()).device_fingerprint() == (
+    assert closing(create_backend()).device_fingerprint() == (
         "ray pool of 3 (cupy, reference): cpu b; gpu a"
     )
 
 
 def test_the_workers_are_described_as_they_report(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend())
+    backend = closing(create_backend())
     xor_of(backend.dispatch(XOR, [A, A + 1]), A, A + 1)
-    infos = backend.workers()
+    infos = backend.executor.workers()
     assert fake.gets[-1] == 30
     device = acquire_backend("reference").device_fingerprint()
     assert infos == [
@@ -415,12 +417,12 @@ def test_the_workers_are_described_as_they_report(
 
 
 def test_workers_that_do_not_answer_in_time_are_device_lost(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend())
+    backend = closing(create_backend())
     fake.get_error = rex.GetTimeoutError("Get timed out: some object(s) not ready.")
     with pytest.raises(DeviceLost) as info:
-        backend.workers()
+        backend.executor.workers()
     assert str(info.value) == (
         "a Ray worker died or did not answer while describing the workers: GetTimeoutError\n"
         "Fix: retry: the pool replaces dead workers; check the cluster (ray status) and the "
@@ -433,9 +435,9 @@ def test_workers_that_do_not_answer_in_time_are_device_lost(
 
 
 def test_a_call_goes_to_the_worker_holding_its_program_unless_it_is_much_busier(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend())
+    backend = closing(create_backend())
     xor_of(backend.dispatch(XOR, [A, A]), A, A)
     holder = fake.sent[0].worker
     other = 1 - holder
@@ -455,9 +457,9 @@ def test_a_call_goes_to_the_worker_holding_its_program_unless_it_is_much_busier(
 
 
 def test_calls_spread_over_idle_workers_with_the_program_until_one_of_it_finished(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend())
+    backend = closing(create_backend())
     for start in (0, 4):  # the second time, both workers hold it and nothing is in flight
         for actor in fake.actors:
             actor.hold()
@@ -474,10 +476,10 @@ def test_calls_spread_over_idle_workers_with_the_program_until_one_of_it_finishe
 
 
 def test_the_pool_forgets_the_least_recently_used_program_beyond_PROGRAMS_KEPT(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], monkeypatch: pytest.MonkeyPatch
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(rb, "PROGRAMS_KEPT", 2)  # (the pool's count: the workers keep 256 here)
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     for n in (16, 17, 16, 18, 16, 17):
         a = np.arange(n, dtype=np.uint32)
         xor_of(backend.dispatch(elementwise_xor(n), [a, a + 3]), a, a + 3)
@@ -486,9 +488,9 @@ def test_the_pool_forgets_the_least_recently_used_program_beyond_PROGRAMS_KEPT(
 
 
 def test_a_restarted_worker_is_sent_the_program_again(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend())
+    backend = closing(create_backend())
     xor_of(backend.dispatch(XOR, [A, A + 1]), A, A + 1)
     holder = fake.sent[0].worker
     fake.actors[holder].restart()  # (its process died: Ray started it again, empty)
@@ -505,9 +507,9 @@ def test_a_restarted_worker_is_sent_the_program_again(
 
 
 def test_calls_a_restarted_worker_did_not_know_are_each_sent_again(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend())
+    backend = closing(create_backend())
     xor_of(backend.dispatch(XOR, [A, A]), A, A)
     holder = fake.actors[fake.sent[0].worker]
     holder.restart()
@@ -527,9 +529,9 @@ def test_calls_a_restarted_worker_did_not_know_are_each_sent_again(
 
 
 def test_a_worker_found_without_the_program_is_sent_it_with_the_next_call(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     xor_of(backend.dispatch(XOR, [A, A]), A, A)
     actor = fake.actors[0]
     actor.restart()
@@ -546,9 +548,9 @@ def test_a_worker_found_without_the_program_is_sent_it_with_the_next_call(
 
 
 def test_a_call_sent_again_carries_its_inputs_as_they_were_at_dispatch(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     xor_of(backend.dispatch(XOR, [A, A]), A, A)
     actor = fake.actors[0]
     actor.restart()
@@ -562,7 +564,7 @@ def test_a_call_sent_again_carries_its_inputs_as_they_were_at_dispatch(
 
 
 def test_a_call_to_send_again_without_a_thread_to_send_it_fails_and_frees_its_worker(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], monkeypatch: pytest.MonkeyPatch
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     class NoThreads:  # the submission thread cannot start (the process is out of threads)
         def __init__(self, **options: Any) -> None:
@@ -576,7 +578,7 @@ def test_a_call_to_send_again_without_a_thread_to_send_it_fails_and_frees_its_wo
 
     executors = types.SimpleNamespace(ThreadPoolExecutor=NoThreads)
     monkeypatch.setattr(rb, "concurrent", types.SimpleNamespace(futures=executors))
-    backend = closing(RayBackend())
+    backend = closing(create_backend())
     xor_of(backend.dispatch(XOR, [A, A]), A, A)
     holder = fake.actors[fake.sent[0].worker]
     holder.restart()
@@ -590,9 +592,9 @@ def test_a_call_to_send_again_without_a_thread_to_send_it_fails_and_frees_its_wo
 
 
 def test_inputs_above_OFF_THREAD_BYTES_are_sent_from_the_submission_thread(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     n = OFF_THREAD_BYTES // 8  # two u32 inputs of n: OFF_THREAD_BYTES in all
     for size, thread in ((n, threading.current_thread().name), (n + 1, "vyre-ray-submit")):
         a = np.arange(size, dtype=np.uint32)
@@ -607,9 +609,9 @@ def test_inputs_above_OFF_THREAD_BYTES_are_sent_from_the_submission_thread(
 
 
 def test_at_most_two_threads_send_large_inputs(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     size = OFF_THREAD_BYTES // 8 + 1
     program, a = elementwise_xor(size), np.arange(size, dtype=np.uint32)
     fake.gate.clear()
@@ -624,9 +626,9 @@ def test_at_most_two_threads_send_large_inputs(
 
 
 def test_a_dispatch_that_races_close_fails_closed_and_sends_nothing(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], monkeypatch: pytest.MonkeyPatch
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     inside, go = threading.Event(), threading.Event()
 
     def inject(carrier: dict[str, str], context: Any = None) -> None:
@@ -652,9 +654,9 @@ def test_a_dispatch_that_races_close_fails_closed_and_sends_nothing(
 
 
 def test_a_workers_error_arrives_as_itself_and_any_other_as_dispatch_failed(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], monkeypatch: pytest.MonkeyPatch
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    backend = closing(RayBackend())
+    backend = closing(create_backend())
     workers = [actor.worker for actor in fake.actors]
     own = DeviceOutOfMemory("the worker's device is full", fix="free it")
     for worker in workers:
@@ -676,9 +678,9 @@ def test_a_workers_error_arrives_as_itself_and_any_other_as_dispatch_failed(
 
 
 def test_ray_out_of_object_store_memory_is_device_out_of_memory(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     full = rex.ObjectStoreFullError("the object store is full")
     fake.actors[0].refuse = full
     with pytest.raises(DeviceOutOfMemory) as info:
@@ -692,7 +694,7 @@ def test_ray_out_of_object_store_memory_is_device_out_of_memory(
 
 
 def test_outputs_the_pool_cannot_take_fail_the_dispatch_and_free_the_worker(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], monkeypatch: pytest.MonkeyPatch
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     class Odd:  # a worker's local backend (a user's own, say) whose outputs are not arrays
         def dispatch(self, *args: Any) -> Any:
@@ -701,7 +703,7 @@ def test_outputs_the_pool_cannot_take_fail_the_dispatch_and_free_the_worker(
 
             return outputs()
 
-    backend = closing(RayBackend())
+    backend = closing(create_backend())
     for actor in fake.actors:
         monkeypatch.setattr(actor.worker, "backend", Odd())
     with pytest.raises(DispatchFailed) as info:
@@ -717,9 +719,9 @@ def test_outputs_the_pool_cannot_take_fail_the_dispatch_and_free_the_worker(
 
 
 def test_a_dispatch_reports_the_compile_time_it_waited_for(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     first, again = (backend.dispatch(XOR, [A, A]) for _ in range(2))
     for pending in (first, again):
         xor_of(pending, A, A)
@@ -729,9 +731,9 @@ def test_a_dispatch_reports_the_compile_time_it_waited_for(
 
 
 def test_a_call_ray_refuses_to_send_fails_and_leaves_its_worker_free(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend())
+    backend = closing(create_backend())
     refused = TypeError("cannot pickle 'generator' object")
     for actor in fake.actors:
         actor.refuse = refused
@@ -751,9 +753,9 @@ def test_a_call_ray_refuses_to_send_fails_and_leaves_its_worker_free(
 
 
 def test_the_worker_is_given_what_is_left_of_the_deadline(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     timed = DispatchConfig(timeout=30.0, label="t")
     plain = DispatchConfig(label="u")
     short = DispatchConfig(timeout=0.5)
@@ -767,9 +769,9 @@ def test_the_worker_is_given_what_is_left_of_the_deadline(
 
 
 def test_a_dispatch_past_its_deadline_before_it_is_sent_is_not_sent(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     pending = backend.dispatch(XOR, [A, A], DispatchConfig(timeout=1e-9))
     with pytest.raises(DispatchTimeout):
         pending.result(timeout=WAIT_S)
@@ -777,9 +779,9 @@ def test_a_dispatch_past_its_deadline_before_it_is_sent_is_not_sent(
 
 
 def test_a_late_dispatch_times_out_and_its_task_is_cancelled(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     fake.actors[0].hold()
     pending = backend.dispatch(XOR, [A, A], DispatchConfig(timeout=0.3))
     with pytest.raises(DispatchTimeout):
@@ -789,9 +791,9 @@ def test_a_late_dispatch_times_out_and_its_task_is_cancelled(
 
 
 def test_a_late_call_ray_cannot_cancel_is_logged_at_debug(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], caplog: pytest.LogCaptureFixture
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend], caplog: pytest.LogCaptureFixture
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     fake.actors[0].hold()
     fake.cancel_error = RuntimeError("the task is gone")
     with caplog.at_level(logging.DEBUG, logger="vyre_async.ray"):
@@ -807,9 +809,9 @@ def test_a_late_call_ray_cannot_cancel_is_logged_at_debug(
 
 
 def test_a_timed_dispatch_that_failed_on_its_worker_is_not_cancelled(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], monkeypatch: pytest.MonkeyPatch
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     own = DeviceOutOfMemory("the worker's device is full", fix="free it")
     monkeypatch.setattr(fake.actors[0].worker, "backend", Failing(own))
     with pytest.raises(DeviceOutOfMemory):
@@ -819,9 +821,9 @@ def test_a_timed_dispatch_that_failed_on_its_worker_is_not_cancelled(
 
 
 def test_a_call_to_send_again_after_its_deadline_is_not_sent_and_frees_its_worker(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend())
+    backend = closing(create_backend())
     xor_of(backend.dispatch(XOR, [A, A]), A, A)
     holder = fake.actors[fake.sent[0].worker]
     holder.restart()
@@ -843,9 +845,9 @@ def test_a_call_to_send_again_after_its_deadline_is_not_sent_and_frees_its_worke
 
 
 def test_flush_waits_for_earlier_dispatches_only(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend())
+    backend = closing(create_backend())
     for actor in fake.actors:
         actor.hold()
     earlier = backend.dispatch(XOR, [A, A + 1])
@@ -875,9 +877,9 @@ def test_flush_waits_for_earlier_dispatches_only(
 
 
 def test_closing_waits_for_calls_in_flight_then_ends_the_workers(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     xor_of(backend.dispatch(XOR, [A, A]), A, A)
     actor = fake.actors[0]
     actor.restart()  # the call below is refused as unknown and sent again, during close
@@ -908,13 +910,13 @@ def test_closing_waits_for_calls_in_flight_then_ends_the_workers(
     with pytest.raises(BackendClosed):
         backend.dispatch(XOR, [A, A])
     with pytest.raises(BackendClosed):
-        backend.workers()
+        backend.executor.workers()
 
 
 def test_closing_fails_what_still_runs_after_close_timeout(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend())
+    backend = closing(create_backend())
     for actor in fake.actors:
         actor.hold()
     pending = backend.dispatch(XOR, [A, A])
@@ -929,9 +931,9 @@ def test_closing_fails_what_still_runs_after_close_timeout(
 
 
 def test_after_ray_shutdown_everything_fails_with_device_lost_and_ray_is_left_alone(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     fake.actors[0].hold()
     running = backend.dispatch(XOR, [A, A])
     fake.initialized = False  # ray.shutdown() elsewhere in this process
@@ -942,7 +944,7 @@ def test_after_ray_shutdown_everything_fails_with_device_lost_and_ray_is_left_al
     with pytest.raises(DeviceLost, match="was shut down"):
         backend.dispatch(XOR, [A, A])
     with pytest.raises(DeviceLost, match="was shut down"):
-        backend.workers()
+        backend.executor.workers()
     gets = len(fake.gets)
     close(backend)
     # No Ray call after the runtime went (one would start a fresh local cluster).
@@ -951,9 +953,9 @@ def test_after_ray_shutdown_everything_fails_with_device_lost_and_ray_is_left_al
 
 
 def test_a_pool_whose_runtime_went_stays_lost_after_ray_init_again(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     fake.actors[0].hold()
     running = backend.dispatch(XOR, [A, A])
     fake.initialized = False  # ray.shutdown() elsewhere in this process
@@ -963,16 +965,16 @@ def test_a_pool_whose_runtime_went_stays_lost_after_ray_init_again(
     with pytest.raises(DeviceLost, match="was shut down"):
         backend.dispatch(XOR, [A, A])
     with pytest.raises(DeviceLost, match="was shut down"):
-        backend.workers()
+        backend.executor.workers()
     close(backend)
     assert len(fake.sent) == 1 and fake.cancelled == [] and fake.killed == []
 
 
 def test_a_call_to_send_again_after_ray_shutdown_fails_device_lost(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], monkeypatch: pytest.MonkeyPatch
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(rb, "_watch_runtime", lambda backend_ref: None)  # (the send sees it first)
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     xor_of(backend.dispatch(XOR, [A, A]), A, A)
     actor = fake.actors[0]
     actor.restart()
@@ -987,9 +989,9 @@ def test_a_call_to_send_again_after_ray_shutdown_fails_device_lost(
 
 
 def test_an_open_pool_never_keeps_the_interpreter_from_exiting(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     before = set(threading.enumerate())
     xor_of(backend.dispatch(XOR, [A, A]), A, A)
     started = set(threading.enumerate()) - before  # the pool's watchdog (while it is open)
@@ -1000,10 +1002,10 @@ def test_an_open_pool_never_keeps_the_interpreter_from_exiting(
 
 
 def test_a_workers_span_is_a_child_of_the_callers_dispatch_span(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
     exporter, _ = otel_sdk.install()  # (the workers run in this process: one SDK sees both)
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     exporter.clear()
     with trace.get_tracer("tests").start_as_current_span("request"):
         xor_of(backend.dispatch(XOR, [A, A + 1]), A, A + 1)
@@ -1020,10 +1022,10 @@ def test_a_workers_span_is_a_child_of_the_callers_dispatch_span(
 
 
 def test_with_telemetry_off_a_call_carries_the_callers_own_span(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
     otel_sdk.install()
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     was = telemetry.is_enabled()
     telemetry.set_enabled(False)  # no vyre.dispatch span: the caller's own is the parent
     try:
@@ -1046,7 +1048,7 @@ def test_without_ray_a_pool_is_refused_with_the_extra_to_install(
     with monkeypatch.context() as patch:
         patch.setitem(sys.modules, "ray", None)  # as Python reports a package not installed
         with pytest.raises(UnsupportedFeature) as info:
-            RayBackend(workers=0)  # (Ray is looked for first)
+            create_backend(workers=0)  # (Ray is looked for first)
     assert str(info.value) == (
         "the 'ray' backend needs Ray, which is not installed (ModuleNotFoundError: import of ray "
         "halted; None in sys.modules)\nFix: pip install 'vyre-async[ray]'"
@@ -1060,7 +1062,7 @@ _NO_CLUSTER = BackendProbe(
     usable=False,
     reason="the 'ray' backend needs a Ray cluster: none is named and none was asked to start",
     fix="set RAY_ADDRESS to a running cluster (ray start --head prints it), or set "
-    "VYRE_RAY_LOCAL_WORKERS=2 to start a local one, or use RayBackend.local(workers=2)",
+    "VYRE_RAY_LOCAL_WORKERS=2 to start a local one, or use vyre_ray.local_backend(workers=2)",
 )
 
 
@@ -1140,8 +1142,9 @@ def test_the_probe_judges_the_environment_it_is_given(monkeypatch: pytest.Monkey
 
 
 def test_the_package_gives_the_backend_by_name() -> None:
-    assert (vyre_ray.RayBackend, vyre_ray.WorkerInfo) == (RayBackend, WorkerInfo)
+    assert (vyre_ray.RayExecutor, vyre_ray.WorkerInfo) == (rb.RayExecutor, WorkerInfo)
     assert vyre_ray.create_backend is rb.create_backend
+    assert vyre_ray.local_backend is rb.local_backend
     with pytest.raises(AttributeError, match=r"^module 'vyre_ray' has no attribute 'nope'$"):
         vyre_ray.nope  # noqa: B018
 
@@ -1270,7 +1273,10 @@ def test_a_traced_worker_flushes_its_own_tracer(monkeypatch: pytest.MonkeyPatch)
         made.append((spec, service_name))
         return Provider(flushed=len(made) == 1)
 
-    monkeypatch.setattr(vyre_async.tracing, "configure_tracing", configure_tracing)
+    # (where the worker looks it up: `vyre_async.abc` keeps what it loaded, so a patch of
+    # `vyre_async.tracing` would not reach the worker, and one made before abc loaded it
+    # would stay there for every later test)
+    monkeypatch.setattr(vyre_async.abc, "configure_tracing", configure_tracing)
     assert Worker("reference", 3, trace="otlp").flush_telemetry() is True
     assert Worker("reference", 4, trace="file:spans.jsonl").flush_telemetry() is False
     assert made == [("otlp", "vyre-ray-worker-3"), ("file:spans.jsonl", "vyre-ray-worker-4")]

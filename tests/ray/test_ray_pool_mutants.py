@@ -12,7 +12,7 @@ it starts: Ray's log level, its backend, its own tracing.
 
 Why: these paths were left untested by the other files (mutmut's survivors of
 ``_closed_error``, ``cluster_target``, ``_connect``, ``_intersect``,
-``RayBackend.__init__``, ``shutdown``, ``_stop_workers`` and
+``RayExecutor.__init__``, ``close``, ``_stop_workers`` and
 ``Worker.__init__``), and a real cluster costs seconds per test.
 """
 
@@ -49,8 +49,9 @@ from tests.ray.fake_ray import (  # the fake ray and its fixtures
     xor_of,
 )
 from vyre_async import BackendClosed, UnsupportedFeature, acquire_backend
+from vyre_async.backend import VyreBackend
 from vyre_async.capabilities import BackendCapabilities
-from vyre_ray.backend import RayBackend
+from vyre_ray.backend import create_backend
 from vyre_ray.worker import Worker
 
 __all__ = ["_ray_log_level", "closing", "fake"]  # (fixtures: pytest finds them here)
@@ -80,11 +81,11 @@ def test_without_a_cluster_named_the_pool_is_refused_naming_backend_and_cause(
 ) -> None:
     monkeypatch.delenv("VYRE_RAY_LOCAL_WORKERS")  # (and RAY_ADDRESS is unset)
     with pytest.raises(UnsupportedFeature) as info:
-        RayBackend()
+        create_backend()
     assert str(info.value) == (
         "the 'ray' backend needs a Ray cluster: none is named and none was asked to start\n"
         "Fix: set RAY_ADDRESS to a running cluster (ray start --head prints it), or set "
-        "VYRE_RAY_LOCAL_WORKERS=2 to start a local one, or use RayBackend.local(workers=2)"
+        "VYRE_RAY_LOCAL_WORKERS=2 to start a local one, or use vyre_ray.local_backend(workers=2)"
     )
     assert info.value.context == {"backend_id": "ray", "cause": "no-cluster"}
     assert fake.inits == [] and fake.actors == []
@@ -98,7 +99,7 @@ def test_workers_that_cannot_start_and_cannot_be_killed_leave_a_debug_line_each(
         caplog.at_level(logging.DEBUG, logger="vyre_async.ray"),
         pytest.raises(UnsupportedFeature, match="workers could not start"),
     ):
-        RayBackend(inner="no-such-backend")  # each worker's constructor fails
+        create_backend(inner="no-such-backend")  # each worker's constructor fails
     assert (
         ray_debug_lines(caplog)
         == [("killing a worker that did not start failed", fake.kill_error)] * 2
@@ -115,19 +116,38 @@ def test_a_worker_reporting_another_number_of_workgroup_axes_is_refused(
     for capabilities in ([three, two], [two, three]):
         fake.capabilities = capabilities
         with pytest.raises(ValueError, match=r"^zip\(\) argument 2 is (shorter|longer) than"):
-            RayBackend()
+            create_backend()
+
+
+@pytest.mark.parametrize(
+    ("limits", "pooled"),
+    [
+        ([None, None], None),  # nobody reports one: none checked on the pool
+        ([(2**31 - 1, 65535, 65535), None], (2**31 - 1, 65535, 65535)),
+        ([None, (65535, 65535, 65535)], (65535, 65535, 65535)),
+        ([(100, 7, 9), (50, 8, 3)], (50, 7, 3)),  # axis by axis, the smaller
+    ],
+)
+def test_the_pools_grid_limit_is_its_workers_smallest_per_axis(
+    fake: FakeRay,
+    closing: Callable[[VyreBackend], VyreBackend],
+    limits: list[tuple[int, int, int] | None],
+    pooled: tuple[int, int, int] | None,
+) -> None:
+    fake.capabilities = [BackendCapabilities(max_grid_size=limit) for limit in limits]
+    assert closing(create_backend()).capabilities().max_grid_size == pooled
 
 
 # Starting ---------------------------------------------------------------------------------
 
 
 def test_workers_passed_on_a_gpu_cluster_ask_for_no_gpu(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], monkeypatch: pytest.MonkeyPatch
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One worker per GPU (and a GPU each) only when the cluster sized the pool."""
     monkeypatch.setenv("RAY_ADDRESS", "ray://h:1")
     fake.resources = {"CPU": 8.0, "GPU": 2.0}
-    closing(RayBackend(workers=3))
+    closing(create_backend(workers=3))
     assert len(fake.actors) == 3
     assert fake.options == [{**ACTOR_OPTIONS, "num_gpus": 0}]
 
@@ -136,9 +156,9 @@ def test_workers_passed_on_a_gpu_cluster_ask_for_no_gpu(
 
 
 def test_closing_an_idle_pool_does_not_wait_for_close_timeout(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend]
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend]
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     xor_of(backend.dispatch(XOR, [A, A]), A, A)
     backend.close_timeout = HELD_S
     start = time.monotonic()
@@ -149,11 +169,11 @@ def test_closing_an_idle_pool_does_not_wait_for_close_timeout(
 
 def test_a_dispatch_still_running_at_close_fails_as_closed_and_a_failed_cancel_is_logged(
     fake: FakeRay,
-    closing: Callable[[RayBackend], RayBackend],
+    closing: Callable[[VyreBackend], VyreBackend],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     fake.actors[0].hold()
     pending = backend.dispatch(XOR, [A, A])
     refused = RuntimeError("the task's worker is gone")
@@ -176,9 +196,9 @@ def test_a_dispatch_still_running_at_close_fails_as_closed_and_a_failed_cancel_i
 
 
 def test_workers_that_neither_flush_nor_die_at_close_leave_debug_lines_and_all_are_killed(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], caplog: pytest.LogCaptureFixture
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend], caplog: pytest.LogCaptureFixture
 ) -> None:
-    backend = closing(RayBackend())
+    backend = closing(create_backend())
     fake.get_error = rex.GetTimeoutError("Get timed out: some object(s) not ready.")
     fake.kill_error = rex.ActorDiedError()
     with caplog.at_level(logging.DEBUG, logger="vyre_async.ray"):
@@ -193,10 +213,10 @@ def test_workers_that_neither_flush_nor_die_at_close_leave_debug_lines_and_all_a
 
 
 def test_closing_neither_waits_for_submissions_stuck_in_ray_nor_sends_those_queued(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], monkeypatch: pytest.MonkeyPatch
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(rb, "OFF_THREAD_BYTES", 0)  # every call goes from the submission thread
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     actor = fake.actors[0]
     sending = threading.Semaphore(0)
     stuck = threading.Event()
@@ -228,10 +248,10 @@ def test_closing_neither_waits_for_submissions_stuck_in_ray_nor_sends_those_queu
 
 
 def test_a_call_refused_as_unknown_after_close_gave_up_is_not_sent_again(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], monkeypatch: pytest.MonkeyPatch
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     earlier = set(submit_threads())  # (other tests' pools may still be ending theirs)
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     actor = fake.actors[0]
     xor_of(backend.dispatch(XOR, [A, A]), A, A)
     actor.restart()  # the worker lost the program: the next call is refused as unknown
@@ -261,10 +281,10 @@ def test_a_call_refused_as_unknown_after_close_gave_up_is_not_sent_again(
 
 
 def test_closing_after_ray_shutdown_makes_no_ray_call_before_the_watchdog_looked(
-    fake: FakeRay, closing: Callable[[RayBackend], RayBackend], monkeypatch: pytest.MonkeyPatch
+    fake: FakeRay, closing: Callable[[VyreBackend], VyreBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(rb, "_watch_runtime", lambda backend: None)  # its next look not due yet
-    backend = closing(RayBackend(workers=1))
+    backend = closing(create_backend(workers=1))
     fake.actors[0].hold()
     pending = backend.dispatch(XOR, [A, A])
     fake.initialized = False  # ray.shutdown() elsewhere in this process

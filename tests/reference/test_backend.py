@@ -18,6 +18,7 @@ from vyre_async import (
     InvalidProgram,
     acquire_backend,
 )
+from vyre_async.backend import VyreBackend
 from vyre_async.ir import (
     Access,
     Assign,
@@ -34,7 +35,7 @@ from vyre_async.ir import (
 )
 from vyre_async.pending import wait_for_callbacks
 from vyre_async.programs import elementwise_xor, histogram
-from vyre_reference import ReferenceBackend
+from vyre_reference import ReferenceExecutor, reference_backend
 
 U = np.uint32
 
@@ -55,7 +56,7 @@ def _accumulate() -> Program:
 
 def test_registered_and_acquired_once() -> None:
     backend = acquire_backend("reference")
-    assert isinstance(backend, ReferenceBackend)
+    assert isinstance(backend, VyreBackend) and isinstance(backend.executor, ReferenceExecutor)
     assert acquire_backend("reference") is backend
     caps = backend.capabilities()
     assert caps.features == frozenset()  # nothing native is claimed
@@ -63,17 +64,17 @@ def test_registered_and_acquired_once() -> None:
 
 
 def test_resident_buffers_round_trip_and_update_in_place() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     acc = backend.alloc(DType.U32, 64, label="acc")
     x = backend.upload(np.arange(64, dtype=U))
-    assert backend.resident_count == 2
+    assert backend.executor.resident_count == 2
     for _ in range(3):
         outputs = backend.dispatch_sync(_accumulate(), [x, acc])
     assert backend.download(acc).tolist() == [3 * i for i in range(64)]
     assert outputs[0].tolist() == [3 * i for i in range(64)]
     backend.free(acc)
     backend.free(x)
-    assert backend.resident_count == 0
+    assert backend.executor.resident_count == 0
     with pytest.raises(InvalidProgram, match="was freed"):
         backend.download(acc)
     with pytest.raises(InvalidProgram, match="was freed"):
@@ -81,13 +82,13 @@ def test_resident_buffers_round_trip_and_update_in_place() -> None:
 
 
 def test_resident_inputs_are_checked() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     floats = backend.upload(np.zeros(64, np.float32))
     ints = backend.upload(np.zeros(64, U))
     with pytest.raises(InvalidProgram, match="holds f32") as info:
         backend.dispatch(_accumulate(), [floats, ints])
     assert "Fix:" in str(info.value)
-    other = ReferenceBackend()
+    other = reference_backend()
     foreign = other.upload(np.zeros(64, U))  # same backend id, another instance
     with pytest.raises(InvalidProgram, match="another instance") as info:
         backend.dispatch(_accumulate(), [foreign, ints])
@@ -105,19 +106,19 @@ def test_resident_inputs_are_checked() -> None:
 
 
 def test_tiny_dispatches_run_inline_and_large_ones_on_the_pool() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     tiny = backend.dispatch(elementwise_xor(64), [np.ones(64, U)] * 2)
     assert tiny.done()  # ran inside dispatch()
     big_n = 1 << 18
     big = backend.dispatch(elementwise_xor(big_n), [np.ones(big_n, U)] * 2)
     assert big.result()[0].size == big_n
     assert any(t.name.startswith("vyre-reference") for t in threading.enumerate())
-    no_inline = ReferenceBackend(inline_ns=0)
+    no_inline = reference_backend(inline_ns=0)
     assert no_inline.dispatch(elementwise_xor(64), [np.ones(64, U)] * 2).result()[0][0] == 0
 
 
 def test_runtime_loop_bounds_never_run_inline() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     program = Program(
         [
             BufferDecl("n", 0, Access.UNIFORM, DType.U32, 1),
@@ -144,13 +145,13 @@ def test_engine_failures_become_dispatch_failed(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(module, "run_plan", broken)
     with pytest.raises(DispatchFailed, match="boom") as info:
-        ReferenceBackend().dispatch_sync(histogram(), [np.zeros(8, U), np.zeros(256, U)])
+        reference_backend().dispatch_sync(histogram(), [np.zeros(8, U), np.zeros(256, U)])
     assert "ValueError" in str(info.value)
 
 
 @pytest.mark.anyio
 async def test_shutdown_after_flush_keeps_results_then_refuses_more() -> None:
-    backend = ReferenceBackend(inline_ns=0)
+    backend = reference_backend(inline_ns=0)
     async with backend:
         pending = backend.dispatch(elementwise_xor(4096), [np.ones(4096, U)] * 2)
         await backend.flush()
@@ -158,12 +159,12 @@ async def test_shutdown_after_flush_keeps_results_then_refuses_more() -> None:
     assert (await pending)[0].tolist() == [0] * 4096  # finished before the close: kept
     with pytest.raises(BackendClosed):
         backend.dispatch(elementwise_xor(64), [np.ones(64, U)] * 2)
-    assert backend.in_flight == 0
+    assert backend.executor.in_flight == 0
 
 
 def test_resident_buffers_of_another_instance_cannot_lose_updates() -> None:
     """0.1.0 accepted a buffer made by another instance: 100 increments gave 63."""
-    first, second = ReferenceBackend(inline_ns=0), ReferenceBackend(inline_ns=0)
+    first, second = reference_backend(inline_ns=0), reference_backend(inline_ns=0)
     acc = first.upload(np.zeros(64, U))
     ones = np.ones(64, U)
     pendings = []
@@ -183,7 +184,7 @@ def test_a_done_callback_may_download_what_its_dispatch_wrote() -> None:
     """The buffer is released to later users before callbacks run: no self-deadlock."""
     from tests.contract.test_contract import resident_order_programs
 
-    backend = ReferenceBackend(inline_ns=0)
+    backend = reference_backend(inline_ns=0)
     slow_add, _, _ = resident_order_programs(64)
     x = backend.upload(np.arange(64, dtype=np.uint32))
     backend.compile(slow_add)
@@ -215,10 +216,10 @@ def _empty_loop(trips: int) -> Program:
 
 def test_an_empty_literal_loop_never_runs_inline() -> None:
     """2**21 empty iterations blocked dispatch() (the event loop) for 1.2 s on 0.1.0."""
-    backend = ReferenceBackend()
+    backend = reference_backend()
     pending = backend.dispatch(_empty_loop(1 << 21), [])
     assert not pending.done()  # ~1 s of engine time: inline, it would be done already
-    assert backend.in_flight == 1
+    assert backend.executor.in_flight == 1
     # Stopped rather than waited for (the engine checks for a stop on every iteration):
     # the wait cost 8 s per surviving mutant under mutation testing.
     pending.stop_requested.set()
@@ -265,13 +266,13 @@ def test_host_memory_running_out_is_device_out_of_memory(
 
     monkeypatch.setattr(module, "run_plan", exhausted)
     with pytest.raises(DeviceOutOfMemory) as info:
-        ReferenceBackend().dispatch_sync(histogram(), [np.zeros(8, U), np.zeros(256, U)])
+        reference_backend().dispatch_sync(histogram(), [np.zeros(8, U), np.zeros(256, U)])
     assert "Fix:" in str(info.value) and "bug" not in str(info.value)
 
 
 def test_sizes_over_the_largest_buffer_fail_before_anything_is_allocated() -> None:
     """alloc(2**40) and 2**31-element broadcast inputs raised a raw MemoryError on 0.1.0."""
-    backend = ReferenceBackend()
+    backend = reference_backend()
     limit = backend.capabilities().max_storage_buffer_bytes
     with pytest.raises(InvalidProgram, match="largest buffer"):
         backend.alloc("u32", 2**40)
@@ -293,7 +294,7 @@ def test_a_done_callback_may_download_after_its_dispatch_failed() -> None:
     """fail() ran callbacks before the buffer's done event was set: download() hung."""
     from tests.contract.test_contract import resident_order_programs
 
-    backend = ReferenceBackend(inline_ns=0)
+    backend = reference_backend(inline_ns=0)
     slow_add, triple, _ = resident_order_programs(64)
     x = backend.upload(np.arange(64, dtype=np.uint32))
     seen: list[list[int]] = []
@@ -310,7 +311,7 @@ def test_a_done_callback_may_download_after_its_dispatch_failed() -> None:
     with pytest.raises(DispatchTimeout):
         second.result()
     assert first.result(timeout=30)[0].tolist() == [i + 1 for i in range(64)]
-    assert len(seen) == 1 and backend.in_flight == 0
+    assert len(seen) == 1 and backend.executor.in_flight == 0
 
 
 @pytest.mark.anyio
@@ -319,7 +320,7 @@ async def test_a_callback_raising_system_exit_neither_hangs_awaiters_nor_kills_t
 ) -> None:
     reported: list[type[BaseException]] = []
     monkeypatch.setattr(threading, "excepthook", lambda args: reported.append(args.exc_type))
-    backend = ReferenceBackend(inline_ns=0, max_workers=1)
+    backend = reference_backend(inline_ns=0, max_workers=1)
     a = np.ones(64, U)
     pending = backend.dispatch(elementwise_xor(64), [a, a])
     pending.add_done_callback(lambda _: sys.exit(3))
@@ -338,7 +339,7 @@ def test_unclosed_backends_do_not_leak_worker_threads() -> None:
 
     before = workers()
     for _ in range(10):
-        backend = ReferenceBackend(inline_ns=0)
+        backend = reference_backend(inline_ns=0)
         backend.dispatch_sync(elementwise_xor(64), [np.ones(64, U)] * 2)
         del backend
     gc.collect()
@@ -353,7 +354,7 @@ def test_a_worker_that_cannot_start_is_a_dispatch_failed_and_leaves_no_trace(
 ) -> None:
     from vyre_async import DispatchFailed
 
-    backend = ReferenceBackend(inline_ns=0)
+    backend = reference_backend(inline_ns=0)
 
     def refuse(self: threading.Thread) -> None:
         raise RuntimeError("can't start new thread")
@@ -362,17 +363,17 @@ def test_a_worker_that_cannot_start_is_a_dispatch_failed_and_leaves_no_trace(
         patch.setattr(threading.Thread, "start", refuse)
         with pytest.raises(DispatchFailed, match="worker thread") as info:
             backend.dispatch(elementwise_xor(64), [np.ones(64, U)] * 2)
-    assert "Fix:" in str(info.value) and backend.in_flight == 0
+    assert "Fix:" in str(info.value) and backend.executor.in_flight == 0
     out = backend.dispatch_sync(elementwise_xor(64), [np.ones(64, U), np.zeros(64, U)])
     assert out[0].tolist() == [1] * 64  # threads start again once they can
 
 
 def test_the_inline_estimate_counts_bytes() -> None:
     """Big resident copies or WORKGROUP buffers over a small grid ran inline for ms."""
-    backend = ReferenceBackend()
+    backend = reference_backend()
     big = backend.upload(np.zeros(1 << 22, U))  # 16 MiB copied in and written back
     pending = backend.dispatch(_accumulate(), [big, big], DispatchConfig(grid_override=1))
-    assert not pending.done() and backend.in_flight == 1
+    assert not pending.done() and backend.executor.in_flight == 1
     pending.result(timeout=60)
     shared = Program(
         [
@@ -390,11 +391,11 @@ def test_the_inline_estimate_counts_bytes() -> None:
 
 @pytest.mark.anyio
 async def test_aclose_in_a_cancelled_scope_still_releases_everything() -> None:
-    backend = ReferenceBackend(inline_ns=0)
+    backend = reference_backend(inline_ns=0)
     pending = backend.dispatch(_empty_loop(1 << 24), [])
     with anyio.CancelScope() as scope:
         scope.cancel()
         await backend.aclose()
-    assert backend.closed and backend.in_flight == 0
+    assert backend.closed and backend.executor.in_flight == 0
     with pytest.raises(BackendClosed):
         pending.result(timeout=30)

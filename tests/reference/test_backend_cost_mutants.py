@@ -32,6 +32,7 @@ import vyre_reference
 import vyre_reference.backend as backend_module
 from tests import otel_sdk
 from vyre_async import DispatchConfig, DispatchTimeout, InvalidProgram
+from vyre_async.backend import VyreBackend
 from vyre_async.ir import (
     Access,
     Assign,
@@ -53,7 +54,7 @@ from vyre_async.ir import (
 )
 from vyre_async.ir.limits import MAX_WORKGROUP_BYTES, MAX_WORKGROUP_LANES
 from vyre_async.plan import plan_dispatch
-from vyre_reference import ReferenceBackend, cache_clear, cache_info
+from vyre_reference import cache_clear, cache_info, reference_backend
 
 S = backend_module._STMT_NS
 X = backend_module._EXPR_NS
@@ -185,7 +186,7 @@ def _runs_inline(
         return vyre_reference.run_plan(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(backend_module, "run_plan", spy)
-    backend = ReferenceBackend(inline_ns=inline_ns, prefetch=False)
+    backend = reference_backend(inline_ns=inline_ns, prefetch=False)
     try:
         backend.dispatch(program, inputs).result(timeout=30)
     finally:
@@ -221,7 +222,7 @@ def test_a_dispatch_run_inline_still_stops_at_its_timeout() -> None:
         ],
         op_id="test.inline_runaway",
     )
-    backend = ReferenceBackend(inline_ns=10**18, prefetch=False)
+    backend = reference_backend(inline_ns=10**18, prefetch=False)
     pending = backend.dispatch(program, [], DispatchConfig(timeout=0.2))
     assert pending.done()  # it ran inside dispatch()
     with pytest.raises(DispatchTimeout, match=r"did not finish within its timeout of 0\.2 s"):
@@ -229,7 +230,7 @@ def test_a_dispatch_run_inline_still_stops_at_its_timeout() -> None:
 
 
 def test_capabilities_report_the_engine_limits() -> None:
-    caps = ReferenceBackend().capabilities()
+    caps = reference_backend().capabilities()
     assert caps.max_workgroup_size == (MAX_WORKGROUP_LANES, MAX_WORKGROUP_LANES, 64)
     assert caps.max_workgroup_lanes == MAX_WORKGROUP_LANES
     assert caps.max_storage_buffer_bytes == (1 << 32) - 4
@@ -255,13 +256,13 @@ def test_out_of_range_arguments_are_named_with_a_valid_example(
     kwargs: dict[str, int], message: str
 ) -> None:
     with pytest.raises(InvalidProgram) as info:
-        ReferenceBackend(**kwargs)
+        reference_backend(**kwargs)
     assert str(info.value) == message
 
 
 def test_two_workers_by_default() -> None:
-    assert ReferenceBackend().max_workers == 2
-    assert ReferenceBackend().inline_ns == HANDOFF_NS
+    assert reference_backend().executor.max_workers == 2
+    assert reference_backend().executor.inline_ns == HANDOFF_NS
 
 
 @pytest.mark.parametrize(
@@ -272,15 +273,15 @@ def test_two_workers_by_default() -> None:
     ],
     ids=["upload", "alloc"],
 )
-def test_a_resident_buffer_keeps_its_label(make: Callable[[ReferenceBackend], object]) -> None:
-    buffer = make(ReferenceBackend())
+def test_a_resident_buffer_keeps_its_label(make: Callable[[VyreBackend], object]) -> None:
+    buffer = make(reference_backend())
     assert buffer.label == "weights"  # type: ignore[attr-defined]
     assert "'weights'" in repr(buffer)
 
 
 def test_the_backend_owns_its_resident_buffers_until_they_are_freed() -> None:
     """Dropping the handle frees nothing: the backend still holds (and counts) the buffer."""
-    backend = ReferenceBackend()
+    backend = reference_backend()
     data = np.zeros(1 << 18, np.uint32)  # 1 MiB
     tracemalloc.start()
     try:
@@ -290,12 +291,12 @@ def test_the_backend_owns_its_resident_buffers_until_they_are_freed() -> None:
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert backend.resident_count == 1
+    assert backend.executor.resident_count == 1
     assert held >= data.nbytes
 
 
 def test_calibrate_measures_fresh_compiles_on_a_probe() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     cache_clear()
     record = backend.calibrate()
     assert (record.backend_id, record.backend_version, record.device_fingerprint) == (
@@ -312,7 +313,9 @@ def test_calibrate_measures_fresh_compiles_on_a_probe() -> None:
     # the launch probe and three programs the engine had not seen: each timed compile
     # is a real one, not a lookup in the compile cache
     assert cache_info()["misses"] >= 4
-    assert backend.resident_count == 0 and backend.in_flight == 0  # the probe did the work
+    assert (
+        backend.executor.resident_count == 0 and backend.executor.in_flight == 0
+    )  # the probe did the work
 
 
 _COUNTED = ("vyre.dispatch.count", "vyre.prefetch.hits", "vyre.prefetch.misses")
@@ -337,7 +340,7 @@ def _calibration_counts() -> dict[str, int]:
 
 def test_calibrate_does_not_count_its_probe_dispatches_as_prefetch_predictions() -> None:
     before = _calibration_counts()
-    ReferenceBackend().calibrate()
+    reference_backend().calibrate()
     after = _calibration_counts()
     added = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
     assert added.get("vyre.dispatch.count", 0) >= 65  # telemetry saw the probe's dispatches
@@ -347,7 +350,7 @@ def test_calibrate_does_not_count_its_probe_dispatches_as_prefetch_predictions()
 def test_a_second_calibrate_also_measures_fresh_compiles() -> None:
     # (it named its probe programs cal.0 .. cal.2 on every call: a second calibrate() in
     # one process timed compile-cache hits, a compile_ns about 10 times too low)
-    backend = ReferenceBackend()
+    backend = reference_backend()
     backend.calibrate()
     misses = cache_info()["misses"]
     backend.calibrate()

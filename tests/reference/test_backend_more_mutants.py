@@ -33,7 +33,7 @@ from vyre_async.ir import (
     Var,
     u32,
 )
-from vyre_reference import ReferenceBackend
+from vyre_reference import reference_backend
 
 pytestmark = pytest.mark.anyio
 
@@ -64,7 +64,7 @@ def _runaway() -> Program:
 
 async def _stopped_by_hand(config: DispatchConfig) -> DispatchTimeout:
     """Dispatch the runaway kernel, ask it to stop, and return the error it settles with."""
-    async with ReferenceBackend() as backend:
+    async with reference_backend() as backend:
         pending = backend.dispatch(_runaway(), N, config)
         pending.stop_requested.set()
         with pytest.raises(DispatchTimeout) as info:

@@ -42,6 +42,7 @@ import pytest
 
 import vyre_reference.backend as backend_module
 from tests import otel_sdk
+from tests.helpers import backend_of
 from vyre_async import (
     BackendClosed,
     DeviceOutOfMemory,
@@ -68,8 +69,9 @@ from vyre_async.ir import (
     u32,
 )
 from vyre_async.pending import settle_hook
+from vyre_async.plan import BindingPlan
 from vyre_async.resident import ResidentBuffer
-from vyre_reference import ReferenceBackend
+from vyre_reference import ReferenceExecutor, reference_backend
 from vyre_reference.engine import run_plan
 
 pytestmark = pytest.mark.anyio
@@ -119,7 +121,7 @@ async def test_an_engine_failure_names_the_program_and_keeps_its_cause(
         raise boom
 
     monkeypatch.setattr(backend_module, "run_plan", failing)
-    async with ReferenceBackend() as backend:
+    async with reference_backend() as backend:
         with pytest.raises(DispatchFailed) as info:
             await backend.dispatch(_copy(op_id, n), [np.arange(n, dtype=np.uint32)])
     error = info.value
@@ -138,7 +140,7 @@ async def test_the_engine_running_out_of_memory_is_device_out_of_memory(
         raise MemoryError
 
     monkeypatch.setattr(backend_module, "run_plan", short)
-    async with ReferenceBackend() as backend:
+    async with reference_backend() as backend:
         with pytest.raises(DeviceOutOfMemory) as info:
             await backend.dispatch(_copy("test.copy", n), [np.arange(n, dtype=np.uint32)])
     assert str(info.value).startswith(
@@ -152,7 +154,7 @@ async def test_a_close_that_gives_up_fails_the_dispatch_and_logs_one_warning(
 ) -> None:
     started, release = _stick_the_engine(monkeypatch)
     caplog.set_level(logging.WARNING, logger="vyre_reference")
-    backend = ReferenceBackend(close_timeout=0.2)
+    backend = reference_backend(close_timeout=0.2)
     try:
         pending = backend.dispatch(
             _copy("test.stuck", 1 << 16), [np.arange(1 << 16, dtype=np.uint32)]
@@ -178,14 +180,14 @@ async def test_a_dispatch_that_ends_just_after_the_close_gave_up_still_gets_the_
     # every dispatch it gave up on, even one whose thread ends right after.
     started, release = _stick_the_engine(monkeypatch)
     caplog.set_level(logging.WARNING, logger="vyre_reference")
-    backend = ReferenceBackend(close_timeout=0.2)
-    stopped = backend._stopped
+    backend = reference_backend(close_timeout=0.2)
+    stopped = backend.executor._stopped
 
     def stop_and_release(launch: Any) -> Any:
         release.set()  # the engine returns as soon as the close has given up on it
         return stopped(launch)
 
-    monkeypatch.setattr(backend, "_stopped", stop_and_release)
+    monkeypatch.setattr(backend.executor, "_stopped", stop_and_release)
     try:
         pending = backend.dispatch(
             _copy("test.stuck", 1 << 16), [np.arange(1 << 16, dtype=np.uint32)]
@@ -217,7 +219,7 @@ async def test_a_runaway_dispatch_stopped_at_a_safe_point_says_why(stop: str) ->
         op_id="test.runaway",
     )
     n = [np.array([0xFFFF_FFFF], np.uint32)]
-    backend = ReferenceBackend()
+    backend = reference_backend()
     try:
         if stop == "timeout":
             with pytest.raises(DispatchTimeout):
@@ -310,7 +312,7 @@ def _engine_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return names
 
 
-class _NotingBackend(ReferenceBackend):
+class _NotingBackend(ReferenceExecutor):
     """Sets ``taken[op_id]`` when a worker takes a dispatch of that program off the queue."""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -337,7 +339,7 @@ def test_a_tiny_dispatch_runs_inline_on_the_callers_thread_and_a_larger_one_on_a
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     threads = _engine_threads(monkeypatch)
-    backend = ReferenceBackend()
+    backend = reference_backend()
     x = backend.upload(np.arange(4, dtype=U))
     tiny = backend.dispatch(_copy("test.copy", 4), [np.arange(4, dtype=U)])
     resident = backend.dispatch(_copy("test.copy", 4), [x])  # nothing to wait for: inline too
@@ -356,8 +358,8 @@ def test_inline_ns_0_runs_even_a_dispatch_estimated_free_on_a_worker(
     # An empty READ_WRITE input: no lanes and no bytes, an estimate of exactly 0 ns.
     threads = _engine_threads(monkeypatch)
     empty = np.zeros(0, U)
-    assert ReferenceBackend(inline_ns=1).dispatch(_inc(), [empty]).done()
-    backend = ReferenceBackend(inline_ns=0)
+    assert reference_backend(inline_ns=1).dispatch(_inc(), [empty]).done()
+    backend = reference_backend(inline_ns=0)
     assert backend.dispatch(_inc(), [empty]).result(timeout=10)[0].size == 0
     assert threads[0] == threading.current_thread().name
     assert threads[1].startswith("vyre-reference-")
@@ -365,7 +367,7 @@ def test_inline_ns_0_runs_even_a_dispatch_estimated_free_on_a_worker(
 
 @pytest.mark.parametrize("n", SIZES)
 def test_fixpoint_iterations_launch_the_program_that_many_times(n: int) -> None:
-    pending = ReferenceBackend().dispatch(
+    pending = reference_backend().dispatch(
         _inc(), [np.zeros(n, U)], DispatchConfig(fixpoint_iterations=3)
     )
     assert pending.result(timeout=10)[0].tolist() == [3] * n
@@ -373,8 +375,8 @@ def test_fixpoint_iterations_launch_the_program_that_many_times(n: int) -> None:
 
 @pytest.mark.parametrize("n", SIZES)
 def test_a_launch_without_a_template_runs_as_one_with_it(n: int) -> None:
-    # Launch.template is optional (None: the backend keeps no per-shape state).
-    backend = ReferenceBackend(prefetch=False)
+    # A launch built by hand has no template and no shape: the executor plans its shape itself.
+    backend = reference_backend(prefetch=False)
     pipeline = backend.compile(_copy("test.copy", n))
     launch, _ = backend.front.prepare(pipeline, [np.arange(n, dtype=U)], None, cache_hit=True)
     bare = Launch(
@@ -387,7 +389,8 @@ def test_a_launch_without_a_template_runs_as_one_with_it(n: int) -> None:
         launch.compile_s,
         None,
     )
-    assert backend.enqueue(bare) is launch.pending
+    assert bare.shape is None and launch.shape is not None
+    backend.executor.enqueue(bare)
     assert launch.pending.result(timeout=10)[0][:n].tolist() == list(range(n))
 
 
@@ -401,7 +404,7 @@ def test_a_launch_of_more_lanes_than_the_engine_holds_is_refused_before_it_runs(
         return [np.zeros(1, U)]
 
     monkeypatch.setattr(backend_module, "run_plan", counted)
-    backend = ReferenceBackend()
+    backend = reference_backend()
     program = _copy("test.copy", 1)
     most = backend_module.MAX_LANES // 64  # workgroups of 64 lanes
     at_most = backend.dispatch(
@@ -436,7 +439,7 @@ def test_dispatches_sharing_a_resident_buffer_wait_for_exactly_the_earlier_ones_
     monkeypatch: pytest.MonkeyPatch, first: str, then: list[tuple[str, bool]]
 ) -> None:
     entered, release = _gate_slow_programs(monkeypatch)
-    backend = ReferenceBackend()
+    backend = reference_backend()
     start = [1, 2, 3, 4]
     x = backend.upload(np.array(start, U))
     value = start
@@ -477,7 +480,7 @@ def test_a_dispatchs_buffers_are_final_for_later_users_before_it_settles(
     # A dispatch settling hands its buffers on first: one dispatched from its
     # settle hook (in the settling thread) need not wait, and runs inline at once.
     entered, release = _gate_slow_programs(monkeypatch)
-    backend = ReferenceBackend()
+    backend = reference_backend()
     x = backend.upload(np.array([1, 2, 3, 4], U))
     seen: list[tuple[bool, PendingDispatch]] = []
 
@@ -511,7 +514,7 @@ class _RaisingCompleter:
         raise self._error
 
 
-class _SettlingBreaks(ReferenceBackend):
+class _SettlingBreaks(ReferenceExecutor):
     """Each dispatch's settling raises ``error``."""
 
     def __init__(self, error: Exception, **kwargs: Any) -> None:
@@ -538,7 +541,7 @@ class _SettlingBreaks(ReferenceBackend):
 @pytest.mark.parametrize("where", ["pool", "resident-inline"])
 def test_a_failure_while_settling_fails_the_dispatch_naming_the_program(where: str) -> None:
     boom = ValueError("settling broke")
-    backend = _SettlingBreaks(boom)
+    backend = backend_of(_SettlingBreaks, boom)
     if where == "pool":
         pending = backend.dispatch(_copy("test.copy", 1 << 16), [np.arange(1 << 16, dtype=U)])
     else:
@@ -557,13 +560,13 @@ async def test_a_dispatch_waiting_for_an_earlier_one_is_stopped_by_a_close_befor
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     entered, release = _gate_slow_programs(monkeypatch)
-    backend = _NotingBackend(close_timeout=5)
+    backend = backend_of(_NotingBackend, close_timeout=5)
     x = backend.upload(np.array([1, 2, 3, 4], U))
     try:
         writer = backend.dispatch(_slow_add(), [x, N1])
         assert entered.wait(10)
         reader = backend.dispatch(_copy("test.read", 4), [x])  # waits for the writer
-        assert backend.taken["test.read"].wait(10)  # on a worker, waiting
+        assert backend.executor.taken["test.read"].wait(10)  # on a worker, waiting
         _release_once_stopped(release, writer, reader)  # the writer ends once both were stopped
         await backend.aclose()
     finally:
@@ -581,7 +584,7 @@ async def test_a_dispatch_still_queued_when_the_backend_closes_fails_with_backen
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     entered, release = _gate_slow_programs(monkeypatch)
-    backend = ReferenceBackend(max_workers=1, close_timeout=5)
+    backend = reference_backend(max_workers=1, close_timeout=5)
     try:
         running = backend.dispatch(_slow_add(), [np.zeros(4, U), N1])
         assert entered.wait(10)
@@ -600,27 +603,27 @@ async def test_a_dispatch_still_queued_when_the_backend_closes_fails_with_backen
     )
 
 
-class _ClosedWhilePlanning(ReferenceBackend):
+class _ClosedWhilePlanning(ReferenceExecutor):
     """Closed by another thread while ``dispatch()`` plans, after its check that it is open."""
 
-    def _estimate_ns(self, launch: Launch, lanes: int) -> float:
+    def _estimate_ns(self, plan: BindingPlan, config: DispatchConfig, lanes: int) -> float:
         self.stop_at_exit()  # (stops everything as aclose does)
-        return super()._estimate_ns(launch, lanes)
+        return super()._estimate_ns(plan, config, lanes)
 
 
 def test_a_close_landing_while_a_dispatch_is_planned_refuses_it() -> None:
-    backend = _ClosedWhilePlanning()
+    backend = backend_of(_ClosedWhilePlanning)
     with pytest.raises(BackendClosed) as info:
         backend.dispatch(_copy("test.copy", 1 << 16), [np.arange(1 << 16, dtype=U)])
     assert str(info.value).startswith("backend 'reference' was closed; it runs nothing more\n")
     assert info.value.backend_id == "reference"  # type: ignore[attr-defined]
-    assert backend.in_flight == 0
+    assert backend.executor.in_flight == 0
 
 
 def test_a_worker_thread_that_cannot_start_fails_the_dispatch_with_a_fix(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    backend = ReferenceBackend(inline_ns=0)
+    backend = reference_backend(inline_ns=0)
     refused = RuntimeError("can't start new thread")
 
     def refuse(self: threading.Thread) -> None:
@@ -639,7 +642,7 @@ def test_a_worker_thread_that_cannot_start_fails_the_dispatch_with_a_fix(
 
 @pytest.mark.parametrize("n", SIZES)
 def test_a_dispatch_reports_its_device_and_compile_time(n: int) -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     x = backend.upload(np.arange(4, dtype=U))
     cases: list[tuple[Program, list[Any]]] = [
         (_copy("test.copy", n), [np.arange(n, dtype=U)]),
@@ -670,7 +673,7 @@ def recorded() -> Iterator[None]:
 
 @pytest.mark.parametrize("where", ["inline", "resident-inline", "pool"])
 def test_a_recorded_dispatch_shows_its_wait_and_launch_phases(recorded: None, where: str) -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     n = 1 << 16 if where == "pool" else 4
     inputs: list[Any] = [np.arange(n, dtype=U)]
     if where == "resident-inline":
@@ -695,7 +698,7 @@ def test_an_unrecorded_dispatch_takes_no_phase_times(where: str) -> None:
     was = telemetry.is_enabled()
     telemetry.set_enabled(False)
     try:
-        backend = ReferenceBackend()
+        backend = reference_backend()
         n = 1 << 16 if where == "pool" else 4
         inputs: list[Any] = [np.arange(n, dtype=U)]
         if where == "resident-inline":
@@ -726,7 +729,7 @@ def _counting_loop(trips: int, *, runtime: bool) -> tuple[Program, list[np.ndarr
 def test_an_inline_dispatch_stops_at_its_timeout() -> None:
     # Bounded loops run inline below inline_ns, however long: 4M trips take ~30 s
     # to finish; past its deadline the engine stops at the next iteration.
-    backend = ReferenceBackend(inline_ns=10**12)
+    backend = reference_backend(inline_ns=10**12)
     started = time.monotonic()
     counting, inputs = _counting_loop(4_000_000, runtime=False)
     pending = backend.dispatch(counting, inputs, DispatchConfig(timeout=0.05))
@@ -738,7 +741,7 @@ def test_an_inline_dispatch_stops_at_its_timeout() -> None:
 
 
 def test_a_dispatch_past_its_timeout_stops_and_frees_its_worker() -> None:
-    backend = ReferenceBackend(max_workers=1)
+    backend = reference_backend(max_workers=1)
     runaway, inputs = _counting_loop(4_000_000, runtime=True)
     with pytest.raises(DispatchTimeout):  # 4M trips: ~30 s if never stopped
         backend.dispatch(runaway, inputs, DispatchConfig(timeout=0.1)).result()
@@ -750,11 +753,11 @@ def test_download_waits_for_the_last_dispatch_that_writes_the_buffer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     entered, release = _gate_slow_programs(monkeypatch)
-    backend = ReferenceBackend()
+    backend = reference_backend()
     x = backend.upload(np.array([1, 2, 3, 4], U))
     assert backend.download(x).tolist() == [1, 2, 3, 4]  # nothing used it yet
     checks = 0
-    check_open = backend.check_open
+    check_open = backend.executor._check_open
 
     def counted() -> None:  # download checks once, then again each time it waits
         nonlocal checks
@@ -766,7 +769,7 @@ def test_download_waits_for_the_last_dispatch_that_writes_the_buffer(
     try:
         writer = backend.dispatch(_slow_add(), [x, N1])
         assert entered.wait(10)
-        monkeypatch.setattr(backend, "check_open", counted)
+        monkeypatch.setattr(backend.executor, "_check_open", counted)
         assert backend.download(x).tolist() == [2, 3, 4, 5]
     finally:
         release.set()
@@ -774,7 +777,7 @@ def test_download_waits_for_the_last_dispatch_that_writes_the_buffer(
 
 
 def test_download_returns_a_copy() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     x = backend.upload(np.array([1, 2, 3, 4], U))
     backend.dispatch(_inc(), [x]).result(timeout=10)
     copy = backend.download(x)
@@ -786,11 +789,11 @@ async def test_a_download_waiting_for_a_writer_ends_when_the_backend_closes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     entered, release = _gate_slow_programs(monkeypatch)
-    backend = ReferenceBackend(close_timeout=0.2)
+    backend = reference_backend(close_timeout=0.2)
     x = backend.upload(np.array([1, 2, 3, 4], U))
     waiting = threading.Event()
     checks = 0
-    check_open = backend.check_open
+    check_open = backend.executor._check_open
 
     def counted() -> None:
         nonlocal checks
@@ -811,7 +814,7 @@ async def test_a_download_waiting_for_a_writer_ends_when_the_backend_closes(
     try:
         writer = backend.dispatch(_slow_add(), [x, N1])
         assert entered.wait(10)
-        monkeypatch.setattr(backend, "check_open", counted)
+        monkeypatch.setattr(backend.executor, "_check_open", counted)
         thread.start()
         assert waiting.wait(10)
         await backend.aclose()  # the writer never reaches a safe point: given up after 0.2 s
@@ -827,7 +830,7 @@ async def test_a_download_waiting_for_a_writer_ends_when_the_backend_closes(
 
 @pytest.mark.parametrize("operation", ["download", "free"])
 def test_download_and_free_take_only_a_resident_buffer(operation: str) -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     with pytest.raises(InvalidProgram) as info:
         getattr(backend, operation)(np.zeros(4, U))
     assert str(info.value) == (
@@ -837,16 +840,16 @@ def test_download_and_free_take_only_a_resident_buffer(operation: str) -> None:
 
 
 def test_a_buffer_no_dispatch_used_can_be_freed() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     x = backend.alloc("u32", 4)
     backend.free(x)
-    assert backend.resident_count == 0 and x.freed
+    assert backend.executor.resident_count == 0 and x.freed
 
 
 def test_freeing_buffers_releases_what_the_backend_kept_for_their_order() -> None:
     # The events ordering a buffer's users go with it: a process making and freeing
     # buffers keeps no more of them over time.
-    backend = ReferenceBackend()
+    backend = reference_backend()
 
     def events() -> int:
         gc.collect()
@@ -866,7 +869,7 @@ def test_freeing_buffers_releases_what_the_backend_kept_for_their_order() -> Non
 
 @pytest.mark.parametrize("make", ["upload", "alloc"])
 def test_a_resident_buffer_keeps_its_label_and_refuses_one_that_is_not_a_str(make: str) -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
 
     def new(label: Any) -> ResidentBuffer:
         if make == "upload":
@@ -882,7 +885,7 @@ def test_a_resident_buffer_keeps_its_label_and_refuses_one_that_is_not_a_str(mak
 def test_a_resident_buffer_the_host_cannot_hold_is_device_out_of_memory(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
 
     class NoMemory:
         """numpy, except that zeros() finds no memory."""

@@ -23,7 +23,7 @@ PRELUDE = textwrap.dedent(
     from vyre_async import BackendClosed
     from vyre_async.ir import Access, Assign, BufferDecl, DType, Let, Load, Loop, Program
     from vyre_async.ir import Store, Var, u32
-    from vyre_reference import ReferenceBackend
+    from vyre_reference import ReferenceExecutor, reference_backend
 
     RUNAWAY = Program(
         [BufferDecl("n", 0, Access.UNIFORM, DType.U32, 1),
@@ -63,7 +63,7 @@ def test_aclose_stops_a_runaway_dispatch_and_fails_it_with_backend_closed(librar
     out, _ = _run(
         f"""
         async def main():
-            backend = ReferenceBackend()
+            backend = reference_backend()
             pending = backend.dispatch(RUNAWAY, N)
             await anyio.sleep(0.2)
             started = time.monotonic()
@@ -73,7 +73,7 @@ def test_aclose_stops_a_runaway_dispatch_and_fails_it_with_backend_closed(librar
                 await pending
             except BackendClosed as exc:
                 print("pending:", type(exc).__name__, "Fix:" in str(exc))
-            print("in flight:", backend.in_flight)
+            print("in flight:", backend.executor.in_flight)
         anyio.run(main, backend={library!r})
         """
     )
@@ -87,7 +87,7 @@ def test_async_with_exit_stops_a_runaway_dispatch() -> None:
     out, _ = _run(
         """
         async def main():
-            async with ReferenceBackend() as backend:
+            async with reference_backend() as backend:
                 pending = backend.dispatch(RUNAWAY, N)
                 await anyio.sleep(0.2)
             try:
@@ -103,10 +103,10 @@ def test_async_with_exit_stops_a_runaway_dispatch() -> None:
 def test_interpreter_exit_with_a_runaway_dispatch_in_flight_ends() -> None:
     out, _ = _run(
         """
-        backend = ReferenceBackend()
+        backend = reference_backend()
         pending = backend.dispatch(RUNAWAY, N)
         time.sleep(0.2)
-        print("leaving with", backend.in_flight, "in flight", flush=True)
+        print("leaving with", backend.executor.in_flight, "in flight", flush=True)
         """
     )
     assert "leaving with 1 in flight" in out
@@ -127,7 +127,7 @@ def test_close_gives_up_on_work_that_never_reaches_a_safe_point() -> None:
         module.run_plan = stuck
 
         async def main():
-            backend = ReferenceBackend(close_timeout=0.3)
+            backend = reference_backend(close_timeout=0.3)
             pending = backend.dispatch(RUNAWAY, N)
             await anyio.sleep(0.1)
             await backend.aclose()
@@ -146,7 +146,7 @@ def test_exit_ends_while_a_thread_waits_on_a_runaway_dispatch() -> None:
     out, _ = _run(
         """
         import threading
-        backend = ReferenceBackend()
+        backend = reference_backend()
         pending = backend.dispatch(RUNAWAY, N)
 
         def wait():

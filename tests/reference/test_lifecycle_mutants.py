@@ -45,7 +45,7 @@ from vyre_async.ir import (
     Var,
     u32,
 )
-from vyre_reference import ReferenceBackend
+from vyre_reference import reference_backend
 from vyre_reference.cancel import Cancelled
 from vyre_reference.workers import WorkerPool
 
@@ -281,7 +281,7 @@ def test_join_waits_no_longer_than_its_timeout_and_says_whether_the_workers_ende
         pool.close()
 
 
-# ReferenceBackend: close ---------------------------------------------------------------------
+# ReferenceExecutor: close ---------------------------------------------------------------------
 def _runaway(op_id: str) -> Program:
     """A kernel of ~2**32 loop iterations (hours in the engine) unless it is stopped."""
     return Program(
@@ -317,13 +317,13 @@ async def test_close_waits_for_a_dispatch_to_reach_its_safe_point_and_says_why_i
 
     monkeypatch.setattr(backend_module, "run_plan", slow_to_stop)
     caplog.set_level(logging.WARNING, logger="vyre_async.reference")
-    backend = ReferenceBackend(close_timeout=WAIT_S)
+    backend = reference_backend(close_timeout=WAIT_S)
     pending = backend.dispatch(_runaway(""), N)
     assert entered.wait(WAIT_S)
     started = time.monotonic()
     await backend.aclose()
     assert time.monotonic() - started < WAIT_S / 2  # until the safe point, not close_timeout
-    assert backend.in_flight == 0  # nothing was left running
+    assert backend.executor.in_flight == 0  # nothing was left running
     # (nothing abandoned: no warning, however long the idle workers take to end)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     with pytest.raises(BackendClosed) as info:
@@ -336,7 +336,7 @@ async def test_close_waits_for_a_dispatch_to_reach_its_safe_point_and_says_why_i
 
 @pytest.mark.anyio
 async def test_a_closed_dispatch_is_named_by_its_label_first() -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     pending = backend.dispatch(_runaway("test.runaway"), N, DispatchConfig(label="mine"))
     await backend.aclose()
     with pytest.raises(BackendClosed) as info:
@@ -348,7 +348,7 @@ async def test_a_closed_dispatch_is_named_by_its_label_first() -> None:
 
 @pytest.mark.anyio
 async def test_shutdown_called_directly_stops_a_backend_without_a_prefetcher() -> None:
-    backend = ReferenceBackend(prefetch=False)
+    backend = reference_backend(prefetch=False)
     pending = backend.dispatch(_runaway("test.runaway"), N)
     await backend.shutdown()
     assert backend.closed
@@ -358,7 +358,7 @@ async def test_shutdown_called_directly_stops_a_backend_without_a_prefetcher() -
 
 @pytest.mark.anyio
 async def test_a_stop_asked_through_stop_requested_is_a_stop_not_an_engine_failure() -> None:
-    async with ReferenceBackend() as backend:
+    async with reference_backend() as backend:
         pending = backend.dispatch(_runaway("test.runaway"), N)
         pending.stop_requested.set()  # as its deadline would, but with the backend open
         with pytest.raises(DispatchTimeout) as info:
@@ -373,7 +373,7 @@ PRELUDE = textwrap.dedent(
     import vyre_reference.backend as module
     from vyre_async.ir import Access, Assign, BufferDecl, DType, Let, Load, Loop, Program
     from vyre_async.ir import Store, Var, u32
-    from vyre_reference import ReferenceBackend
+    from vyre_reference import ReferenceExecutor, reference_backend
     from vyre_reference.cancel import Cancelled
 
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
@@ -417,7 +417,7 @@ def test_exit_stops_every_other_backend_when_one_fails_to_stop() -> None:
             raise Cancelled()
 
         module.run_plan = slow_to_stop
-        stop_at_exit, stops = ReferenceBackend.stop_at_exit, []
+        stop_at_exit, stops = ReferenceExecutor.stop_at_exit, []
 
         def first_stop_fails(self):
             stops.append(self)
@@ -425,14 +425,14 @@ def test_exit_stops_every_other_backend_when_one_fails_to_stop() -> None:
                 raise RuntimeError("boom")
             return stop_at_exit(self)
 
-        ReferenceBackend.stop_at_exit = first_stop_fails
-        backends = [ReferenceBackend(), ReferenceBackend()]
-        pendings = {id(b): b.dispatch(RUNAWAY, N) for b in backends}
+        ReferenceExecutor.stop_at_exit = first_stop_fails
+        backends = [reference_backend(), reference_backend()]
+        pendings = {id(b.executor): b.dispatch(RUNAWAY, N) for b in backends}
 
         def report():
-            for name, backend in zip(["failed", "stopped"], stops):
-                error = pendings[id(backend)].exception()
-                print(name, type(error).__name__, backend.in_flight, flush=True)
+            for name, executor in zip(["failed", "stopped"], stops):
+                error = pendings[id(executor)].exception()
+                print(name, type(error).__name__, executor.in_flight, flush=True)
 
         atexit.register(report)  # runs after the threading exit hooks
         """
@@ -455,7 +455,7 @@ def test_exit_releases_waiters_on_stuck_dispatches_after_its_bound_and_warns() -
             raise RuntimeError("released")
 
         module.run_plan = stuck
-        backends = [ReferenceBackend(), ReferenceBackend()]
+        backends = [reference_backend(), reference_backend()]
         pendings = [b.dispatch(RUNAWAY, N) for b in backends]
 
         def wait():

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from tests.contract.test_contract import resident_order_programs
 from tests.policies.kernels import accumulate
-from vyre_reference import ReferenceBackend
+from vyre_reference import reference_backend
 
 N = 64
 ACCUMULATE = accumulate()
@@ -32,7 +32,7 @@ operation = st.one_of(
 def test_unawaited_dispatches_on_shared_buffers_equal_sequential_execution(
     ops: list[tuple[str, int, int]], workers: int
 ) -> None:
-    backend = ReferenceBackend(inline_ns=0, max_workers=workers, prefetch=False)
+    backend = reference_backend(inline_ns=0, max_workers=workers, prefetch=False)
     start = [np.arange(N, dtype=np.uint32) * np.uint32(k + 1) for k in range(3)]
     handles = [backend.upload(a) for a in start]
     model = [a.copy() for a in start]

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from tests.driver.fakes import BytesBackend
+from tests.helpers import backend_of
 from vyre_async import Launch, PendingDispatch, VyreBackend
 from vyre_async.ir import (
     Access,
@@ -37,7 +38,7 @@ from vyre_async.ir import (
 )
 from vyre_async.pending import wait_for_callbacks
 from vyre_async.programs import elementwise_xor
-from vyre_reference import ReferenceBackend
+from vyre_reference import ReferenceExecutor, reference_backend
 
 N = 64
 #: x[i] += 1
@@ -50,7 +51,7 @@ INC = Program(
 BOUND_S = 20.0  # far beyond what the work takes; a hang shows as this passing
 
 
-class GatedReference(ReferenceBackend):
+class GatedReference(ReferenceExecutor):
     """The reference backend whose workers take no job until ``gate`` is set.
 
     So the callbacks are added and the next dispatches queued while the first
@@ -71,7 +72,7 @@ def _settles(pending: PendingDispatch) -> list[np.ndarray]:
 
 
 def test_callbacks_that_download_their_own_buffers_do_not_hang_the_workers() -> None:
-    backend = GatedReference(inline_ns=0)  # its default: two workers
+    backend = backend_of(GatedReference, inline_ns=0)  # its default: two workers
     x = backend.upload(np.zeros(N, np.uint32))
     y = backend.upload(np.zeros(N, np.uint32))
     seen: dict[str, list[int]] = {}
@@ -91,7 +92,7 @@ def test_callbacks_that_download_their_own_buffers_do_not_hang_the_workers() -> 
     ay.add_done_callback(download("y", y))
     later = [backend.dispatch(INC, [x]), backend.dispatch(INC, [y])]
     assert not (ax.done() or ay.done())  # (else the callbacks ran here, proving nothing)
-    backend.gate.set()
+    backend.executor.gate.set()
     _settles(ax)  # the awaiters of ax and ay are woken whatever the callbacks do
     _settles(ay)
     for pending in later:
@@ -103,7 +104,7 @@ def test_callbacks_that_download_their_own_buffers_do_not_hang_the_workers() -> 
 
 @pytest.mark.parametrize("how", ["dispatch_sync", "result"])
 def test_a_callback_may_dispatch_on_its_own_backend_and_wait(how: str) -> None:
-    backend = ReferenceBackend(inline_ns=0, max_workers=1)  # one worker: the worst case
+    backend = reference_backend(inline_ns=0, max_workers=1)  # one worker: the worst case
     a = np.arange(N, dtype=np.uint32)
     got: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
 
@@ -123,7 +124,7 @@ def test_a_callback_may_dispatch_on_its_own_backend_and_wait(how: str) -> None:
 def test_a_callback_may_close_its_backend_promptly_and_quietly(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    backend = ReferenceBackend(inline_ns=0, close_timeout=30.0)
+    backend = reference_backend(inline_ns=0, close_timeout=30.0)
     a = np.arange(N, dtype=np.uint32)
     closed = threading.Event()
 
@@ -154,23 +155,22 @@ class OneThreadBackend(BytesBackend):
         self.thread = threading.Thread(target=self._complete, daemon=True)
         self.thread.start()
 
-    def enqueue(self, launch: Launch) -> PendingDispatch:
+    def enqueue(self, launch: Launch) -> None:
         launch.completer.mark_started()
         self.work.put(launch)
-        return launch.pending
 
     def _complete(self) -> None:
         while (launch := self.work.get()) is not None:
             a, b = (np.asarray(i) for i in launch.inputs)
             launch.completer.resolve([a ^ b])
 
-    async def shutdown(self) -> None:
+    async def close(self, timeout: float) -> None:
         self.work.put(None)
         self.thread.join(5)
 
 
 def test_on_a_backend_with_one_completion_thread_a_callback_may_wait_on_a_later_dispatch() -> None:
-    backend: VyreBackend = OneThreadBackend()
+    backend: VyreBackend = backend_of(OneThreadBackend)
     a = np.arange(N, dtype=np.uint32)
     got: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
     first = backend.dispatch(elementwise_xor(N), [a, a])
@@ -183,7 +183,7 @@ def test_on_a_backend_with_one_completion_thread_a_callback_may_wait_on_a_later_
 
 
 def test_wait_for_callbacks_waits_for_those_queued_and_refuses_inside_one() -> None:
-    backend = ReferenceBackend(inline_ns=0)
+    backend = reference_backend(inline_ns=0)
     a = np.arange(N, dtype=np.uint32)
     gate = threading.Event()
     inside: list[bool] = []
@@ -207,7 +207,7 @@ async def test_a_callback_added_to_a_settled_dispatch_never_runs_on_the_event_lo
     # Found by the soak: a dispatch small enough to run inline is settled when
     # dispatch() returns; its callback ran in the caller's thread, inside the event
     # loop, where blocking on the backend is refused.
-    backend = ReferenceBackend()
+    backend = reference_backend()
     a = np.arange(N, dtype=np.uint32)
     pending = backend.dispatch(elementwise_xor(N), [a, a])
     assert pending.done()  # ran inline
@@ -239,7 +239,7 @@ def test_a_raising_excepthook_falls_back_to_stderr_and_the_callbacks_go_on(
         raise RuntimeError("the reporter is broken")
 
     monkeypatch.setattr(threading, "excepthook", broken_hook)
-    backend = ReferenceBackend(inline_ns=0)
+    backend = reference_backend(inline_ns=0)
     a = np.arange(N, dtype=np.uint32)
     ran: queue.SimpleQueue[str] = queue.SimpleQueue()
 

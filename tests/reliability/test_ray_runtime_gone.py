@@ -24,17 +24,17 @@ import anyio, numpy as np, ray
 from vyre_async import DeviceLost
 from vyre_async.programs import elementwise_xor
 from vyre_async.testing.test_contract import spin
-from vyre_ray import RayBackend
+from vyre_ray import local_backend
 
 report = {}
-pool = RayBackend.local(workers=1)
+pool = local_backend(workers=1)
 a = np.arange(8, dtype=np.uint32)
 assert pool.dispatch_sync(elementwise_xor(8), [a, a])[0].tolist() == [0] * 8
 running = pool.dispatch(spin(), [np.array([4_000_000_000], np.uint32)])  # runs for long
 # Shut Ray down once the dispatch runs on its worker (the reported case), which
 # the worker says, rather than after a sleep guessed long enough to get there.
 deadline = time.monotonic() + 60
-while not any(w.in_flight for w in pool.workers()):
+while not any(w.in_flight for w in pool.executor.workers()):
     assert time.monotonic() < deadline, "the dispatch never started on its worker"
     time.sleep(0.01)
 ray.shutdown()
@@ -59,7 +59,7 @@ except Exception as exc:
 report["later_s"] = time.monotonic() - started
 started = time.monotonic()
 try:
-    pool.workers()
+    pool.executor.workers()
     report["workers"] = "answered"
 except DeviceLost:
     report["workers"] = "DeviceLost"

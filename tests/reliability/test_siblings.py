@@ -22,6 +22,7 @@ import anyio
 import numpy as np
 import pytest
 
+from tests.helpers import backend_of
 from vyre_async import (
     BackendRegistration,
     ConformanceCase,
@@ -39,7 +40,7 @@ from vyre_async.graph import ArmGraph
 from vyre_async.ir import Const, DType, i32, u32
 from vyre_async.pending import PendingDispatch, wait_for_callbacks
 from vyre_async.programs import elementwise_xor
-from vyre_reference import ReferenceBackend
+from vyre_reference import ReferenceExecutor, reference_backend
 
 A = np.arange(8, dtype=np.uint32)
 
@@ -70,7 +71,7 @@ def test_waits_on_callbacks_and_prefetches_take_any_size_and_refuse_non_numbers(
         threading.Timer(0.05, gate.set).start()
         assert wait_for_callbacks(huge)
         assert ran.is_set(), huge  # it returned once the held callback had run
-    backend = ReferenceBackend()
+    backend = reference_backend()
     assert backend.prefetcher is not None and backend.prefetcher.drain(1e10)
     for bad in ("abc", "1", [1]):
         _refused(lambda bad=bad: wait_for_callbacks(bad))
@@ -162,10 +163,12 @@ def test_arm_graph_arguments_are_checked_with_a_fix() -> None:
 
 
 def test_shadow_and_conformance_arguments_are_checked() -> None:
-    primary, reference = ReferenceBackend(), acquire_backend("reference")
+    primary, reference = reference_backend(), acquire_backend("reference")
     _refused(lambda: ShadowBackend(primary, reference, seed=[1]))  # type: ignore[arg-type]
-    assert ShadowBackend(primary, reference, sample_rate=np.float32(0.5)).sample_rate == 0.5
-    assert ShadowBackend(primary, reference, sample_rate=Fraction(1, 4)).sample_rate == 0.25
+    half = ShadowBackend(primary, reference, sample_rate=np.float32(0.5))
+    assert half.executor.sample_rate == 0.5
+    quarter = ShadowBackend(primary, reference, sample_rate=Fraction(1, 4))
+    assert quarter.executor.sample_rate == 0.25
     _refused(lambda: assert_conformance(primary, reference, iter([])))  # proves nothing
     _refused(lambda: assert_conformance(primary, reference, [None]))  # type: ignore[list-item]
     _refused(lambda: assert_conformance(primary, reference, "ab"))  # type: ignore[arg-type]
@@ -228,7 +231,7 @@ def test_a_failed_otlp_export_counts_its_spans_dropped() -> None:
 def test_the_prefetcher_checks_its_settings_and_never_keeps_a_dead_worker() -> None:
     from vyre_async.prefetch import Prefetcher
 
-    store = ReferenceBackend(prefetch=False).store
+    store = reference_backend(prefetch=False).store
     for kwargs in ({"max_queue": None}, {"capacity": 0}, {"window": "x"}, {"idle_s": "x"},
                    {"idle_s": -1}, {"idle_s": float("nan")}):  # fmt: skip
         _refused(lambda kwargs=kwargs: Prefetcher(store, **kwargs))
@@ -244,13 +247,12 @@ def test_a_slow_on_divergence_never_holds_up_the_caller() -> None:
         release.wait(30)
         finished.set()
 
-    class Wrong(ReferenceBackend):
-        def enqueue(self, launch: Any) -> PendingDispatch:
+    class Wrong(ReferenceExecutor):
+        def enqueue(self, launch: Any) -> None:
             launch.completer.resolve([np.full(8, 99, np.uint32)])  # settles at once, wrongly
-            return launch.pending
 
     # The reference runs on a worker (never inline): its comparison comes later still.
-    primary, reference = Wrong(), ReferenceBackend(inline_ns=0)
+    primary, reference = backend_of(Wrong), reference_backend(inline_ns=0)
     shadow = ShadowBackend(primary, reference, sample_rate=1.0, on_divergence=slow)
     started = time.monotonic()
     out = shadow.dispatch(elementwise_xor(8), [A, A]).result(timeout=10)
@@ -261,6 +263,6 @@ def test_a_slow_on_divergence_never_holds_up_the_caller() -> None:
     release.set()
     anyio.run(shadow.flush)  # every comparison of the dispatches sampled so far
     assert finished.is_set()
-    assert shadow.stats.compared == shadow.stats.divergences == 1
+    assert shadow.executor.stats.compared == shadow.executor.stats.divergences == 1
     for backend in (primary, reference):
         anyio.run(backend.aclose)

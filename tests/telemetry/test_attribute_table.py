@@ -22,11 +22,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tests.cupy.emulator import build_emulator
 from tests.cupy.fake_cupy import FakeDevice
 from tests.driver.fakes import DelayBackend
+from tests.helpers import backend_of
 from tests.policies.kernels import binop
 from vyre_async import DispatchConfig, DispatchTimeout
 from vyre_async.graph import ArmGraph
 from vyre_async.programs import elementwise_xor
-from vyre_reference import ReferenceBackend
+from vyre_reference import reference_backend
 
 pytestmark = pytest.mark.anyio
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "tracing.md"
@@ -83,24 +84,24 @@ def fake_cupy() -> Iterator[FakeDevice]:
 
 async def _test_backend() -> None:
     """A test backend with a stream and device timing; labels, a timeout, a cancelled await."""
-    backend = DelayBackend(delay=0.001)
+    backend = backend_of(DelayBackend, delay=0.001)
     try:
         await backend.dispatch(XOR, INPUTS, DispatchConfig(label="l", profile="p"))
-        slow = DelayBackend(delay=0.5)
+        slow = backend_of(DelayBackend, delay=0.5)
         try:
             with pytest.raises(DispatchTimeout):
                 await slow.dispatch(XOR, INPUTS, DispatchConfig(timeout=0.01))
             with anyio.move_on_after(0.01):
                 await slow.dispatch(XOR, INPUTS)
         finally:
-            slow.close()
+            await slow.aclose()
     finally:
-        backend.close()
+        await backend.aclose()
 
 
 async def _reference() -> None:
     """Shape prediction, a batch, and arm graphs joined on the device and on the host."""
-    backend = ReferenceBackend(inline_ns=0)
+    backend = reference_backend(inline_ns=0)
     try:
         for _ in range(3):  # the third dispatch is scored against a prediction
             await backend.dispatch(XOR, INPUTS)

@@ -24,9 +24,9 @@ PRELUDE = textwrap.dedent(
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from vyre_async import telemetry
     from vyre_async.programs import elementwise_xor
-    from vyre_reference import ReferenceBackend
+    from vyre_reference import reference_backend
 
-    backend = ReferenceBackend()
+    backend = reference_backend()
     XOR = elementwise_xor(64)
     INPUTS = [np.zeros(64, np.uint32), np.ones(64, np.uint32)]
 

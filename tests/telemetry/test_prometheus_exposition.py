@@ -35,11 +35,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from tests.driver.fakes import BytesBackend
+from tests.helpers import backend_of
 from tests.prometheus_rules import Family, check_exposition, sample_values
 from vyre_async import InvalidProgram, Program
 from vyre_async.programs import elementwise_xor, saxpy
 from vyre_async.telemetry import SECONDS_BUCKETS, prometheus_text
-from vyre_reference import ReferenceBackend
+from vyre_reference import reference_backend
 
 #: A program name and a backend id are the user's own strings: quote, backslash, newline.
 ODD_OP = 'user "op" \\ with\na newline, \\n'
@@ -76,8 +77,8 @@ async def test_dispatch_metrics_parse_with_several_metrics_and_label_sets(
     inputs = [np.arange(64, dtype=np.uint32), np.ones(64, np.uint32)]
     floats = [np.ones(256, np.float32), np.ones(256, np.float32), np.array([2.0], np.float32)]
     before = _families(reader)
-    reference = ReferenceBackend()
-    odd_backend = OddBackend()
+    reference = reference_backend()
+    odd_backend = backend_of(OddBackend)
     try:
         for _ in range(3):
             await reference.dispatch(xor, inputs)

@@ -30,21 +30,22 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.trace import StatusCode
 
 from tests.driver.fakes import DelayBackend
+from tests.helpers import backend_of
 from vyre_async import (
     BackendClosed,
     DispatchConfig,
     DispatchTimeout,
     InvalidProgram,
     Launch,
-    PendingDispatch,
     Program,
     UnsupportedFeature,
+    VyreBackend,
     telemetry,
 )
 from vyre_async.annotations import dispatch_attributes
 from vyre_async.programs import elementwise_xor
 from vyre_async.telemetry import SECONDS_BUCKETS, prometheus_text
-from vyre_reference import ReferenceBackend
+from vyre_reference import ReferenceExecutor, reference_backend
 
 pytestmark = pytest.mark.anyio
 tracer = trace.get_tracer("tests")
@@ -53,10 +54,10 @@ INPUTS = [np.zeros(64, np.uint32), np.ones(64, np.uint32)]
 
 
 @pytest.fixture
-def backend() -> Iterator[DelayBackend]:
-    b = DelayBackend(delay=0.0005)
+def backend() -> Iterator[VyreBackend]:
+    b = backend_of(DelayBackend, delay=0.0005)
     yield b
-    b.close()
+    b.executor.stop()
 
 
 def _dispatch_spans(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
@@ -64,7 +65,7 @@ def _dispatch_spans(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
 
 
 async def test_1000_concurrent_dispatches_give_1000_correctly_parented_spans(
-    spans: InMemorySpanExporter, backend: DelayBackend
+    spans: InMemorySpanExporter, backend: VyreBackend
 ) -> None:
     parents: dict[int, int] = {}
 
@@ -90,7 +91,7 @@ async def test_1000_concurrent_dispatches_give_1000_correctly_parented_spans(
 
 
 async def test_attributes_are_present_and_typed(
-    spans: InMemorySpanExporter, backend: DelayBackend
+    spans: InMemorySpanExporter, backend: VyreBackend
 ) -> None:
     await backend.dispatch(XOR, INPUTS, DispatchConfig(label="typed", profile="soak"))
     (span,) = _dispatch_spans(spans)
@@ -122,11 +123,11 @@ async def test_by_default_a_dispatch_is_one_span_with_its_phase_durations(
     spans: InMemorySpanExporter,
 ) -> None:
     assert telemetry.trace_detail() == "span"
-    backend = DelayBackend(delay=0.002)
+    backend = backend_of(DelayBackend, delay=0.002)
     try:
         await backend.dispatch(XOR, INPUTS)  # first dispatch compiles
     finally:
-        backend.close()
+        await backend.aclose()
     (span,) = spans.get_finished_spans()  # no child spans
     assert span.name == "vyre.dispatch"
     a = span.attributes
@@ -143,11 +144,11 @@ async def test_by_default_a_dispatch_is_one_span_with_its_phase_durations(
 async def test_with_the_phases_detail_phases_are_also_child_spans(
     spans: InMemorySpanExporter, phases_detail: None
 ) -> None:
-    backend = DelayBackend(delay=0.002)
+    backend = backend_of(DelayBackend, delay=0.002)
     try:
         await backend.dispatch(XOR, INPUTS)  # first dispatch compiles
     finally:
-        backend.close()
+        await backend.aclose()
     finished = spans.get_finished_spans()
     (parent,) = [s for s in finished if s.name == "vyre.dispatch"]
     children = {
@@ -209,7 +210,7 @@ def test_an_unknown_trace_detail_in_the_environment_is_reported_and_keeps_the_de
 
 
 async def test_errors_before_launch_end_the_span_with_error(
-    spans: InMemorySpanExporter, backend: DelayBackend
+    spans: InMemorySpanExporter, backend: VyreBackend
 ) -> None:
     with pytest.raises(InvalidProgram):
         backend.dispatch(XOR, INPUTS[:1])
@@ -220,12 +221,12 @@ async def test_errors_before_launch_end_the_span_with_error(
 
 
 async def test_timeout_sets_error_status(spans: InMemorySpanExporter) -> None:
-    backend = DelayBackend(delay=0.2)
+    backend = backend_of(DelayBackend, delay=0.2)
     try:
         with pytest.raises(DispatchTimeout):
             await backend.dispatch(XOR, INPUTS, DispatchConfig(timeout=0.02))
     finally:
-        backend.close()
+        await backend.aclose()
     (span,) = _dispatch_spans(spans)
     assert span.status.status_code is StatusCode.ERROR
     assert "DispatchTimeout" in (span.status.description or "")
@@ -233,7 +234,7 @@ async def test_timeout_sets_error_status(spans: InMemorySpanExporter) -> None:
 
 
 async def test_cancelled_await_ends_the_span_clearly(spans: InMemorySpanExporter) -> None:
-    backend = DelayBackend(delay=0.1)
+    backend = backend_of(DelayBackend, delay=0.1)
     try:
         with anyio.move_on_after(0.01):
             await backend.dispatch(XOR, INPUTS)
@@ -244,11 +245,11 @@ async def test_cancelled_await_ends_the_span_clearly(spans: InMemorySpanExporter
         await anyio.sleep(0.15)  # the work finishes; no second span end, no crash
         assert len(_dispatch_spans(spans)) == 1
     finally:
-        backend.close()
+        await backend.aclose()
 
 
 async def test_metrics_and_prometheus_text(
-    spans: InMemorySpanExporter, reader: InMemoryMetricReader, backend: DelayBackend
+    spans: InMemorySpanExporter, reader: InMemoryMetricReader, backend: VyreBackend
 ) -> None:
     def delay_buckets() -> list[int]:
         """This backend's duration histogram, bucket counts (other tests add to it too)."""
@@ -303,7 +304,7 @@ async def test_metrics_and_prometheus_text(
 
 
 async def test_telemetry_can_be_switched_off(
-    spans: InMemorySpanExporter, reader: InMemoryMetricReader, backend: DelayBackend
+    spans: InMemorySpanExporter, reader: InMemoryMetricReader, backend: VyreBackend
 ) -> None:
     from vyre_async import telemetry
 
@@ -324,7 +325,7 @@ async def test_telemetry_can_be_switched_off(
 def test_dispatch_attributes_block_lands_on_the_spans_inside_it(
     spans: InMemorySpanExporter,
 ) -> None:
-    backend = ReferenceBackend()  # 64-lane xor runs inline: its span ends inside dispatch()
+    backend = reference_backend()  # 64-lane xor runs inline: its span ends inside dispatch()
     with dispatch_attributes({"vyre.policy.demo": "yes"}):
         inside = backend.dispatch(XOR, INPUTS)
     outside = backend.dispatch(XOR, INPUTS)
@@ -340,11 +341,11 @@ async def test_an_error_after_the_span_opened_ends_that_one_span(
 ) -> None:
     """enqueue refusing the launch (after attach opened the span) ends that one span."""
 
-    class Refusing(ReferenceBackend):
-        def enqueue(self, launch: Launch) -> PendingDispatch:
+    class Refusing(ReferenceExecutor):
+        def enqueue(self, launch: Launch) -> None:
             raise UnsupportedFeature("this device refuses every launch", fix="test double")
 
-    backend = Refusing()
+    backend = backend_of(Refusing)
     with pytest.raises(UnsupportedFeature, match="refuses"):
         backend.dispatch(XOR, INPUTS)
     (span,) = _dispatch_spans(spans)
@@ -359,7 +360,7 @@ async def test_an_error_after_the_span_opened_ends_that_one_span(
 async def test_a_dispatch_on_a_closed_backend_is_an_error_span(
     spans: InMemorySpanExporter,
 ) -> None:
-    backend = ReferenceBackend()
+    backend = reference_backend()
     await backend.aclose()
     with pytest.raises(BackendClosed):
         backend.dispatch(XOR, INPUTS)
@@ -406,7 +407,7 @@ async def test_a_sampled_out_dispatch_builds_nothing_yet_is_counted(
     monkeypatch.setattr(telemetry, "_ShapeFacts", counted)
     labels = {"vyre.backend.id": "reference", "vyre.program.op_id": "std.xor"}
     before = _count(reader, "vyre.dispatch.count", **labels, **{"vyre.status": "ok"})
-    backend = ReferenceBackend(inline_ns=0)  # worker threads: a wait phase, if it were kept
+    backend = reference_backend(inline_ns=0)  # worker threads: a wait phase, if it were kept
     try:
         for _ in range(20):  # the first compiles: a compile phase, if it were kept
             pending = backend.dispatch(XOR, INPUTS)
@@ -427,7 +428,7 @@ async def test_a_sampled_out_dispatch_without_metrics_is_let_go_at_attach(
 ) -> None:
     monkeypatch.setattr(telemetry, "_tracer", TracerProvider(sampler=ALWAYS_OFF).get_tracer("x"))
     monkeypatch.setattr(telemetry, "_sdk_installed", lambda: (True, False))  # tracer only
-    backend = ReferenceBackend()
+    backend = reference_backend()
     pending = backend.dispatch(XOR, INPUTS)
     await pending
     record = pending.record
@@ -440,7 +441,7 @@ async def test_a_sampled_out_dispatch_without_metrics_is_let_go_at_attach(
 async def test_the_span_is_the_callers_child_wherever_the_dispatch_completes(
     spans: InMemorySpanExporter, completion: str
 ) -> None:
-    backend = ReferenceBackend() if completion == "inline" else ReferenceBackend(inline_ns=0)
+    backend = reference_backend() if completion == "inline" else reference_backend(inline_ns=0)
     try:
         with tracer.start_as_current_span("request") as request:
             pending = backend.dispatch(XOR, INPUTS)
@@ -465,7 +466,7 @@ async def test_a_failure_in_telemetry_is_reported_and_the_dispatch_still_settles
         raise RuntimeError("telemetry bug")
 
     monkeypatch.setattr(telemetry, "_end_span", broken)
-    backend = ReferenceBackend()
+    backend = reference_backend()
     outputs = await backend.dispatch(XOR, INPUTS)
     assert outputs[0].tolist() == (INPUTS[0] ^ INPUTS[1]).tolist()
     assert [str(e) for e in reported] == ["telemetry bug"]
@@ -591,7 +592,7 @@ async def test_the_sampler_that_counts_is_the_tracers_own_not_the_providers(
     spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An SDK tracer keeps the sampler its provider had when it was made."""
-    backend = ReferenceBackend()
+    backend = reference_backend()
     await backend.dispatch(XOR, INPUTS)  # vyre's tracer is the SDK's from here on
     provider = trace.get_tracer_provider()
     assert isinstance(provider, TracerProvider)
@@ -615,7 +616,7 @@ async def test_under_an_unsampled_request_no_sdk_span_is_made_and_metrics_count(
     monkeypatch.setattr(telemetry._tracer, "start_span", counted)
     labels = {"vyre.backend.id": "reference", "vyre.program.op_id": "std.xor"}
     before = _count(reader, "vyre.dispatch.count", **labels, **{"vyre.status": "ok"})
-    backend = ReferenceBackend()
+    backend = reference_backend()
     with trace.use_span(_UNSAMPLED_PARENT):
         for _ in range(5):
             await backend.dispatch(XOR, INPUTS)
@@ -649,7 +650,7 @@ async def test_a_program_past_a_wire_limit_keeps_its_validation_error_and_is_cou
         list(program.buffers), program.workgroup_size, list(program.body), op_id="x" * 300
     )
     before = _statuses(reader, "x" * 300)
-    backend = ReferenceBackend()
+    backend = reference_backend()
     with pytest.raises(InvalidProgram) as raised:
         backend.dispatch(long_name, INPUTS)
     assert "op_id" in str(raised.value) and "cannot encode" not in str(raised.value)
@@ -665,7 +666,7 @@ async def test_a_batch_refused_at_planning_counts_every_item_rejected_and_nothin
     spans: InMemorySpanExporter, reader: InMemoryMetricReader
 ) -> None:
     program = elementwise_xor(64)
-    backend = ReferenceBackend()
+    backend = reference_backend()
     pipeline = backend.compile(program)
     await backend.dispatch(program, INPUTS)  # warm: counted once, as ok
     before = _statuses(reader, "std.xor")
@@ -703,7 +704,7 @@ async def test_a_span_end_that_fails_still_leaves_the_dispatch_counted(
     monkeypatch.setattr(telemetry, "_end_span", broken)
     before = _statuses(reader, "std.xor")
     points = _points(reader, "vyre.dispatch.duration", **{"vyre.backend.id": "reference"})
-    backend = ReferenceBackend()
+    backend = reference_backend()
     await backend.dispatch(XOR, INPUTS)
     assert _statuses(reader, "std.xor")["ok"] - before["ok"] == 1
     assert _points(reader, "vyre.dispatch.duration", **{"vyre.backend.id": "reference"}) == (
@@ -775,7 +776,7 @@ async def test_a_batch_the_backend_refuses_counts_every_item_rejected(
     spans: InMemorySpanExporter, reader: InMemoryMetricReader, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     program = elementwise_xor(64)
-    backend = ReferenceBackend()
+    backend = reference_backend()
     pipeline = backend.compile(program)
     await backend.dispatch(program, INPUTS)  # warm
     before = _statuses(reader, "std.xor")
@@ -784,7 +785,7 @@ async def test_a_batch_the_backend_refuses_counts_every_item_rejected(
     def refuse(*args: Any) -> None:
         raise BackendClosed("closed meanwhile", fix="open a new backend")
 
-    monkeypatch.setattr(backend, "enqueue_batch", refuse)
+    monkeypatch.setattr(backend.executor, "enqueue_batch", refuse)
     with pytest.raises(BackendClosed):
         pipeline.dispatch_batch([INPUTS, INPUTS])
     after = _statuses(reader, "std.xor")

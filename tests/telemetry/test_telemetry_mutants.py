@@ -51,6 +51,7 @@ from opentelemetry.trace import StatusCode
 from opentelemetry.util._once import Once
 
 from tests.driver.fakes import BytesBackend
+from tests.helpers import backend_of
 from vyre_async import (
     DispatchConfig,
     DispatchFailed,
@@ -194,7 +195,7 @@ class Scripted(BytesBackend):
         self.hold = False
         self.held: list[Launch] = []
 
-    def enqueue(self, launch: Launch) -> Any:
+    def enqueue(self, launch: Launch) -> None:
         if self.refuse is not None:
             raise self.refuse
         completer = launch.completer
@@ -206,13 +207,12 @@ class Scripted(BytesBackend):
             completer.annotate_all(self.notes)
         if self.hold:
             self.held.append(launch)
-            return launch.pending
+            return
         completer.mark_started()
         if self.error is not None:
             completer.fail(self.error)
         else:
             completer.resolve(_outputs(launch), device_s=0.25)
-        return launch.pending
 
 
 def _outputs(launch: Launch) -> list[np.ndarray]:
@@ -239,7 +239,7 @@ def test_the_api_loaded_afresh_gives_vyres_scope_and_instruments(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sdk = _install(monkeypatch)
-    backend = Scripted()
+    backend = backend_of(Scripted)
     backend.dispatch(XOR, INPUTS).result()
     backend.dispatch(XOR, INPUTS).result()
     (first, second) = sdk.spans()
@@ -280,8 +280,8 @@ def test_the_api_loaded_afresh_gives_vyres_scope_and_instruments(
 
 def test_a_failed_span_uses_the_apis_error_status(monkeypatch: pytest.MonkeyPatch) -> None:
     sdk = _install(monkeypatch)
-    backend = Scripted()
-    backend.error = DispatchFailed("the device said no", fix="retry")
+    backend = backend_of(Scripted)
+    backend.executor.error = DispatchFailed("the device said no", fix="retry")
     error = backend.dispatch(XOR, INPUTS).exception()
     assert isinstance(error, DispatchFailed)
     (span,) = sdk.spans()
@@ -301,12 +301,12 @@ def test_failures_count_by_outcome_and_cache_and_prediction_never_bytes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sdk = _install(monkeypatch)
-    backend = Scripted()
-    backend.error = DispatchFailed("no", fix="retry")
-    backend.prefetch = (True, 0.0)  # a hit, with a rate that reads as false
+    backend = backend_of(Scripted)
+    backend.executor.error = DispatchFailed("no", fix="retry")
+    backend.executor.prefetch = (True, 0.0)  # a hit, with a rate that reads as false
     backend.dispatch(XOR, INPUTS)  # a cache miss
     backend.dispatch(XOR, INPUTS)  # a cache hit
-    backend.prefetch = (False, 0.5)  # a miss, with a rate that reads as true
+    backend.executor.prefetch = (False, 0.5)  # a miss, with a rate that reads as true
     backend.dispatch(XOR, INPUTS)
     assert sdk.counts() == {
         ("vyre.dispatch.count", "std.xor", "error"): 3,
@@ -321,10 +321,10 @@ def test_failures_count_by_outcome_and_cache_and_prediction_never_bytes(
 
 def test_successes_count_their_prediction(monkeypatch: pytest.MonkeyPatch) -> None:
     sdk = _install(monkeypatch)
-    backend = Scripted()
-    backend.prefetch = (True, 0.75)
+    backend = backend_of(Scripted)
+    backend.executor.prefetch = (True, 0.75)
     backend.dispatch(XOR, INPUTS)
-    backend.prefetch = (False, 0.5)
+    backend.executor.prefetch = (False, 0.5)
     backend.dispatch(XOR, INPUTS)
     backend.dispatch(XOR, INPUTS)
     assert sdk.counts() == {
@@ -343,8 +343,8 @@ def test_successes_count_their_prediction(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_a_timeout_counts_as_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     sdk = _install(monkeypatch)
-    backend = Scripted()
-    backend.hold = True
+    backend = backend_of(Scripted)
+    backend.executor.hold = True
     pending = backend.dispatch(XOR, INPUTS, DispatchConfig(timeout=0.02))
     with pytest.raises(DispatchTimeout):
         pending.result()
@@ -362,8 +362,8 @@ async def test_a_cancelled_await_counts_cancelled_then_its_work_and_bytes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sdk = _install(monkeypatch)
-    backend = Scripted()
-    backend.hold = True
+    backend = backend_of(Scripted)
+    backend.executor.hold = True
     pending = backend.dispatch(XOR, INPUTS)
     with anyio.move_on_after(0.01):
         await pending
@@ -371,7 +371,7 @@ async def test_a_cancelled_await_counts_cancelled_then_its_work_and_bytes(
     assert span.status.status_code is StatusCode.ERROR
     assert span.status.description == "await cancelled; the dispatch keeps running on the backend"
     assert _attrs(span)["vyre.await.cancelled"] is True
-    (launch,) = backend.held
+    (launch,) = backend.executor.held
     launch.completer.resolve(_outputs(launch), device_s=0.25)
     assert len(sdk.spans()) == 1
     assert sdk.counts() == {
@@ -407,8 +407,8 @@ async def test_a_processor_failing_a_cancelled_span_is_reported_and_it_still_cou
 ) -> None:
     failing = FailingEnd("end")
     sdk = _install(monkeypatch, processors=[failing])
-    backend = Scripted()
-    backend.hold = True
+    backend = backend_of(Scripted)
+    backend.executor.hold = True
     pending = backend.dispatch(XOR, INPUTS)
     with anyio.move_on_after(0.01):
         await pending
@@ -421,7 +421,7 @@ def test_a_processor_failing_at_start_is_reported_and_the_dispatch_goes_on_untra
 ) -> None:
     failing = FailingEnd("start")
     sdk = _install(monkeypatch, processors=[failing])
-    Scripted().dispatch(XOR, INPUTS).result()
+    backend_of(Scripted).dispatch(XOR, INPUTS).result()
     (report,) = reported
     assert report.exc_type is RuntimeError and report.exc_value is failing.error
     assert report.exc_traceback is not None and report.thread is threading.current_thread()
@@ -434,9 +434,10 @@ def test_a_processor_failing_at_start_is_reported_and_the_dispatch_goes_on_untra
 
 def test_phases_queue_and_later_annotations_end_the_span(monkeypatch: pytest.MonkeyPatch) -> None:
     sdk = _install(monkeypatch)
-    backend = Scripted()
+    backend = backend_of(Scripted)
     backend.dispatch(XOR, INPUTS).result()  # warm: the next one has no compile phase
-    backend.phases = [
+    scripted = backend.executor
+    scripted.phases = [
         ("vyre.wait", 1000, 1000),  # zero long
         ("vyre.launch", 5000, 4000),  # ends before it starts: zero
         ("vyre.upload", 0, 1_000_000_000),  # one second, exactly
@@ -444,7 +445,7 @@ def test_phases_queue_and_later_annotations_end_the_span(monkeypatch: pytest.Mon
         ("vyre.readback", 0, 250_000_000),
         ("vyre.other", 0, 7),  # not a phase: ignored
     ]
-    backend.notes = {"vyre.policy.demo": "changed", "vyre.stream": 3, "vyre.policy.kept": "same"}
+    scripted.notes = {"vyre.policy.demo": "changed", "vyre.stream": 3, "vyre.policy.kept": "same"}
     with dispatch_attributes({"vyre.policy.demo": "at launch", "vyre.policy.kept": "same"}):
         backend.dispatch(XOR, INPUTS).result()
     span = sdk.spans()[1]
@@ -465,12 +466,12 @@ def test_finish_dispatch_with_the_dispatch_alone_reads_its_timing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sdk = _install(monkeypatch)
-    backend = Scripted()
-    backend.hold = True
+    backend = backend_of(Scripted)
+    backend.executor.hold = True
     pending = backend.dispatch(XOR, INPUTS)
     record = pending.record
     record.on_settled = lambda p, *times: telemetry.finish_dispatch(p)
-    (launch,) = backend.held
+    (launch,) = backend.executor.held
     launch.completer.mark_started()
     launch.completer.resolve(_outputs(launch), device_s=0.25)
     (span,) = sdk.spans()
@@ -488,8 +489,8 @@ def test_a_backend_refusing_the_launch_is_a_rejection(
     monkeypatch: pytest.MonkeyPatch, reported: list[Any]
 ) -> None:
     sdk = _install(monkeypatch)
-    backend = Scripted()
-    backend.refuse = RuntimeError("queue full")
+    backend = backend_of(Scripted)
+    backend.executor.refuse = RuntimeError("queue full")
     with pytest.raises(RuntimeError):
         backend.dispatch(UNNAMED, INPUTS)
     (span,) = sdk.spans()
@@ -508,7 +509,7 @@ def test_a_dispatch_refused_before_launch_opens_its_span_with_the_programs_attri
 ) -> None:
     sdk = _install(monkeypatch)
     with pytest.raises(InvalidProgram):
-        Scripted().dispatch(XOR, INPUTS[:1])
+        backend_of(Scripted).dispatch(XOR, INPUTS[:1])
     (span,) = sdk.spans()
     assert {k: _attrs(span)[k] for k in ("vyre.backend.id", "vyre.program.op_id")} == LABELS
     assert _attrs(span)["vyre.program.fingerprint"] == XOR.fingerprint().hex()
@@ -521,7 +522,7 @@ def test_a_rejected_object_that_is_no_program_counts_as_unnamed(
 ) -> None:
     sdk = _install(monkeypatch)
     with pytest.raises(InvalidProgram):
-        Scripted().dispatch("not a program", INPUTS)  # type: ignore[arg-type]
+        backend_of(Scripted).dispatch("not a program", INPUTS)  # type: ignore[arg-type]
     assert sdk.counts() == {("vyre.dispatch.count", "unnamed", "rejected"): 1}
     (span,) = sdk.spans()
     assert _attrs(span)["vyre.backend.id"] == "scripted"
@@ -552,11 +553,11 @@ def test_a_sampled_out_dispatch_is_counted_and_its_rejection_opens_no_second_spa
     monkeypatch: pytest.MonkeyPatch, reported: list[Any]
 ) -> None:
     sdk = _install(monkeypatch, sampler=DropsLaunchedSpans())
-    backend = Scripted()
+    backend = backend_of(Scripted)
     backend.dispatch(XOR, INPUTS).result()
     assert sdk.spans() == []
     assert sdk.value("vyre.dispatch.count", **LABELS, **{"vyre.status": "ok"}) == 1
-    backend.refuse = RuntimeError("queue full")
+    backend.executor.refuse = RuntimeError("queue full")
     with pytest.raises(RuntimeError):
         backend.dispatch(XOR, INPUTS)
     assert sdk.spans() == []
@@ -688,7 +689,7 @@ def test_without_the_apis_proxy_meter_provider_the_api_still_loads(
     sdk = _install(monkeypatch)
     monkeypatch.delattr(metrics_internal, "_PROXY_METER_PROVIDER")
     assert telemetry.is_recording() is True
-    Scripted().dispatch(XOR, INPUTS).result()
+    backend_of(Scripted).dispatch(XOR, INPUTS).result()
     assert sdk.value("vyre.dispatch.count", **LABELS, **{"vyre.status": "ok"}) == 1
 
 
@@ -696,7 +697,7 @@ def test_dispatches_before_a_meter_provider_is_installed_are_not_counted_after(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sdk = _install(monkeypatch, metrics=False)
-    backend = Scripted()
+    backend = backend_of(Scripted)
     backend.dispatch(XOR, INPUTS).result()  # traced, not metered
     monkeypatch.setattr(metrics_internal, "_METER_PROVIDER", sdk.meter_provider)
     metrics_internal._PROXY_METER_PROVIDER.on_set_meter_provider(sdk.meter_provider)
@@ -713,7 +714,7 @@ def test_dispatches_before_a_meter_provider_is_installed_are_not_counted_after(
 def test_the_dispatch_span_is_the_callers_child(monkeypatch: pytest.MonkeyPatch) -> None:
     sdk = _install(monkeypatch)
     with sdk.tracer_provider.get_tracer("app").start_as_current_span("request") as request:
-        Scripted().dispatch(XOR, INPUTS).result()
+        backend_of(Scripted).dispatch(XOR, INPUTS).result()
     (span,) = sdk.spans()
     assert span.parent is not None
     assert span.parent.span_id == request.get_span_context().span_id
@@ -742,7 +743,7 @@ class DropsOnRequest(Sampler):
 
 def test_the_sampler_sees_the_dispatch_attributes_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
     sdk = _install(monkeypatch, sampler=DropsOnRequest())
-    backend = Scripted()
+    backend = backend_of(Scripted)
     with dispatch_attributes({"vyre.policy.sample": "no"}):
         backend.dispatch(XOR, INPUTS).result()
     assert sdk.spans() == []
@@ -877,7 +878,7 @@ def test_a_proxy_tracer_s_sdk_sampler_is_known_once_it_found_its_tracer(
     assert telemetry.is_recording() is False  # vyre's tracer is the API's proxy
     dropping = TracerProvider(sampler=ALWAYS_OFF, shutdown_on_exit=False)
     monkeypatch.setattr(trace_api, "_TRACER_PROVIDER", dropping)
-    Scripted().dispatch(XOR, INPUTS).result()  # the proxy finds the SDK tracer
+    backend_of(Scripted).dispatch(XOR, INPUTS).result()  # the proxy finds the SDK tracer
     assert telemetry.start_dispatch() is None
 
 

@@ -12,10 +12,10 @@ the backend, code generator or compiler either.
 # Private aliases only: the namespace holds nothing public but `__all__`'s names.
 import typing as _typing
 
-from vyre_async.lazy import lazy_exports as _lazy_exports
+from vyre_async.abc import lazy_exports as _lazy_exports
 
 if _typing.TYPE_CHECKING:
-    from vyre_cupy.backend import CupyBackend, create_backend
+    from vyre_cupy.backend import CupyExecutor, create_backend
     from vyre_cupy.codegen import CODEGEN_VERSION, KernelParam, KernelSource, generate, sanitize
     from vyre_cupy.compile import NVRTC_OPTIONS, CompiledKernel
     from vyre_cupy.completion import CompletionBridge
@@ -28,7 +28,7 @@ __all__ = [
     "CompiledKernel",
     "CompletionBridge",
     "CudaKernel",
-    "CupyBackend",
+    "CupyExecutor",
     "DeviceInfo",
     "KernelParam",
     "KernelSource",
@@ -45,7 +45,7 @@ _SOURCES = {
     "CompiledKernel": "compile",
     "CompletionBridge": "completion",
     "CudaKernel": "kernel",
-    "CupyBackend": "backend",
+    "CupyExecutor": "backend",
     "DeviceInfo": "device",
     "KernelParam": "codegen",
     "KernelSource": "codegen",

@@ -1,4 +1,4 @@
-"""`CupyBackend`: the CUDA driver on CuPy (id ``"cupy"``) — the backend hooks, wired together.
+"""`CupyExecutor`: the CUDA driver on CuPy (id ``"cupy"``) — the executor hooks, wired together.
 
 A dispatch becomes, on one leased non-blocking stream and without any host
 synchronisation: one host-to-device copy of the pinned staging buffer (buffer
@@ -12,14 +12,15 @@ The package, bottom to top (each module imports only those below it):
 
 - `vyre_cupy.errors`, `layout`, `streams`, `completion`, `prelude` → `codegen`
   → `compile`, `device`: leaves (no CuPy at import time);
-- `vyre_cupy.kernel`: `CudaKernel` and its per-shape records (`LaunchTemplate`,
+- `vyre_cupy.kernel`: `CudaKernel` and its per-shape records (`KernelLayout`,
   `CapturedGraph`), plain data;
 - `vyre_cupy.context`: `DeviceContext` — CuPy handles, device, stream pool,
   events, memory, completion bridge, and the one error-mapping context manager;
 - `vyre_cupy.launch`: one launch — templates, staging, flights, readback,
   resident-buffer ordering;
 - `vyre_cupy.batch`: persistent kernel and graph replay, on top of `launch`;
-- this module: the `VyreBackend` hooks; nothing imports it but the package's
+- this module: the `vyre_async.abc.Executor` hooks, and `create_backend`
+  (``VyreBackend(CupyExecutor(...))``); nothing imports it but the package's
   lazy exports and the registry (``vyre_cupy.backend:create_backend``).
 
 CuPy is imported only when a backend is created (`create_backend`), never when
@@ -38,20 +39,31 @@ from typing import Any
 import anyio
 import numpy as np
 
-from vyre_async import __version__
-from vyre_async._exports import public_dir as _public_dir
-from vyre_async.arguments import whole_number
-from vyre_async.backend import VyreBackend, poll_until
-from vyre_async.cache.disk import DiskPipelineCache
-from vyre_async.calibration import (
+from vyre_async.abc import (
+    DRIVER_VERSION,
+    BackendCapabilities,
+    BindingPlan,
     Calibration,
+    DiskPipelineCache,
+    DispatchConfig,
+    ExecutionDecision,
+    Executor,
+    Launch,
+    ResidentBuffer,
+    VyreBackend,
+    alloc_request,
+    annotate_mode,
+    check_buffer,
+    elementwise_xor,
     measure_arm_overlap,
     measure_batch_costs,
     measure_host_costs,
     measure_resident_gain,
+    poll_until,
+    upload_request,
+    whole_number,
 )
-from vyre_async.capabilities import BackendCapabilities
-from vyre_async.config import DispatchConfig
+from vyre_async.abc import public_dir as _public_dir
 from vyre_async.errors import (
     BackendClosed,
     BackendError,
@@ -59,13 +71,8 @@ from vyre_async.errors import (
     InvalidProgram,
     UnsupportedFeature,
 )
-from vyre_async.execution import ExecutionDecision, annotate_mode
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import DType
-from vyre_async.pending import PendingDispatch
-from vyre_async.pipeline import Launch
-from vyre_async.programs import elementwise_xor
-from vyre_async.resident import ResidentBuffer, alloc_request, check_buffer, upload_request
 from vyre_cupy.batch import batch_obstacle, enqueue_persistent, enqueue_replay
 from vyre_cupy.codegen import CODEGEN_VERSION, KernelSource, generate
 from vyre_cupy.compile import (
@@ -79,7 +86,7 @@ from vyre_cupy.compile import (
 )
 from vyre_cupy.context import DeviceContext
 from vyre_cupy.device import DeviceInfo, capabilities_of, nvrtc_module, probe
-from vyre_cupy.kernel import CudaKernel
+from vyre_cupy.kernel import CudaKernel, KernelLayout
 from vyre_cupy.launch import (
     DeviceBuffer,
     ResidentCopy,
@@ -91,7 +98,7 @@ from vyre_cupy.launch import (
 from vyre_cupy.prelude import PRELUDE_DIGEST
 from vyre_cupy.streams import DEFAULT_STREAMS
 
-__all__ = ["CudaKernel", "CupyBackend", "create_backend"]
+__all__ = ["CudaKernel", "CupyExecutor", "create_backend"]
 __dir__ = _public_dir(__name__)
 
 _log = logging.getLogger("vyre_async.cupy")
@@ -103,8 +110,8 @@ def create_backend(
     streams: int = DEFAULT_STREAMS,
     disk_cache: DiskPipelineCache | str | None = "default",
     **kwargs: Any,
-) -> CupyBackend:
-    """Build the ``cupy`` backend (the registry's factory).
+) -> VyreBackend:
+    """Build the ``cupy`` backend: ``VyreBackend(CupyExecutor(...), ...)`` (the registry's factory).
 
     Args:
         device: CUDA device ordinal.
@@ -124,16 +131,15 @@ def create_backend(
             f"disk_cache must be 'default', a DiskPipelineCache or None, got {cache!r}",
             fix="pass disk_cache=DiskPipelineCache(path) for another directory",
         )
-    return CupyBackend(device=device, streams=streams, disk_cache=cache, **kwargs)
+    return VyreBackend(CupyExecutor(device=device, streams=streams), disk_cache=cache, **kwargs)
 
 
-class CupyBackend(VyreBackend):
+class CupyExecutor(Executor):
     """Dispatch programs as CUDA kernels compiled with NVRTC, through CuPy.
 
     Args:
         device: CUDA device ordinal.
         streams: Size of the non-blocking stream pool dispatches share.
-        **kwargs: Passed to `VyreBackend` (``pipeline_cache_capacity``, ``disk_cache``).
 
     Attributes:
         info: What the probe learned about the device.
@@ -145,23 +151,25 @@ class CupyBackend(VyreBackend):
     """
 
     id = "cupy"
-    version = __version__
+    version = DRIVER_VERSION
     #: Host inputs go straight from the caller's arrays into pinned staging, in
     #: ``enqueue`` (and ``enqueue_batch``): one copy each.
     copies_inputs = True
 
-    def __init__(self, *, device: int = 0, streams: int = DEFAULT_STREAMS, **kwargs: Any) -> None:
+    def __init__(self, *, device: int = 0, streams: int = DEFAULT_STREAMS) -> None:
         device = whole_number("device", device, example="device=0")
         streams = whole_number("streams", streams, minimum=1, example=f"streams={DEFAULT_STREAMS}")
         cupy, info = probe(device)  # first: a machine without CUDA fails before any set-up
-        super().__init__(**kwargs)
         self.info: DeviceInfo = info
         self.device_context = DeviceContext(cupy, info, streams=streams)
         self._nvrtc = nvrtc_module(cupy)
         self._target = choose_target(info.compute_capability, info.nvrtc_archs)
-        self._caps = capabilities_of(info)
+        # (the driver refuses a grid over the device's limit before plan_shape sees it)
+        self._caps = dataclasses.replace(
+            capabilities_of(info), max_grid_size=self.device_context.grid_limit
+        )
         self._resident: dict[int, ResidentBuffer] = {}
-        self._closed = False
+        self._closed = False  # set by close(): every later operation raises BackendClosed
 
     # Description ----------------------------------------------------------------
     def capabilities(self) -> BackendCapabilities:
@@ -208,14 +216,15 @@ class CupyBackend(VyreBackend):
         If the batch modes fail to run, the record keeps the other figures and
         leaves theirs None (a warning is logged).
         """
-        probe = CupyBackend(device=self.info.ordinal, streams=2, prefetch=False)
-        bridge = probe.device_context.bridge
+        executor = CupyExecutor(device=self.info.ordinal, streams=2)
+        probe = VyreBackend(executor, prefetch=False)
+        bridge = executor.device_context.bridge
         xor = elementwise_xor(1024)
         try:
             record = measure_host_costs(
                 self,
                 probe,
-                compile_once=lambda _: probe.build_pipeline(xor, DispatchConfig()),  # NVRTC
+                compile_once=lambda _: executor.build_pipeline(xor, DispatchConfig()),  # NVRTC
                 copy_bytes=16 << 20,
                 settle=lambda: bridge.wait_idle(timeout=60),
             )
@@ -239,7 +248,7 @@ class CupyBackend(VyreBackend):
             }
             return dataclasses.replace(record, **measured)
         finally:
-            probe._close_now()
+            executor._close_now()
 
     def _close_now(self) -> None:
         """Finish submitted work and release streams and threads, from plain code.
@@ -249,8 +258,6 @@ class CupyBackend(VyreBackend):
         streams it runs on: they are released only once nothing is in flight.
         """
         self._closed = True
-        if self.prefetcher is not None:
-            self.prefetcher.close()
         bridge = self.device_context.bridge
         bridge.wait_idle(timeout=60)
         bridge.close(timeout=10)
@@ -309,39 +316,43 @@ class CupyBackend(VyreBackend):
             return load_function(compiled, batch_entry=source.batch_entry)
 
     # Dispatch ---------------------------------------------------------------------
-    def enqueue(self, launch: Launch) -> PendingDispatch:
+    def plan_shape(self, native: Any, plan: BindingPlan, config: DispatchConfig) -> KernelLayout:
+        """Check the workgroup against the device and lay out the kernel's arguments, once.
+
+        Raises:
+            InvalidProgram: the pipeline was not compiled by a cupy executor.
+            UnsupportedFeature: the workgroup exceeds the device's limits.
+        """
+        if not isinstance(native, CudaKernel):
+            raise InvalidProgram(
+                "the pipeline was not compiled by the cupy backend",
+                fix="compile pipelines with the backend that dispatches them",
+            )
+        self._check_workgroup(plan.geometry.workgroup)
+        return template_for(native, plan)
+
+    def enqueue(self, launch: Launch) -> None:
         """Enqueue upload → launch → readback on a pooled stream; return at once.
 
         Raises:
             BackendClosed: the backend was closed.
             DeviceLost: an earlier sticky CUDA error made the device unusable.
-            UnsupportedFeature: the grid or workgroup exceeds the device's limits.
         """
         ctx = self.device_context
-        if self.closed or ctx.lost is not None:
+        if self._closed or ctx.lost is not None:
             self._check_open()
         completer = launch.completer
         if completer.should_stop():
             completer.fail(timeout_error(launch))
-            return launch.pending
+            return
         native = launch.pipeline.native
-        shape = launch.template
-        known = None if shape is None else shape.backend_state
-        if known is None or known[0] is not native:  # checked once per launch shape
-            if not isinstance(native, CudaKernel):
-                raise InvalidProgram(
-                    f"pipeline {launch.pipeline!r} was not compiled by the cupy backend",
-                    fix="compile pipelines with the backend that dispatches them",
-                )
-            self._check_geometry(launch)
-            known = (native, template_for(native, launch.plan))
-            if shape is not None:
-                shape.backend_state = known
+        layout = launch.shape
+        if layout is None:  # (a launch built by hand, not by the driver)
+            layout = self.plan_shape(native, launch.plan, launch.config)
         try:
-            enqueue_launch(ctx, self, launch, native, known[1])
+            enqueue_launch(ctx, self, launch, native, layout)
         except Exception as exc:
             completer.fail(ctx.failure(exc, "enqueueing the dispatch"))
-        return launch.pending
 
     def enqueue_batch(self, launches: Sequence[Launch], decision: ExecutionDecision) -> None:
         """Run one `dispatch_batch` call as the policy chose: persistent, graph replay or plain.
@@ -356,7 +367,6 @@ class CupyBackend(VyreBackend):
         Raises:
             BackendClosed: the backend was closed.
             DeviceLost: an earlier sticky CUDA error made the device unusable.
-            UnsupportedFeature: the grid or workgroup exceeds the device's limits.
         """
         mode = decision.mode.kind
         native = launches[0].pipeline.native if launches else None
@@ -369,7 +379,6 @@ class CupyBackend(VyreBackend):
             for launch in launches:
                 self.enqueue(launch)
             return
-        self._check_geometry(launches[0])
         annotate_mode(launches, decision, mode)
         live = []
         for launch in launches:
@@ -390,15 +399,7 @@ class CupyBackend(VyreBackend):
             for launch in live:
                 launch.completer.fail(error)
 
-    def _check_geometry(self, launch: Launch) -> None:
-        grid, workgroup = launch.plan.geometry.grid, launch.plan.geometry.workgroup
-        gx, gy, gz = limit = self.device_context.grid_limit
-        if grid[0] > gx or grid[1] > gy or grid[2] > gz:
-            raise UnsupportedFeature(
-                f"grid {grid} exceeds the device's limit {limit}",
-                fix="use larger workgroups or split the dispatch into several smaller ones",
-                feature="grid size",
-            )
+    def _check_workgroup(self, workgroup: tuple[int, int, int]) -> None:
         wx, wy, wz = most = self._caps.max_workgroup_size
         if workgroup[0] > wx or workgroup[1] > wy or workgroup[2] > wz:
             raise UnsupportedFeature(
@@ -408,7 +409,10 @@ class CupyBackend(VyreBackend):
             )
 
     def _check_open(self) -> None:
-        self.check_open()
+        if self._closed:
+            raise BackendClosed(
+                f"backend {self.id!r} was closed; it runs nothing more", backend_id=self.id
+            )
         self.device_context.check_usable()
 
     # Resident buffers -------------------------------------------------------------
@@ -532,21 +536,19 @@ class CupyBackend(VyreBackend):
         bridge = self.device_context.bridge
         await poll_until(lambda: not bridge.in_flight)
 
-    async def shutdown(self) -> None:
+    async def close(self, timeout: float) -> None:  # noqa: ASYNC109 - the contract's bound
         """Refuse new work, let submitted work finish (bounded), then release the device side.
 
-        A running GPU kernel cannot be stopped: `shutdown` waits for submitted
-        work at most ``close_timeout`` seconds (without blocking the event loop).
+        A running GPU kernel cannot be stopped: closing waits for submitted
+        work at most ``timeout`` seconds (without blocking the event loop).
         Work still running after that has its dispatches failed with
         `BackendClosed`; its device memory stays referenced by the completion
         thread (a daemon, which never keeps the process alive) until it ends.
         """
         self._closed = True
-        if self.prefetcher is not None:
-            self.prefetcher.close()
         bridge = self.device_context.bridge
-        deadline = anyio.current_time() + self.close_timeout
-        with anyio.move_on_after(self.close_timeout):
+        deadline = anyio.current_time() + timeout
+        with anyio.move_on_after(timeout):
             await poll_until(lambda: not bridge.in_flight)
         # A dispatch racing the close (past its open check on another thread) may still
         # submit: the join is bounded by what is left of close_timeout, then abandoned.
@@ -555,7 +557,7 @@ class CupyBackend(VyreBackend):
             stuck = bridge.abandon(
                 BackendClosed(
                     f"the cupy backend was closed while a dispatch still ran on the GPU after "
-                    f"{self.close_timeout} s; its result was discarded",
+                    f"{timeout} s; its result was discarded",
                     fix="await the dispatches you need (or backend.flush()) before closing, "
                     "or raise close_timeout",
                 )
@@ -564,6 +566,6 @@ class CupyBackend(VyreBackend):
                 "cupy backend closed with %d unfinished GPU operation(s) after %.1f s; "
                 "their dispatches failed with BackendClosed",
                 stuck,
-                self.close_timeout,
+                timeout,
             )
         self.device_context.close_streams()

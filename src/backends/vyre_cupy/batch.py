@@ -32,12 +32,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import ArmSummary, Launch, ResidentBuffer, can_overlap_copy_with_kernel
+from vyre_async.abc import public_dir as _public_dir
 from vyre_async.errors import BackendError
-from vyre_async.pipeline import Launch
-from vyre_async.policies.arms import ArmSummary
-from vyre_async.policies.overlap import can_overlap_copy_with_kernel
-from vyre_async.resident import ResidentBuffer
 from vyre_cupy.context import DeviceContext
 from vyre_cupy.kernel import CapturedGraph, CudaKernel
 from vyre_cupy.launch import (

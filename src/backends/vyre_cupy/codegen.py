@@ -46,7 +46,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir.expr import (
     Atomic,

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 from vyre_async.errors import KernelCompileFailed, UnsupportedFeature
 from vyre_cupy.codegen import KernelSource
 

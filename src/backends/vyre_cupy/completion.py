@@ -44,7 +44,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Protocol
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 
 __all__ = ["IDLE_LINGER_S", "IDLE_SLICE_S", "CompletionBridge", "Watch"]
 __dir__ = _public_dir(__name__)

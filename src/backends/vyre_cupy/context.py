@@ -29,7 +29,7 @@ from collections import deque
 from types import ModuleType, TracebackType
 from typing import Any, Literal
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 from vyre_async.errors import BackendError, DeviceLost
 from vyre_cupy.completion import CompletionBridge
 from vyre_cupy.device import DeviceInfo

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from vyre_async._exports import public_dir as _public_dir
-from vyre_async.capabilities import BackendCapabilities
+from vyre_async.abc import BackendCapabilities
+from vyre_async.abc import public_dir as _public_dir
 from vyre_async.ir.limits import MAX_WORKGROUP_BYTES, MAX_WORKGROUP_LANES
 from vyre_cupy.errors import startup_failure
 

@@ -16,7 +16,7 @@ error is raised ``from`` the original and carries the CUDA status, if any, as
 
 from __future__ import annotations
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 from vyre_async.errors import (
     BackendError,
     DeviceLost,

@@ -4,10 +4,10 @@ Plain data, below every module that launches anything:
 
 - `CudaKernel`: the generated source, the NVRTC output and the loaded
   functions, plus two per-shape caches filled by the modules above:
-  ``templates`` (`LaunchTemplate` by buffer counts, built by
+  ``templates`` (`KernelLayout` by buffer counts, built by
   `vyre_cupy.launch.template_for`) and ``graphs`` (`CapturedGraph` by launch
   shape, built by `vyre_cupy.batch`);
-- `LaunchTemplate`: everything about a launch of the kernel that depends only
+- `KernelLayout`: everything about a launch of the kernel that depends only
   on its buffer counts — the arena layout, the ``vy_lens`` bytes, which input
   goes where, the kernel-argument offsets, where each output is read back, the
   static span attributes of its copy — so a warm dispatch rebuilds none of it;
@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 from vyre_cupy.codegen import KernelSource
 from vyre_cupy.compile import CompiledKernel
 from vyre_cupy.layout import ArenaLayout
 
-__all__ = ["CapturedGraph", "CudaKernel", "LaunchTemplate", "OutputSlot"]
+__all__ = ["CapturedGraph", "CudaKernel", "KernelLayout", "OutputSlot"]
 __dir__ = _public_dir(__name__)
 
 
@@ -46,7 +46,7 @@ class OutputSlot:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LaunchTemplate:
+class KernelLayout:
     """What every launch of one kernel with one set of buffer counts shares.
 
     Built once per (kernel, counts) by `vyre_cupy.launch.template_for` and kept
@@ -134,4 +134,4 @@ class CudaKernel:
     function: Any
     batch: Any = None
     graphs: OrderedDict[Any, CapturedGraph] = field(default_factory=OrderedDict, compare=False)
-    templates: dict[tuple[int, ...], LaunchTemplate] = field(default_factory=dict, compare=False)
+    templates: dict[tuple[int, ...], KernelLayout] = field(default_factory=dict, compare=False)

@@ -12,7 +12,7 @@ pinned memory and settles the dispatch when the last event fired.
 Everything that depends only on the kernel and the plan's buffer counts — the
 arena layout, the ``vy_lens`` bytes, which input goes to which parameter, the
 kernel-argument offsets, where each output is read back, the span attributes
-of the copy — is a `LaunchTemplate` built once (`template_for`) and kept on the
+of the copy — is a `KernelLayout` built once (`template_for`) and kept on the
 kernel; a warm dispatch only allocates, copies its inputs into pinned staging
 and enqueues. Launches with resident inputs (`DeviceBuffer`) plan their own
 layout and order themselves after the buffers' earlier work (stream waits on
@@ -36,17 +36,20 @@ from typing import Any
 
 import numpy as np
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import (
+    ArmSummary,
+    BindingPlan,
+    CopyVerdict,
+    Launch,
+    ResidentBuffer,
+    can_overlap_copy_with_kernel,
+)
+from vyre_async.abc import public_dir as _public_dir
 from vyre_async.errors import DispatchTimeout
 from vyre_async.ir.types import Access
-from vyre_async.pipeline import Launch
-from vyre_async.plan import BindingPlan
-from vyre_async.policies.arms import ArmSummary
-from vyre_async.policies.overlap import CopyVerdict, can_overlap_copy_with_kernel
-from vyre_async.resident import ResidentBuffer
 from vyre_cupy.codegen import KernelParam
 from vyre_cupy.context import DeviceContext
-from vyre_cupy.kernel import CudaKernel, LaunchTemplate, OutputSlot
+from vyre_cupy.kernel import CudaKernel, KernelLayout, OutputSlot
 from vyre_cupy.layout import ALIGN, ArenaLayout, Slot, Source, plan_layout
 
 __all__ = [
@@ -155,8 +158,8 @@ def _pinned_sizes(layout: ArenaLayout) -> tuple[int, int]:
     return readback_at, readback_at + max(layout.readback_bytes, 4)
 
 
-def template_for(kernel: CudaKernel, plan: BindingPlan) -> LaunchTemplate:
-    """Return the `LaunchTemplate` of ``plan``'s buffer counts on ``kernel`` (built once).
+def template_for(kernel: CudaKernel, plan: BindingPlan) -> KernelLayout:
+    """Return the `KernelLayout` of ``plan``'s buffer counts on ``kernel`` (built once).
 
     Every plan dispatched on one kernel names the kernel's parameters (the
     pipeline's program has the same buffers; only their counts differ), so the
@@ -179,7 +182,7 @@ def template_for(kernel: CudaKernel, plan: BindingPlan) -> LaunchTemplate:
             uploads.append((at, slot.offset, slot.nbytes))
             dtypes.append(param.decl.dtype.numpy)
     readback_at, pinned_bytes = _pinned_sizes(layout)
-    template = LaunchTemplate(
+    template = KernelLayout(
         counts=counts,
         lens=np.array(counts, dtype=np.uint32).tobytes(),
         inputs=inputs,
@@ -220,7 +223,7 @@ def _in_asyncio_loop() -> bool:
 
 
 # Staging and readback ---------------------------------------------------------------------
-def fill_staging(host: np.ndarray, template: LaunchTemplate, inputs: Sequence[Any]) -> None:
+def fill_staging(host: np.ndarray, template: KernelLayout, inputs: Sequence[Any]) -> None:
     """Write ``vy_lens`` and every host input of one launch into its staging bytes ``host``."""
     lens = template.lens
     host[: len(lens)] = np.frombuffer(lens, np.uint8)
@@ -282,7 +285,7 @@ class Flight:
             keeps for its next launch once this one finished (with its events).
         results: A plain launch's typed readback views (`Staging.results`), copied
             out when it finishes; None to read ``outputs`` out of ``readback``.
-        ends: For hybrid polling (`poll`), the launch shape's `LaunchTemplate.ends`;
+        ends: For hybrid polling (`poll`), the launch shape's `KernelLayout.ends`;
             None when nobody polls the flight, or it is not a plain launch.
         launched: ``time.perf_counter()`` when it was enqueued (with ``ends``).
         waited: Seconds after ``launched`` of the newest poll that found it running.
@@ -319,7 +322,7 @@ class Flight:
         readback_at: int = 0,
         stride: int = 0,
         keep_done: bool = False,
-        staging: tuple[LaunchTemplate, Staging] | None = None,
+        staging: tuple[KernelLayout, Staging] | None = None,
         results: tuple[np.ndarray, ...] | None = None,
         ends: list[float] | None = None,
     ) -> None:
@@ -349,7 +352,7 @@ class Flight:
         True when this call finished it; the completion bridge decides, under its
         lock, who finishes a flight (exactly once). Usually one ``cudaEventQuery``
         and no lock. Hybrid polling, for a flight with ``ends`` (its launch
-        shape's `LaunchTemplate.ends`): when the previous polled launch of the
+        shape's `KernelLayout.ends`): when the previous polled launch of the
         shape ended about now (within `SPIN_MARGIN_S` of the same point after its
         enqueue) and nothing else is in flight, a "not yet" is followed by queries
         in a tight loop for up to `SPIN_MAX_S`, so the end is seen within a query
@@ -509,7 +512,7 @@ class Staging:
 
     __slots__ = ("arena", "args", "base", "events", "pinned", "results", "spare", "views")
 
-    def __init__(self, ctx: DeviceContext, template: LaunchTemplate, stream: Any) -> None:
+    def __init__(self, ctx: DeviceContext, template: KernelLayout, stream: Any) -> None:
         layout = template.layout
         self.arena = ctx.alloc(layout.total_bytes, stream)  # the pool ties it to this stream
         self.pinned = pinned = ctx.pinned(template.pinned_bytes)  # staging, then readback
@@ -533,7 +536,7 @@ class Staging:
         self.events = ctx.events(4)
         self.spare = layout.total_bytes <= SPARE_ARENA_BYTES
 
-    def fill(self, template: LaunchTemplate, inputs: Sequence[Any]) -> None:
+    def fill(self, template: KernelLayout, inputs: Sequence[Any]) -> None:
         """Copy the launch's host inputs (any shape or strides) into the staging views."""
         for (at, _, _), view in zip(template.uploads, self.views, strict=True):
             item = inputs[at]
@@ -543,7 +546,7 @@ class Staging:
                 copy_in(view, item)
 
 
-def _stream_attributes(template: LaunchTemplate, index: int) -> Mapping[str, str | int]:
+def _stream_attributes(template: KernelLayout, index: int) -> Mapping[str, str | int]:
     """The copy attributes of ``template`` plus ``vyre.stream`` = ``index`` (built once each)."""
     known = template.stream_attributes
     while len(known) <= index:
@@ -551,7 +554,7 @@ def _stream_attributes(template: LaunchTemplate, index: int) -> Mapping[str, str
     return known[index]
 
 
-def staging_for(ctx: DeviceContext, template: LaunchTemplate, stream: Any) -> Staging:
+def staging_for(ctx: DeviceContext, template: KernelLayout, stream: Any) -> Staging:
     """A kept staging of this launch shape, or a new one."""
     try:
         kept: Staging = template.spare.pop()  # finished: its launch's device work is over
@@ -566,7 +569,7 @@ def enqueue_launch(
     owner: object,
     launch: Launch,
     kernel: CudaKernel,
-    template: LaunchTemplate | None = None,
+    template: KernelLayout | None = None,
 ) -> None:
     """Enqueue ``launch``'s upload, kernel launch(es) and readback on a leased stream.
 
@@ -682,7 +685,7 @@ def _fill_with_residents(
 
 
 def _enqueue_with_residents(
-    ctx: DeviceContext, owner: object, launch: Launch, kernel: CudaKernel, template: LaunchTemplate
+    ctx: DeviceContext, owner: object, launch: Launch, kernel: CudaKernel, template: KernelLayout
 ) -> None:
     """`enqueue_launch` for a launch with resident inputs: own layout, device-side ordering."""
     params = kernel.source.params

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 from vyre_async.ir.types import Access
 
 __all__ = ["ALIGN", "ArenaLayout", "Slot", "Source", "plan_layout"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import blake3
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 
 __all__ = ["PRELUDE", "PRELUDE_DIGEST", "PRELUDE_VERSION"]
 __dir__ = _public_dir(__name__)

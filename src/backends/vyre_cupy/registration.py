@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from vyre_async._exports import public_dir as _public_dir
-from vyre_async.registry import BackendRegistration
+from vyre_async.abc import BackendRegistration
+from vyre_async.abc import public_dir as _public_dir
 
 __all__ = ["REGISTRATION"]
 __dir__ = _public_dir(__name__)

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 
 __all__ = ["DEFAULT_STREAMS", "StreamPool"]
 __dir__ = _public_dir(__name__)

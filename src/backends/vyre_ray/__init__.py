@@ -1,6 +1,6 @@
 """vyre-async's distributed backend (id ``"ray"``): a pool of Ray actors, one local backend each.
 
-Importing this package imports no Ray; `RayBackend` and `create_backend` are
+Importing this package imports no Ray; `RayExecutor`, `create_backend` and `local_backend` are
 loaded on first use. See ``docs/distributed.md``.
 """
 
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 
 if TYPE_CHECKING:
-    from vyre_ray.backend import RayBackend, WorkerInfo, create_backend
+    from vyre_ray.backend import RayExecutor, WorkerInfo, create_backend, local_backend
 
-__all__ = ["RayBackend", "WorkerInfo", "create_backend"]
+__all__ = ["RayExecutor", "WorkerInfo", "create_backend", "local_backend"]
 __dir__ = _public_dir(__name__)
 
 

@@ -1,4 +1,4 @@
-"""`RayBackend`: dispatches served by a pool of Ray actors, each with its own local backend.
+"""`RayExecutor`: dispatches served by a pool of Ray actors, each with its own local backend.
 
 The caller's side does what every backend's does — validation, input checks,
 planning, the `PendingDispatch` — so errors knowable before launch raise in
@@ -41,12 +41,22 @@ import anyio.to_thread
 import numpy as np
 from opentelemetry import propagate, trace
 
-from vyre_async import __version__
-from vyre_async._exports import public_dir as _public_dir
-from vyre_async.arguments import whole_number
-from vyre_async.backend import VyreBackend, poll_until
-from vyre_async.capabilities import FEATURES, BackendCapabilities
-from vyre_async.config import DispatchConfig
+from vyre_async.abc import (
+    DRIVER_VERSION,
+    FEATURES,
+    BackendCapabilities,
+    BindingPlan,
+    DispatchConfig,
+    Executor,
+    Launch,
+    PendingDispatch,
+    VyreBackend,
+    defer_to_callbacks,
+    poll_until,
+    settle_hook,
+    whole_number,
+)
+from vyre_async.abc import public_dir as _public_dir
 from vyre_async.errors import (
     BackendClosed,
     BackendError,
@@ -54,13 +64,18 @@ from vyre_async.errors import (
     InvalidProgram,
     UnsupportedFeature,
 )
-from vyre_async.frontend import Launch
 from vyre_async.ir.program import Program
-from vyre_async.pending import PendingDispatch, defer_to_callbacks, settle_hook
 from vyre_ray.errors import UnknownProgram, cause_of, not_installed, translate
 from vyre_ray.worker import PROGRAMS_KEPT
 
-__all__ = ["TASK_RETRIES", "RayBackend", "WorkerInfo", "cluster_target", "create_backend"]
+__all__ = [
+    "TASK_RETRIES",
+    "RayExecutor",
+    "WorkerInfo",
+    "cluster_target",
+    "create_backend",
+    "local_backend",
+]
 __dir__ = _public_dir(__name__)
 
 _log = logging.getLogger("vyre_async.ray")
@@ -78,23 +93,47 @@ START_TIMEOUT_S = 120.0
 WATCH_S = 0.25
 
 
-def create_backend(**kwargs: Any) -> RayBackend:
-    """Build the ``ray`` backend (the registry's factory).
+#: `RayExecutor`'s own arguments (`create_backend` hands the rest to `VyreBackend`).
+_EXECUTOR_ARGS = frozenset(
+    ("address", "workers", "inner", "num_gpus_per_worker", "trace", "worker_env")
+)
+
+
+def create_backend(**kwargs: Any) -> VyreBackend:
+    """Build the ``ray`` backend: ``VyreBackend(RayExecutor(...), ...)`` (the registry's factory).
 
     Connects to the cluster named by ``RAY_ADDRESS``; with
     ``VYRE_RAY_LOCAL_WORKERS=N`` set instead, starts a local cluster of N workers
     (for development and tests). ``RAY_ADDRESS`` wins when both are set.
 
+    Args:
+        **kwargs: `RayExecutor`'s arguments (``address``, ``workers``, ``inner``,
+            ``num_gpus_per_worker``, ``trace``, ``worker_env``); the others go to
+            `VyreBackend` (``close_timeout``, ``prefetch``, ...).
+
     Raises:
         UnsupportedFeature: Ray is not installed, or neither variable is set.
         InvalidProgram: ``VYRE_RAY_LOCAL_WORKERS`` is not a whole number >= 1.
     """
-    return RayBackend(**kwargs)
+    own = {k: v for k, v in kwargs.items() if k in _EXECUTOR_ARGS}
+    rest = {k: v for k, v in kwargs.items() if k not in _EXECUTOR_ARGS}
+    return VyreBackend(RayExecutor(**own), **rest)
+
+
+def local_backend(workers: int = 2, inner: str | None = "reference", **kwargs: Any) -> VyreBackend:
+    """Start (or join) a local Ray cluster and a pool of ``workers`` workers on it.
+
+    Args:
+        workers: Pool size.
+        inner: The local backend every worker holds.
+        **kwargs: As for `create_backend`.
+    """
+    return create_backend(workers=workers, inner=inner, **kwargs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerInfo:
-    """One worker of the pool, as `RayBackend.workers` reports it.
+    """One worker of the pool, as `RayExecutor.workers` reports it.
 
     Attributes:
         index: Its place in the pool.
@@ -218,7 +257,8 @@ def cluster_target(
         raise UnsupportedFeature(
             "the 'ray' backend needs a Ray cluster: none is named and none was asked to start",
             fix="set RAY_ADDRESS to a running cluster (ray start --head prints it), or set "
-            "VYRE_RAY_LOCAL_WORKERS=2 to start a local one, or use RayBackend.local(workers=2)",
+            "VYRE_RAY_LOCAL_WORKERS=2 to start a local one, or use "
+            "vyre_ray.local_backend(workers=2)",
             backend_id="ray",
             cause="no-cluster",
         )
@@ -286,6 +326,11 @@ def _intersect(capabilities: Sequence[BackendCapabilities]) -> BackendCapabiliti
             values[f.name] = all(seen)
         elif f.name == "max_workgroup_size":
             values[f.name] = tuple(min(axis) for axis in zip(*seen, strict=True))
+        elif f.name == "max_grid_size":  # (None: that worker reports no limit)
+            limits = [limit for limit in seen if limit is not None]
+            values[f.name] = (
+                tuple(min(axis) for axis in zip(*limits, strict=True)) if limits else None
+            )
         elif f.name == "subgroup_size":
             values[f.name] = seen[0] if len(set(seen)) == 1 else None
         elif f.name == "device_name":
@@ -298,8 +343,11 @@ def _intersect(capabilities: Sequence[BackendCapabilities]) -> BackendCapabiliti
     return BackendCapabilities(**values)
 
 
-class RayBackend(VyreBackend):
+class RayExecutor(Executor):
     """Dispatch on a pool of Ray actors, each holding a local backend with warm caches.
+
+    Build the backend with `create_backend` (or `local_backend`), which wraps
+    this executor in a `VyreBackend`.
 
     Args:
         address: The cluster to connect to (``"ray://host:10001"``, ``"auto"``);
@@ -319,7 +367,6 @@ class RayBackend(VyreBackend):
             worker's environment), or None.
         worker_env: Environment variables for the workers' processes (Ray's
             ``runtime_env``), e.g. ``{"OTEL_EXPORTER_OTLP_ENDPOINT": ...}``.
-        **kwargs: Passed to `VyreBackend` (``close_timeout``, ``prefetch``, ...).
 
     Raises:
         UnsupportedFeature: Ray is not installed, no cluster is named, or it
@@ -330,7 +377,7 @@ class RayBackend(VyreBackend):
     """
 
     id = "ray"
-    version = __version__
+    version = DRIVER_VERSION
     #: Inputs are serialised into Ray's call (or copied first, for large ones) before
     #: ``dispatch()`` returns: the front end hands the caller's arrays over uncopied.
     copies_inputs = True
@@ -344,13 +391,12 @@ class RayBackend(VyreBackend):
         num_gpus_per_worker: float | None = None,
         trace: str | None = None,
         worker_env: Mapping[str, str] | None = None,
-        **kwargs: Any,
     ) -> None:
         ray = _import_ray()  # first: a machine without Ray fails before any set-up
         if workers is not None:
             workers = whole_number("workers", workers, minimum=1, example="workers=2")
         _check_worker_options(num_gpus_per_worker, worker_env)
-        super().__init__(**kwargs)
+        self._closed = False  # set by close(): every later operation raises BackendClosed
         self._ray = ray
         size, per_gpu = _connect(ray, address, workers)
         if per_gpu and num_gpus_per_worker is None:
@@ -398,7 +444,7 @@ class RayBackend(VyreBackend):
         self._running: dict[Any, Launch] = {}  # ref -> its launch (the call in flight)
         self._open: dict[int, Launch] = {}  # every launch enqueued and not settled yet
         self._submitter: concurrent.futures.ThreadPoolExecutor | None = None
-        #: Set by `shutdown` once its wait for in-flight work is over: from then on
+        #: Set by `close` once its wait for in-flight work is over: from then on
         #: what is still unsettled fails with `BackendClosed` and nothing is resent.
         self._giving_up = False
         #: Set when the Ray runtime this pool was made on went away (``ray.shutdown()``
@@ -406,11 +452,6 @@ class RayBackend(VyreBackend):
         #: and no Ray call is made again (one would start a fresh, unrelated cluster).
         self._lost = False
         self._watchdog: threading.Thread | None = None
-
-    @classmethod
-    def local(cls, workers: int = 2, inner: str | None = "reference", **kwargs: Any) -> RayBackend:
-        """Start (or join) a local Ray cluster and a pool of ``workers`` workers on it."""
-        return cls(workers=workers, inner=inner, **kwargs)
 
     # Description ----------------------------------------------------------------
     def capabilities(self) -> BackendCapabilities:
@@ -425,7 +466,7 @@ class RayBackend(VyreBackend):
 
     def compiler_fingerprint(self) -> str:
         """Workers compile for themselves; the pool's pipelines are the programs' wire bytes."""
-        return f"vyre_ray {__version__}: wire bytes, compiled on each worker"
+        return f"vyre_ray {DRIVER_VERSION}: wire bytes, compiled on each worker"
 
     def workers(self) -> list[WorkerInfo]:
         """Describe every worker now (asks each; blocks up to 30 s).
@@ -435,7 +476,7 @@ class RayBackend(VyreBackend):
             DeviceLost: a worker did not answer within 30 s, or died; or the
                 pool's Ray runtime was shut down.
         """
-        self.check_open()
+        self._check_open()
         self._check_runtime()
         try:
             described = self._ray.get(
@@ -461,22 +502,29 @@ class RayBackend(VyreBackend):
         """The program as the workers receive it (each compiles it on first use)."""
         return _Shipped(program.fingerprint(), program.to_wire())
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendClosed(
+                f"backend {self.id!r} was closed; it runs nothing more", backend_id=self.id
+            )
+
     # Dispatch ---------------------------------------------------------------------
-    def enqueue(self, launch: Launch) -> PendingDispatch:
+    def plan_shape(self, native: Any, plan: BindingPlan, config: DispatchConfig) -> _Shipped:
+        """The dispatched program (with its buffer counts) as the workers receive it, once."""
+        program = plan.program
+        return _Shipped(program.fingerprint(), program.to_wire())
+
+    def enqueue(self, launch: Launch) -> None:
         """Send the launch to a worker; settle it from Ray's future callback.
 
         Raises:
             BackendClosed: the backend was closed.
         """
-        self.check_open()
+        self._check_open()
         self._check_runtime()
-        shape = launch.template
-        shipped = None if shape is None else shape.backend_state
-        if not isinstance(shipped, _Shipped):  # per launch shape: the program with its counts
-            program = launch.plan.program
-            shipped = _Shipped(program.fingerprint(), program.to_wire())
-            if shape is not None:
-                shape.backend_state = shipped
+        shipped = launch.shape
+        if not isinstance(shipped, _Shipped):  # (a launch built by hand, not by the driver)
+            shipped = self.plan_shape(launch.pipeline.native, launch.plan, launch.config)
         inputs = [np.array(item, copy=True) for item in launch.inputs]  # (see `_Call`)
         call = _Call(launch, shipped, inputs, self._carrier(launch))
         with self._lock:
@@ -496,7 +544,7 @@ class RayBackend(VyreBackend):
             self._off_thread(call)
         else:
             self._submit(call)
-        return launch.pending
+        return
 
     def _runtime_down(self) -> bool:
         """Whether the pool's Ray runtime went away (for good: a later ``ray.init()`` is another).
@@ -685,8 +733,8 @@ class RayBackend(VyreBackend):
             waiting = set(self._open)
         await poll_until(lambda: waiting.isdisjoint(self._open))
 
-    async def shutdown(self) -> None:
-        """Let in-flight work finish (at most ``close_timeout``), then stop the workers.
+    async def close(self, timeout: float) -> None:  # noqa: ASYNC109 - the contract's bound
+        """Let in-flight work finish (at most ``timeout`` seconds), then stop the workers.
 
         Dispatches still unsettled then (queued for submission, or running) fail
         with `BackendClosed`; the workers export the spans they hold (bounded)
@@ -694,7 +742,7 @@ class RayBackend(VyreBackend):
         (other pools may share it).
         """
         self._closed = True
-        with anyio.move_on_after(self.close_timeout):
+        with anyio.move_on_after(timeout):
             await poll_until(lambda: not self._open)
         with self._lock:
             self._giving_up = True
@@ -732,7 +780,7 @@ class RayBackend(VyreBackend):
                 _log.debug("killing a Ray worker failed", exc_info=True)
 
 
-def _watch_runtime(backend_ref: weakref.ref[RayBackend]) -> None:
+def _watch_runtime(backend_ref: weakref.ref[RayExecutor]) -> None:
     """While the backend is open, check every `WATCH_S` that its Ray runtime is still up.
 
     Ray's futures never settle once the runtime is shut down under them: the
@@ -741,7 +789,7 @@ def _watch_runtime(backend_ref: weakref.ref[RayBackend]) -> None:
     while True:
         time.sleep(WATCH_S)
         backend = backend_ref()
-        if backend is None or backend.closed:
+        if backend is None or backend._closed:  # noqa: SLF001 - the module's own class
             return
         if backend._runtime_down():  # noqa: SLF001 - the module's own class
             backend._runtime_lost()  # noqa: SLF001

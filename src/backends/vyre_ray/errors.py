@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 from vyre_async.errors import (
     BackendError,
     DeviceLost,

@@ -19,10 +19,9 @@ from typing import Any
 import numpy as np
 from opentelemetry import context, propagate
 
-from vyre_async._exports import public_dir as _public_dir
-from vyre_async.config import DispatchConfig
+from vyre_async.abc import DispatchConfig, acquire_backend, acquire_preferred_backend
+from vyre_async.abc import public_dir as _public_dir
 from vyre_async.ir.program import Program
-from vyre_async.registry import acquire_backend, acquire_preferred_backend
 from vyre_ray.errors import UnknownProgram
 
 __all__ = ["PROGRAMS_KEPT", "Worker"]
@@ -33,7 +32,7 @@ PROGRAMS_KEPT = 256
 
 
 class Worker:
-    """One worker of a `vyre_ray.RayBackend` pool (run as an async Ray actor).
+    """One worker of a `vyre_ray.RayExecutor` pool (run as an async Ray actor).
 
     Args:
         inner: The id of the local backend to hold, or None for
@@ -49,7 +48,7 @@ class Worker:
         self.index = index
         self.provider: Any = None
         if trace:
-            from vyre_async.tracing import configure_tracing
+            from vyre_async.abc import configure_tracing
 
             self.provider = configure_tracing(trace, service_name=f"vyre-ray-worker-{index}")
         self.backend = (
@@ -60,7 +59,7 @@ class Worker:
         self.finished = 0
 
     def describe(self) -> dict[str, Any]:
-        """What the caller's `RayBackend.workers` reports about this worker."""
+        """What the caller's `RayExecutor.workers` reports about this worker."""
         import ray
 
         return {

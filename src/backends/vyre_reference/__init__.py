@@ -2,7 +2,8 @@
 
 `execute(program, inputs)` runs every lane of the grid at once with numpy
 arrays and masks and returns the outputs; see ``docs/reference-engine.md``.
-`ReferenceBackend` (id ``"reference"``) serves it through the driver contract.
+`ReferenceExecutor` (id ``"reference"``) serves it through the driver contract;
+`reference_backend()` builds ``VyreBackend(ReferenceExecutor(...))``.
 
 The names below load on first access (PEP 562), so importing this package —
 as listing backends does, to reach `vyre_reference.registration` — imports
@@ -12,10 +13,10 @@ none of the engine.
 # Private aliases only: the namespace holds nothing public but `__all__`'s names.
 import typing as _typing
 
-from vyre_async.lazy import lazy_exports as _lazy_exports
+from vyre_async.abc import lazy_exports as _lazy_exports
 
 if _typing.TYPE_CHECKING:
-    from vyre_reference.backend import ReferenceBackend
+    from vyre_reference.backend import ReferenceExecutor, reference_backend
     from vyre_reference.cancel import Cancelled
     from vyre_reference.compile import CompiledProgram, cache_clear, cache_info, compile_program
     from vyre_reference.engine import execute, run_plan
@@ -23,11 +24,12 @@ if _typing.TYPE_CHECKING:
 __all__ = [
     "Cancelled",
     "CompiledProgram",
-    "ReferenceBackend",
+    "ReferenceExecutor",
     "cache_clear",
     "cache_info",
     "compile_program",
     "execute",
+    "reference_backend",
     "run_plan",
 ]
 
@@ -35,7 +37,8 @@ __all__ = [
 _SOURCES = {
     "Cancelled": "cancel",
     "CompiledProgram": "compile",
-    "ReferenceBackend": "backend",
+    "ReferenceExecutor": "backend",
+    "reference_backend": "backend",
     "cache_clear": "compile",
     "cache_info": "compile",
     "compile_program": "compile",

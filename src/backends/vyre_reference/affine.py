@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 
 __all__ = ["Affine", "AXES_ZERO"]
 __dir__ = _public_dir(__name__)

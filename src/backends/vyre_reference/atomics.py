@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 from vyre_async.ir.ops import AtomicOp
 from vyre_reference.affine import Affine
 from vyre_reference.lanes import GridLanes, LaneSet

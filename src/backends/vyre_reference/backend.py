@@ -1,4 +1,7 @@
-"""`ReferenceBackend`: the numpy engine behind the driver contract (id ``"reference"``).
+"""`ReferenceExecutor`: the numpy engine behind the driver contract (id ``"reference"``).
+
+`reference_backend()` builds ``VyreBackend(ReferenceExecutor(...))``, as the
+registry does.
 
 Tiny dispatches (estimated below the cost of a thread hand-off) run inline in
 ``dispatch()``; everything else runs on a bounded pool of daemon worker threads
@@ -7,8 +10,8 @@ stay responsive). The estimate cannot be fooled into running unbounded work
 inline: every loop iteration, statement and expression node costs something,
 and a loop whose trip count is not a literal always goes to the pool.
 
-Closing (`aclose`, the end of ``async with``) stops running dispatches at the
-engine's next safe point and fails them with `BackendClosed`; interpreter exit
+Closing (``backend.aclose()``, the end of ``async with``) stops running
+dispatches at the engine's next safe point and fails them with `BackendClosed`; interpreter exit
 does the same, so a runaway kernel never keeps the process alive. Resident
 buffers are host arrays owned by the backend instance that made them.
 """
@@ -22,18 +25,26 @@ import math
 import threading
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
 
-from vyre_async import __version__
-from vyre_async._exports import public_dir as _public_dir
-from vyre_async.arguments import whole_number
-from vyre_async.backend import VyreBackend, poll_until
-from vyre_async.calibration import Calibration, measure_host_costs
-from vyre_async.capabilities import BackendCapabilities
-from vyre_async.config import DispatchConfig
+from vyre_async.abc import (
+    DRIVER_VERSION,
+    BackendCapabilities,
+    BindingPlan,
+    DispatchConfig,
+    Executor,
+    Launch,
+    ResidentBuffer,
+    alloc_request,
+    check_buffer,
+    poll_until,
+    upload_request,
+    whole_number,
+)
+from vyre_async.abc import public_dir as _public_dir
 from vyre_async.errors import (
     BackendClosed,
     BackendError,
@@ -48,15 +59,15 @@ from vyre_async.ir.program import Program
 from vyre_async.ir.stmt import Block, If, Loop, Stmt
 from vyre_async.ir.types import Access, DType
 from vyre_async.ir.walk import child_exprs, stmt_exprs
-from vyre_async.pending import PendingDispatch
-from vyre_async.pipeline import Launch
-from vyre_async.resident import ResidentBuffer, alloc_request, check_buffer, upload_request
 from vyre_reference.cancel import Cancelled
 from vyre_reference.compile import compile_program
 from vyre_reference.engine import run_plan
 from vyre_reference.workers import WorkerPool
 
-__all__ = ["ReferenceBackend"]
+if TYPE_CHECKING:
+    from vyre_async.abc import Calibration, VyreBackend
+
+__all__ = ["ReferenceExecutor", "reference_backend"]
 __dir__ = _public_dir(__name__)
 
 _log = logging.getLogger("vyre_async.reference")
@@ -79,40 +90,57 @@ _ATOMIC_LANE_NS = 200
 _BYTE_NS = 0.25
 #: Most lanes in one launch: the engine holds arrays of one value per lane.
 MAX_LANES = 1 << 30
+#: Largest buffer the engine takes (u32 indices address it).
+_MAX_BUFFER_BYTES = (1 << 32) - 4
 #: Seconds interpreter exit waits for running dispatches to stop.
 _EXIT_TIMEOUT_S = 2.0
 
 
-class ReferenceBackend(VyreBackend):
-    """The exact oracle backend, on numpy (CPU).
+def reference_backend(
+    *, max_workers: int = 2, inline_ns: int = HANDOFF_NS, **kwargs: Any
+) -> VyreBackend:
+    """Build the ``reference`` backend: ``VyreBackend(ReferenceExecutor(...), **kwargs)``.
+
+    The registry's factory.
 
     Args:
         max_workers: Worker threads for dispatches too large to run inline (>= 1).
         inline_ns: Dispatches estimated below this many nanoseconds run inside
             ``dispatch()`` itself (0 disables inline execution).
-        **kwargs: Passed to `VyreBackend` (pipeline cache capacity, ``close_timeout``:
-            how long `shutdown` waits for running dispatches to reach a safe
-            point; worker threads are daemons and never keep the process alive).
+        **kwargs: Passed to `VyreBackend` (``pipeline_cache_capacity``,
+            ``disk_cache``, ``prefetch``, ``close_timeout``: how long closing
+            waits for running dispatches to reach a safe point; worker threads
+            are daemons and never keep the process alive).
+
+    Raises:
+        InvalidProgram: an argument is out of range.
+    """
+    from vyre_async.abc import VyreBackend
+
+    return VyreBackend(ReferenceExecutor(max_workers=max_workers, inline_ns=inline_ns), **kwargs)
+
+
+class ReferenceExecutor(Executor):
+    """The exact oracle backend's executor, on numpy (CPU).
+
+    Args:
+        max_workers: Worker threads for dispatches too large to run inline (>= 1).
+        inline_ns: Dispatches estimated below this many nanoseconds run inside
+            ``dispatch()`` itself (0 disables inline execution).
 
     Raises:
         InvalidProgram: an argument is out of range.
     """
 
     id = "reference"
-    version = __version__
+    version = DRIVER_VERSION
 
-    def __init__(
-        self,
-        *,
-        max_workers: int = 2,
-        inline_ns: int = HANDOFF_NS,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, max_workers: int = 2, inline_ns: int = HANDOFF_NS) -> None:
         self.max_workers = whole_number(
             "max_workers", max_workers, minimum=1, example="max_workers=2"
         )
         self.inline_ns = whole_number("inline_ns", inline_ns, example=f"inline_ns={HANDOFF_NS}")
-        super().__init__(**kwargs)
+        self._closed = False  # set by close() (and interpreter exit): workers stop
         self._pool: WorkerPool | None = None
         self._pool_lock = threading.Lock()
         self._running: set[_Job] = set()  # queued or running on the pool
@@ -126,7 +154,7 @@ class ReferenceBackend(VyreBackend):
         return BackendCapabilities(
             max_workgroup_size=(MAX_WORKGROUP_LANES, MAX_WORKGROUP_LANES, 64),
             max_workgroup_lanes=MAX_WORKGROUP_LANES,
-            max_storage_buffer_bytes=(1 << 32) - 4,
+            max_storage_buffer_bytes=_MAX_BUFFER_BYTES,
             max_workgroup_memory_bytes=MAX_WORKGROUP_BYTES,
             device_name="numpy reference (CPU)",
             ordered_resident_buffers=True,  # workers wait for each buffer's earlier users
@@ -144,9 +172,9 @@ class ReferenceBackend(VyreBackend):
         `vyre_async.calibration.calibration_for(backend, measure=True)` to
         measure once and cache the record on disk.
         """
-        from vyre_async.programs import elementwise_xor
+        from vyre_async.abc import elementwise_xor, measure_host_costs
 
-        probe = ReferenceBackend(max_workers=1, inline_ns=HANDOFF_NS, prefetch=False)
+        probe = reference_backend(max_workers=1, inline_ns=HANDOFF_NS, prefetch=False)
         xor = elementwise_xor(1024)
 
         def compile_fresh(i: int) -> None:  # a new program (the engine memoises plans), new
@@ -162,14 +190,29 @@ class ReferenceBackend(VyreBackend):
         return compile_program(program)
 
     # Dispatch ---------------------------------------------------------------------
-    def _estimate_ns(self, launch: Launch, lanes: int) -> float:
+    def plan_shape(self, native: Any, plan: BindingPlan, config: DispatchConfig) -> _Shape:
+        """Decide once per launch shape whether it runs inline (tiny) or on the pool.
+
+        Raises:
+            InvalidProgram: the launch has more than `MAX_LANES` lanes.
+        """
+        lanes = plan.geometry.lanes
+        if lanes > MAX_LANES:
+            raise InvalidProgram(
+                f"the launch has {lanes} lanes (grid {plan.geometry.grid} x workgroup "
+                f"{plan.geometry.workgroup}); the reference engine holds one value "
+                f"per lane in host memory and takes at most {MAX_LANES}",
+                fix="use a smaller grid_override, or split the work into several dispatches",
+            )
+        return _Shape(tiny=self._estimate_ns(plan, config, lanes) < self.inline_ns)
+
+    def _estimate_ns(self, plan: BindingPlan, config: DispatchConfig, lanes: int) -> float:
         """Upper-bound estimate of the launch's engine time (inf when not bounded statically).
 
         Statements, expression nodes and loop iterations (`_static_cost`), per
         lane, plus the bytes the engine copies or zero-fills: inputs, outputs,
         resident write-backs and every workgroup's WORKGROUP buffers.
         """
-        plan = launch.plan
         program = plan.program
         cost = program.memo.get("reference.cost")
         if cost is None:
@@ -185,9 +228,9 @@ class ReferenceBackend(VyreBackend):
         per_launch = fixed_ns + lanes * per_lane_ns
         if shared_ns:
             per_launch += plan.geometry.workgroups * shared_ns
-        return copied_ns + launch.config.iterations * per_launch
+        return copied_ns + config.iterations * per_launch
 
-    def enqueue(self, launch: Launch) -> PendingDispatch:
+    def enqueue(self, launch: Launch) -> None:
         """Run the launch inline when tiny and unblocked, else on the worker pool.
 
         Dispatches that share a resident buffer take effect in submission order:
@@ -195,26 +238,14 @@ class ReferenceBackend(VyreBackend):
         it waits for earlier writers (in the worker, never in the event loop).
 
         Raises:
-            BackendClosed: the backend was closed.
-            InvalidProgram: the launch has more than `MAX_LANES` lanes.
+            BackendClosed: the executor was closed.
             DispatchFailed: no worker thread could be started.
         """
         if self._closed:
-            self.check_open()
-        template = launch.template
-        shape = None if template is None else template.backend_state
-        if shape is None:  # what the launch shape alone decides, once per shape
-            lanes = launch.plan.geometry.lanes
-            if lanes > MAX_LANES:
-                raise InvalidProgram(
-                    f"the launch has {lanes} lanes (grid {launch.plan.geometry.grid} x workgroup "
-                    f"{launch.plan.geometry.workgroup}); the reference engine holds one value "
-                    f"per lane in host memory and takes at most {MAX_LANES}",
-                    fix="use a smaller grid_override, or split the work into several dispatches",
-                )
-            shape = _Shape(tiny=self._estimate_ns(launch, lanes) < self.inline_ns)
-            if template is not None:
-                template.backend_state = shape
+            self._check_open()
+        shape = launch.shape
+        if shape is None:  # (a launch built by hand, not by the driver)
+            shape = self.plan_shape(launch.pipeline.native, launch.plan, launch.config)
         tiny = shape.tiny
         inputs = launch.inputs
         if not launch.resident:
@@ -222,7 +253,7 @@ class ReferenceBackend(VyreBackend):
                 self._run_inline(launch)
             else:
                 self._submit(_Job(self, launch, list(inputs), (), None))  # type: ignore[arg-type]
-            return launch.pending
+            return
         natives = [
             item.native(self) if isinstance(item, ResidentBuffer) else item for item in inputs
         ]
@@ -237,7 +268,6 @@ class ReferenceBackend(VyreBackend):
                 self._submit(job)
         if job is None:
             self._run(launch, None, natives, (), done)
-        return launch.pending
 
     def _run_inline(self, launch: Launch) -> None:
         """Run a tiny launch without resident buffers here and now, and settle it.
@@ -461,10 +491,8 @@ class ReferenceBackend(VyreBackend):
             DeviceOutOfMemory: the host could not hold the copy.
             BackendClosed: the backend was closed.
         """
-        self.check_open()
-        dtype, array = upload_request(
-            data, label=label, max_bytes=self.front.capabilities().max_storage_buffer_bytes
-        )
+        self._check_open()
+        dtype, array = upload_request(data, label=label, max_bytes=_MAX_BUFFER_BYTES)
         return self._keep(dtype, array, label)
 
     def alloc(self, dtype: DType | str, count: int, *, label: str | None = None) -> ResidentBuffer:
@@ -476,13 +504,8 @@ class ReferenceBackend(VyreBackend):
             DeviceOutOfMemory: the host could not allocate it.
             BackendClosed: the backend was closed.
         """
-        self.check_open()
-        kind, elements = alloc_request(
-            dtype,
-            count,
-            max_bytes=self.front.capabilities().max_storage_buffer_bytes,
-            label=label,
-        )
+        self._check_open()
+        kind, elements = alloc_request(dtype, count, max_bytes=_MAX_BUFFER_BYTES, label=label)
         try:
             array = np.zeros(elements, kind.numpy)
         except MemoryError as exc:
@@ -499,14 +522,14 @@ class ReferenceBackend(VyreBackend):
             InvalidProgram: the buffer belongs to another backend instance or was freed.
             BackendClosed: the backend was closed (also while waiting).
         """
-        self.check_open()
+        self._check_open()
         native = check_buffer(buffer, "download").native(self)
         with self._order_lock:
             order = self._orders.get(buffer.id)
             last_write = None if order is None else order.last_write
         if last_write is not None:
             while not last_write.wait(_ORDER_POLL_S):
-                self.check_open()
+                self._check_open()
         return np.array(native, copy=True)
 
     def free(self, buffer: ResidentBuffer) -> None:
@@ -545,23 +568,27 @@ class ReferenceBackend(VyreBackend):
         """Wait (without blocking the loop) until every queued dispatch has run."""
         await poll_until(lambda: not self._running)
 
-    async def shutdown(self) -> None:
+    async def close(self, timeout: float) -> None:  # noqa: ASYNC109 - the contract's bound
         """Stop: refuse new work, stop queued and running dispatches, release the workers.
 
         Running dispatches stop at the engine's next safe point (between
         statements and loop iterations) and fail with `BackendClosed`, as do
-        queued ones. Waits at most ``close_timeout`` seconds (without blocking
-        the event loop); a dispatch still running after that is failed with
+        queued ones. Waits at most ``timeout`` seconds (without blocking the
+        event loop); a dispatch still running after that is failed with
         `BackendClosed` and left to its daemon thread, with a warning logged.
         """
-        if self.prefetcher is not None:
-            self.prefetcher.close()
         pool = self._stop_all()
         if pool is None:
             return
-        with anyio.move_on_after(self.close_timeout):
+        with anyio.move_on_after(timeout):
             await poll_until(lambda: not self._running)
-        self._abandon(self.close_timeout)
+        self._abandon(timeout)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendClosed(
+                f"backend {self.id!r} was closed; it runs nothing more", backend_id=self.id
+            )
 
     def stop_at_exit(self) -> WorkerPool | None:
         """Interpreter exit: stop all work as `aclose` would; return the pool to join."""
@@ -608,7 +635,7 @@ class _Job:
 
     def __init__(
         self,
-        backend: ReferenceBackend,
+        backend: ReferenceExecutor,
         launch: Launch,
         natives: list[np.ndarray],
         waits: tuple[threading.Event, ...],
@@ -629,7 +656,7 @@ class _Job:
 
 
 #: Backends that have started worker threads (stopped at interpreter exit).
-_live: weakref.WeakSet[ReferenceBackend] = weakref.WeakSet()
+_live: weakref.WeakSet[ReferenceExecutor] = weakref.WeakSet()
 
 
 def _stop_live_backends() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 
 __all__ = ["Cancelled"]
 __dir__ = _public_dir(__name__)

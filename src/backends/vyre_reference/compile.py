@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir.expr import (
     Atomic,
@@ -40,7 +40,7 @@ from vyre_async.ir.program import Program
 from vyre_async.ir.stmt import Assign, Barrier, Block, If, Let, Loop, Return, Stmt, Store
 from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.ir.validate import validate_or_raise
-from vyre_async.ir.walk import child_exprs, iter_exprs
+from vyre_async.ir.walk import child_exprs, iter_exprs, stmt_exprs
 from vyre_reference import arith
 from vyre_reference.affine import Affine
 from vyre_reference.atomics import apply_atomic
@@ -155,19 +155,6 @@ def _contains_atomic(expr: Expr) -> bool:
             return True
         stack.extend(child_exprs(node))
     return False
-
-
-def _stmt_exprs(stmt: Stmt) -> tuple[Expr, ...]:
-    match stmt:
-        case Let(value=value) | Assign(value=value):
-            return (value,)
-        case Store(index=index, value=value):
-            return (index, value)
-        case If(cond=cond):
-            return (cond,)
-        case Loop(start=start, end=end):
-            return (start, end)
-    return ()
 
 
 def _outer_assigns(stmts: Iterable[Stmt], declared: frozenset[str]) -> set[str]:
@@ -331,7 +318,7 @@ class _Compiler:
         return Body(tuple(fns), MappingProxyType(outer))
 
     def stmt(self, stmt: Stmt, scope: dict[str, DType]) -> StmtFn | None:
-        self.stmt_has_atomic = any(_contains_atomic(e) for e in _stmt_exprs(stmt))
+        self.stmt_has_atomic = any(_contains_atomic(e) for e in stmt_exprs(stmt))
         match stmt:
             case Let(name=name, value=value):
                 return self._let(name, value, scope)

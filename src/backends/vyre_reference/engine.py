@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import BindingPlan, HostInput, normalize_inputs, plan_dispatch
+from vyre_async.abc import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import Access
-from vyre_async.plan import BindingPlan, HostInput, normalize_inputs, plan_dispatch
 from vyre_reference.compile import CompiledProgram, compile_program
 from vyre_reference.frame import Env, Frame, run_body
 from vyre_reference.lanes import GridLanes

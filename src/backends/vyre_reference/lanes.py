@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 from vyre_reference.affine import Affine
 
 __all__ = ["FlatLanes", "GridLanes", "LaneSet", "Selector", "as_selector", "selector_len"]

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import as_strided
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 from vyre_reference.affine import Affine
 from vyre_reference.cancel import Cancelled
 from vyre_reference.lanes import FlatLanes, GridLanes, LaneSet

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from typing import Protocol
 
-from vyre_async._exports import public_dir as _public_dir
+from vyre_async.abc import public_dir as _public_dir
 
 __all__ = ["Job", "WorkerPool"]
 __dir__ = _public_dir(__name__)

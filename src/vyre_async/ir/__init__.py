@@ -22,13 +22,15 @@ from vyre_async.ir.expr import (
     u32,
     wgid,
 )
-from vyre_async.ir.ops import AtomicOp, BinOp, BuiltinKind, UnOp
+from vyre_async.ir.ops import CORE_OPS, AtomicOp, BinOp, BuiltinKind, UnOp
 from vyre_async.ir.program import Program
 from vyre_async.ir.stmt import Assign, Barrier, Block, If, Let, Loop, Return, Stmt, Store
 from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.ir.validate import Diagnostic, validate, validate_or_raise
+from vyre_async.ir.walk import ops_used
 
 __all__ = [
+    "CORE_OPS",
     "Access",
     "Assign",
     "Atomic",
@@ -64,6 +66,7 @@ __all__ = [
     "i32",
     "lid",
     "nwg",
+    "ops_used",
     "u32",
     "validate",
     "validate_or_raise",

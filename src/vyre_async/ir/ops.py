@@ -13,6 +13,7 @@ from vyre_async._exports import public_dir as _public_dir
 from vyre_async.ir.types import DType
 
 __all__ = [
+    "CORE_OPS",
     "FLOAT_UNARY",
     "TRANSCENDENTAL",
     "AtomicOp",
@@ -195,3 +196,12 @@ def un_result(op: UnOp | str, dtype: DType) -> DType | None:
     if dtype not in accepted:
         return None
     return dtype if result is None else result
+
+
+#: Every operation of the core IR, as ``"bin.<op>"``, ``"un.<op>"`` and ``"atomic.<op>"``
+#: (`vyre_async.ir.walk.ops_used` names a program's operations the same way).
+CORE_OPS: frozenset[str] = frozenset(
+    [f"bin.{op.value}" for op in BinOp]
+    + [f"un.{op.value}" for op in UnOp]
+    + [f"atomic.{op.value}" for op in AtomicOp]
+)

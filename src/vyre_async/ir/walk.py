@@ -9,7 +9,14 @@ from vyre_async.ir.expr import Atomic, Bin, Cast, Expr, Fma, Load, Select, Un
 from vyre_async.ir.program import Program
 from vyre_async.ir.stmt import Assign, Block, If, Let, Loop, Stmt, Store
 
-__all__ = ["child_exprs", "iter_exprs", "iter_stmts", "uses_atomics", "uses_workgroup_memory"]
+__all__ = [
+    "child_exprs",
+    "iter_exprs",
+    "iter_stmts",
+    "ops_used",
+    "uses_atomics",
+    "uses_workgroup_memory",
+]
 __dir__ = _public_dir(__name__)
 
 
@@ -81,3 +88,20 @@ def uses_atomics(program: Program) -> bool:
 def uses_workgroup_memory(program: Program) -> bool:
     """Return True when ``program`` declares any WORKGROUP buffer."""
     return bool(program.workgroup_buffers)
+
+
+def ops_used(program: Program) -> frozenset[str]:
+    """Return the operations ``program`` uses, named as in `CORE_OPS` (memoised)."""
+    cached = program.memo.get("ops_used")
+    if cached is None:
+        found: set[str] = set()
+        for expr in iter_exprs(program.body):
+            if isinstance(expr, Bin):
+                found.add(f"bin.{expr.op.value}")
+            elif isinstance(expr, Un):
+                found.add(f"un.{expr.op.value}")
+            elif isinstance(expr, Atomic):
+                found.add(f"atomic.{expr.op.value}")
+        cached = frozenset(found)
+        program.memo["ops_used"] = cached
+    return frozenset(cached)

@@ -490,7 +490,7 @@ async def test_a_resident_buffer_of_another_instance_is_refused(vyre_backend: Vy
         mine = vyre_backend.upload(a)
     except UnsupportedFeature:
         pytest.skip(f"backend {vyre_backend.id!r} has no resident buffers")
-    other = type(vyre_backend)()
+    other = VyreBackend(type(vyre_backend.executor)())  # a second instance of the same kind
     try:
         with pytest.raises(InvalidProgram, match="another instance") as info:
             other.dispatch(_copy_program(64), [mine])
