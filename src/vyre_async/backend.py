@@ -97,6 +97,19 @@ class VyreBackend:
         InvalidProgram: an argument is out of range, or ``executor`` is not an `Executor`.
     """
 
+    # Slotted: a stale write (``backend.stats = ...`` for what is the executor's now)
+    # raises AttributeError instead of creating an attribute nothing reads.
+    __slots__ = (
+        "__weakref__",
+        "close_timeout",
+        "disk_cache",
+        "executor",
+        "front",
+        "pipelines",
+        "prefetcher",
+        "store",
+    )
+
     def __init_subclass__(cls, **kwargs: Any) -> NoReturn:
         raise TypeError(
             f"VyreBackend is final: {cls.__name__} cannot subclass it. Fix: write the backend "

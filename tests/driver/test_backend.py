@@ -257,6 +257,8 @@ def test_vyre_backend_is_final_and_takes_an_executor() -> None:
     backend = VyreBackend(executor, prefetch=False)
     assert (backend.executor, backend.id, backend.version) == (executor, "bytes-test", "1.0")
     assert backend.prefetcher is None
+    with pytest.raises(AttributeError, match="stats"):  # (slotted: no stale attribute lands)
+        backend.stats = 1  # type: ignore[attr-defined]
 
 
 def test_the_caller_gets_the_drivers_pending_whatever_enqueue_returns() -> None:
