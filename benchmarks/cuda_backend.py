@@ -363,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     report["throughput_tiny"] = throughput(backend, 1.0 if args.quick else 3.0, size=1024)
     report["compile"] = compile_times()
     report["saxpy_2_24"] = saxpy_2_24(backend, 5 if args.quick else 20)
-    report["config"] = {"quick": args.quick, "streams": backend.executor.device_context.streams.size}
+    streams = backend.executor.device_context.streams.size
+    report["config"] = {"quick": args.quick, "streams": streams}
     anyio.run(backend.shutdown)
     text = json.dumps(report, indent=2)
     print(text)

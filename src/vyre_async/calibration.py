@@ -2,8 +2,9 @@
 
 A backend measures, once per device, its per-launch overhead, command
 record/replay cost, persistent-kernel setup, host↔device bandwidth and compile
-cost (`VyreBackend.calibrate`). `calibration_for` returns the cached record —
-in memory, then on disk keyed by backend id, version and device fingerprint —
+cost (`VyreBackend.calibrate`, which asks its executor). `calibration_for`
+returns the cached record — in memory, then on disk keyed by backend id,
+version and device fingerprint —
 and measures only when asked to. Records are JSON files ``<key>.json`` in a
 `CalibrationStore`'s root, by default ``<cache root>/calibration/v2/`` (the
 folder is named for `CALIBRATION_FORMAT_VERSION`). A record is written to a

@@ -260,7 +260,7 @@ class DispatchFrontEnd:
         """Check and plan one dispatch; return its `Launch` and prefetch job, enqueue nothing.
 
         `CompiledPipeline.dispatch_batch` plans every item this way before it
-        starts any; `launch` is this followed by the backend's ``enqueue``.
+        starts any; `launch` is this followed by the executor's ``enqueue``.
 
         Raises:
             InvalidProgram: wrong inputs, or ``config`` needs different code.

@@ -119,7 +119,7 @@ class CompiledPipeline:
         batch (plain launches, graph replay or a persistent kernel) is chosen by
         `vyre_async.execution.choose_execution_mode` from the backend's
         capabilities and cached calibration, with ``B = R = len(batch)``, and the
-        backend runs the batch that way where it can (`VyreBackend.enqueue_batch`).
+        executor runs the batch that way where it can (`Executor.enqueue_batch`).
         Every dispatch span records the verdict (``vyre.policy.execution_mode``,
         ``...reason``) and what ran (``vyre.batch.mode``, ``vyre.batch.mode.reason``
         when the backend could not follow the verdict).
