@@ -16,11 +16,12 @@ from pathlib import Path
 BACKEND = '''
 import numpy as np
 
-from vyre_reference import ReferenceExecutor, reference_backend
+from vyre_reference import ReferenceExecutor
 
 
 class TinyBackend(ReferenceExecutor):
-    """A third party's backend (here it lends the reference engine)."""
+    """A third party's executor (here it lends the reference engine); the registry
+    wraps it in a VyreBackend."""
 
     id = "tiny"
 
@@ -35,7 +36,6 @@ class BrokenBackend(ReferenceExecutor):
             np.zeros(launch.plan.count_of(d.name), d.dtype.numpy) for d in launch.plan.outputs
         ]
         launch.completer.resolve(outputs)
-        return launch.pending
 '''
 
 REGISTRATION = """
