@@ -32,10 +32,12 @@ What this module exports besides `Executor`:
 * `VyreBackend` itself and `DiskPipelineCache` (loaded on first use), for a
   package's factory function and for private probe backends;
 * the shared, backend-neutral helpers backends use: `poll_until`,
-  `whole_number`, the calibration probes (`Calibration`, `measure_host_costs`,
-  ..., and `elementwise_xor`, the program they time), the execution-mode
-  verdict of a batch (`ExecutionDecision`, `annotate_mode`), the copy-overlap
-  policy, and `public_dir` / `lazy_exports` for a package's own ``__dir__``.
+  `whole_number` and `duration` (they refuse a bad setting with
+  `InvalidArgument`, the error a backend raises for one too), the
+  calibration probes (`Calibration`, `measure_host_costs`, ..., and
+  `elementwise_xor`, the program they time), the execution-mode verdict of a
+  batch (`ExecutionDecision`, `annotate_mode`), the copy-overlap policy, and
+  `public_dir` / `lazy_exports` for a package's own ``__dir__``.
   The heavier of these load on first use (PEP 562): a registration module
   that imports `BackendRegistration` from here loads no policy, no probe and
   no GPU library.
@@ -53,6 +55,7 @@ from vyre_async._version import __version__
 from vyre_async.arguments import duration, whole_number
 from vyre_async.capabilities import FEATURES, BackendCapabilities
 from vyre_async.config import DispatchConfig
+from vyre_async.errors import InvalidArgument
 from vyre_async.ir.ops import CORE_OPS
 from vyre_async.lazy import lazy_exports
 from vyre_async.pending import DispatchCompleter, PendingDispatch, defer_to_callbacks, settle_hook
@@ -98,6 +101,7 @@ __all__ = [
     "ExecutionDecision",
     "Executor",
     "HostInput",
+    "InvalidArgument",
     "Launch",
     "LaunchGeometry",
     "PendingDispatch",

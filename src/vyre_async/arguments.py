@@ -1,8 +1,9 @@
-"""Checks of numeric arguments: a bad value is `InvalidProgram` with a Fix, never a raw error.
+"""Checks of arguments: a bad value is `InvalidArgument` with a Fix, never a raw error.
 
-Constructors and calls across the driver share these, so a count or a number
-of seconds is refused the same way everywhere (``bool`` is not a number here,
-and an int too large for a float is infinite, not an ``OverflowError``).
+Constructors and calls across the driver share these, so a count, a number of
+seconds or a dtype name is refused the same way everywhere (``bool`` is not a
+number here, and an int too large for a float is infinite, not an
+``OverflowError``).
 The policies package keeps its own checks, which raise the builtin errors its
 pure functions document.
 """
@@ -15,9 +16,17 @@ import numbers
 import numpy as np
 
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.errors import InvalidProgram
+from vyre_async.errors import InvalidArgument, InvalidProgram
+from vyre_async.ir.types import DType, as_dtype
 
-__all__ = ["duration", "real_number", "to_seconds", "wait_seconds", "whole_number"]
+__all__ = [
+    "dtype_argument",
+    "duration",
+    "real_number",
+    "to_seconds",
+    "wait_seconds",
+    "whole_number",
+]
 __dir__ = _public_dir(__name__)
 
 
@@ -34,7 +43,7 @@ def whole_number(
         maximum: Largest value accepted, or None for no limit.
 
     Raises:
-        InvalidProgram: ``value`` is not an int (bools included) or out of range.
+        InvalidArgument: ``value`` is not an int (bools included) or out of range.
     """
     if (
         isinstance(value, bool)
@@ -43,7 +52,7 @@ def whole_number(
         or (maximum is not None and value > maximum)
     ):
         bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"{name} must be an int {bound}, got {value!r}", fix=f"pass e.g. {example}"
         )
     return int(value)
@@ -72,13 +81,13 @@ def wait_seconds(timeout: object, *, example: str) -> float:
     """Return a wait's ``timeout`` as seconds: ``inf`` for None, any size, at least 0.
 
     Raises:
-        InvalidProgram: ``timeout`` is neither a number of seconds nor None.
+        InvalidArgument: ``timeout`` is neither a number of seconds nor None.
     """
     if timeout is None:
         return math.inf
     seconds = real_number(timeout)
     if math.isnan(seconds):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"a timeout must be a number of seconds or None, got {timeout!r}",
             fix=f"pass e.g. {example}",
         )
@@ -89,14 +98,29 @@ def duration(name: str, value: object, *, example: str, positive: bool = False) 
     """Return ``value`` as a finite number of seconds, ``>= 0`` (``> 0`` when ``positive``).
 
     Raises:
-        InvalidProgram: ``value`` is not a number (bools and NaN included), is
+        InvalidArgument: ``value`` is not a number (bools and NaN included), is
             infinite, or is below the bound.
     """
     seconds = real_number(value)
     if not (math.isfinite(seconds) and (seconds > 0 if positive else seconds >= 0)):
         bound = "above 0" if positive else ">= 0"
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"{name} must be a finite number of seconds {bound}, got {value!r}",
             fix=f"pass e.g. {example}",
         )
     return seconds
+
+
+def dtype_argument(name: str, value: object) -> DType:
+    """Return ``value`` (a `DType` or its name, ``"u32"``) as a `DType`.
+
+    `as_dtype` for an argument (``alloc``'s dtype, a graph resource's), not a
+    program's buffer: a name that is no dtype is the caller's argument error.
+
+    Raises:
+        InvalidArgument: ``value`` names no dtype; the message lists the choices.
+    """
+    try:
+        return as_dtype(value, name)
+    except InvalidProgram as exc:
+        raise InvalidArgument(exc.message) from None

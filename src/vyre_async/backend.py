@@ -27,7 +27,7 @@ from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.cache.memory import CacheStats, MemoryPipelineCache
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
-from vyre_async.errors import InvalidProgram
+from vyre_async.errors import InvalidArgument, InvalidProgram
 from vyre_async.frontend import DispatchFrontEnd, InputLike, as_config
 from vyre_async.ir.ops import CORE_OPS
 from vyre_async.ir.program import Program
@@ -94,7 +94,7 @@ class VyreBackend:
             before giving up on it (failing its dispatches with `BackendClosed`).
 
     Raises:
-        InvalidProgram: an argument is out of range, or ``executor`` is not an `Executor`.
+        InvalidArgument: an argument is out of range, or ``executor`` is not an `Executor`.
     """
 
     # Slotted: a stale write (``backend.stats = ...`` for what is the executor's now)
@@ -127,7 +127,7 @@ class VyreBackend:
         close_timeout: float = CLOSE_TIMEOUT_S,
     ) -> None:
         if not isinstance(executor, Executor):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"VyreBackend needs an Executor, got a {type(executor).__name__}",
                 fix="pass an executor, e.g. VyreBackend(ReferenceExecutor()), or get a "
                 'backend from the registry: acquire_backend("reference")',
@@ -142,7 +142,7 @@ class VyreBackend:
             example="pipeline_cache_capacity=256",
         )
         if disk_cache is not None and not _is_disk_cache(disk_cache):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"disk_cache must be a DiskPipelineCache or None, got {disk_cache!r}",
                 fix="pass disk_cache=DiskPipelineCache() (or a directory: DiskPipelineCache(path))",
             )
@@ -290,6 +290,7 @@ class VyreBackend:
                 silent host fallback.
             InvalidProgram: an unsupported dtype or type, or data over the
                 backend's buffer limit.
+            InvalidArgument: ``label`` is not a str or None.
             DeviceOutOfMemory: the device (or host) could not hold it.
             BackendClosed: the backend was closed.
         """
@@ -301,7 +302,8 @@ class VyreBackend:
 
         Raises:
             UnsupportedFeature: the backend has no resident buffers.
-            InvalidProgram: an unknown dtype, a bad count, or a buffer over the limit.
+            InvalidArgument: an unknown dtype, a bad count, or a label that is not a str.
+            InvalidProgram: a buffer over the limit.
             DeviceOutOfMemory: the device (or host) could not hold it.
             BackendClosed: the backend was closed.
         """
@@ -314,6 +316,7 @@ class VyreBackend:
         Raises:
             UnsupportedFeature: the backend has no resident buffers.
             InvalidProgram: the buffer belongs to another backend instance or was freed.
+            InvalidArgument: ``buffer`` is not a `ResidentBuffer`.
             BackendClosed: the backend was closed.
         """
         self.check_open()
@@ -325,6 +328,7 @@ class VyreBackend:
         Raises:
             UnsupportedFeature: the backend has no resident buffers.
             InvalidProgram: the buffer belongs to another backend instance or was freed.
+            InvalidArgument: ``buffer`` is not a `ResidentBuffer`.
         """
         self.executor.free(buffer)
 
@@ -336,8 +340,8 @@ class VyreBackend:
 
         Raises:
             InvalidProgram: ``program`` is not a valid `Program` (checked first: a
-                program nested past the IR's limits is refused, not hashed), or
-                ``config`` is not a `DispatchConfig`.
+                program nested past the IR's limits is refused, not hashed).
+            InvalidArgument: ``config`` is not a `DispatchConfig`.
         """
         if not isinstance(program, Program):
             raise InvalidProgram(
@@ -351,8 +355,8 @@ class VyreBackend:
         """Return ``program`` compiled for this backend (memory cache → disk cache → build).
 
         Raises:
-            InvalidProgram: the program does not validate, or ``config`` is not a
-                `DispatchConfig`.
+            InvalidProgram: the program does not validate.
+            InvalidArgument: ``config`` is not a `DispatchConfig`.
             UnsupportedFeature: the program uses an operation this backend lacks.
             KernelCompileFailed: the backend's compiler rejected it.
             BackendClosed: the backend was closed.
@@ -402,8 +406,9 @@ class VyreBackend:
         Raises:
             InvalidProgram: invalid program, inputs that are not a list with one
                 item per input buffer, wrong input size/dtype, a buffer over the
-                backend's ``max_storage_buffer_bytes``, or a config that is not a
-                `DispatchConfig` or that the program cannot run with.
+                backend's ``max_storage_buffer_bytes``, or a config that the
+                program cannot run with.
+            InvalidArgument: ``config`` is not a `DispatchConfig`.
             UnsupportedFeature: the config or program needs a feature this
                 backend lacks (a ``workgroup_override`` over its limits included).
             BackendClosed: the backend was closed.

@@ -54,7 +54,7 @@ from vyre_async.cache.files import (
     temp_name_pattern,
     unlink_unchanged,
 )
-from vyre_async.errors import InvalidProgram, UnsupportedFeature
+from vyre_async.errors import InvalidArgument, InvalidProgram, UnsupportedFeature
 from vyre_async.ir.expr import u32
 from vyre_async.ir.program import Program
 from vyre_async.ir.stmt import Store
@@ -262,7 +262,7 @@ def calibration_key(backend_id: str, backend_version: str, device_fingerprint: s
     """Return the 64-hex key a device's calibration is stored under.
 
     Raises:
-        InvalidProgram: a part is not a str, or has no UTF-8 form (a lone surrogate).
+        InvalidArgument: a part is not a str, or has no UTF-8 form (a lone surrogate).
     """
     parts = ("vyre-calibration", backend_id, backend_version, device_fingerprint)
     try:
@@ -270,7 +270,7 @@ def calibration_key(backend_id: str, backend_version: str, device_fingerprint: s
             raise TypeError
         raw = "\0".join(parts).encode()
     except (TypeError, UnicodeEncodeError):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"a calibration is keyed by a backend id, version and device fingerprint, each a "
             f"str with a UTF-8 form; got {parts[1:]!r}",
             fix="pass the backend's own id, version and device_fingerprint()",
@@ -374,7 +374,7 @@ class CalibrationStore:
             directory that already exists keeps its mode.
 
     Raises:
-        InvalidProgram: ``root`` is not None, a str or a path-like object.
+        InvalidArgument: ``root`` is not None, a str or a path-like object.
     """
 
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:

@@ -9,7 +9,7 @@ from typing import Literal
 
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async.arguments import real_number, whole_number
-from vyre_async.errors import InvalidProgram
+from vyre_async.errors import InvalidArgument
 from vyre_async.ir.limits import MAX_WORKGROUP_LANES
 from vyre_async.plan import normalize_axes
 
@@ -37,7 +37,7 @@ def default_max_output_bytes() -> int:
     failing with an error.
 
     Raises:
-        InvalidProgram: ``VYRE_MAX_OUTPUT_BYTES`` is not a whole number >= 0.
+        InvalidArgument: ``VYRE_MAX_OUTPUT_BYTES`` is not a whole number >= 0.
     """
     raw = os.environ.get(MAX_OUTPUT_BYTES_ENV, "").strip()
     if raw:
@@ -46,7 +46,7 @@ def default_max_output_bytes() -> int:
         except ValueError:
             value = -1
         if value < 0:
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"{MAX_OUTPUT_BYTES_ENV} must be a whole number of bytes >= 0, got {raw!r}",
                 fix=f"set {MAX_OUTPUT_BYTES_ENV}=17179869184 (16 GiB, say) or unset it",
             )
@@ -98,7 +98,7 @@ class DispatchConfig:
             `UnsupportedFeature` by backends without grid sync.
 
     Raises:
-        InvalidProgram: a field is out of range; the message says which and how to fix it.
+        InvalidArgument: a field is out of range; the message says which and how to fix it.
     """
 
     profile: str | None = None
@@ -197,5 +197,5 @@ def _count(
     )
 
 
-def _bad(message: str, example: str) -> InvalidProgram:
-    return InvalidProgram(f"DispatchConfig: {message}", fix=f"pass e.g. DispatchConfig({example})")
+def _bad(message: str, example: str) -> InvalidArgument:
+    return InvalidArgument(f"DispatchConfig: {message}", fix=f"pass e.g. DispatchConfig({example})")

@@ -24,6 +24,7 @@ __all__ = [
     "DispatchFailed",
     "DispatchTimeout",
     "ErrorCode",
+    "InvalidArgument",
     "InvalidProgram",
     "KernelCompileFailed",
     "PoisonedLock",
@@ -152,6 +153,19 @@ class InvalidProgram(BackendError, ValueError):
 
     code = ErrorCode.INVALID_PROGRAM
     default_fix = "correct the program or inputs as the message describes"
+
+
+class InvalidArgument(InvalidProgram):
+    """An argument that is not a program is out of range or of the wrong type.
+
+    A setting, a size, a backend, a callback: neither a program nor the inputs
+    it is dispatched with (those stay plain `InvalidProgram`). Code 1006 like
+    its base, so every ``except InvalidProgram`` and every handler keyed on the
+    code still catches it, while ``except InvalidArgument`` catches the misuse
+    of an argument alone.
+    """
+
+    default_fix = "pass a value of the type and range the message names"
 
 
 class CooperativeResidencyExceeded(BackendError):

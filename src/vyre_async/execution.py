@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async.calibration import Calibration, calibration_for
 from vyre_async.config import DispatchConfig
-from vyre_async.errors import InvalidProgram, UnsupportedFeature
+from vyre_async.errors import InvalidArgument, UnsupportedFeature
 from vyre_async.policies._checks import non_negative_int
 from vyre_async.policies.launch import (
     CommandReuseVerdict,
@@ -193,12 +193,12 @@ def requested_mode(
     """Return ``decision`` with its mode replaced by the caller's ``mode`` (reason ``requested``).
 
     Raises:
-        InvalidProgram: ``mode`` is not ``plain``, ``persistent`` or ``command_reuse``
+        InvalidArgument: ``mode`` is not ``plain``, ``persistent`` or ``command_reuse``
             (also a ``ValueError``).
         UnsupportedFeature: the backend has no such path, or the config disables it.
     """
     if mode not in _MODES:
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"mode must be one of {_MODES}, not {mode!r}",
             fix='pass mode="plain", "persistent" or "command_reuse" (or None for the policy)',
         )

@@ -38,6 +38,7 @@ from vyre_async.config import MAX_OUTPUT_BYTES_ENV, DispatchConfig, default_max_
 from vyre_async.errors import (
     BackendClosed,
     DeviceOutOfMemory,
+    InvalidArgument,
     InvalidProgram,
     UnsupportedFeature,
     host_out_of_memory,
@@ -125,13 +126,13 @@ def as_config(config: object, default: DispatchConfig) -> DispatchConfig:
     """Return ``config`` (``default`` for None), refusing anything that is not a config.
 
     Raises:
-        InvalidProgram: ``config`` is neither None nor a `DispatchConfig`.
+        InvalidArgument: ``config`` is neither None nor a `DispatchConfig`.
     """
     if config is None:
         return default
     if isinstance(config, DispatchConfig):
         return config
-    raise InvalidProgram(
+    raise InvalidArgument(
         f"config must be a DispatchConfig or None, got a {type(config).__name__}",
         fix="pass DispatchConfig(...), e.g. DispatchConfig(timeout=1.0)",
     )

@@ -64,11 +64,12 @@ from vyre_async import telemetry
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async._version import __version__
 from vyre_async.annotations import AttributeValue, dispatch_attributes
-from vyre_async.arguments import whole_number
+from vyre_async.arguments import dtype_argument, whole_number
 from vyre_async.calibration import calibration_for
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import (
     BackendError,
+    InvalidArgument,
     InvalidProgram,
     UnsupportedFeature,
     host_out_of_memory,
@@ -77,7 +78,7 @@ from vyre_async.execution import ExecutionDecision, choose_execution_mode
 from vyre_async.ir.expr import Atomic
 from vyre_async.ir.limits import MAX_BUFFER_ELEMENTS
 from vyre_async.ir.program import Program
-from vyre_async.ir.types import Access, BufferDecl, DType, as_dtype
+from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.ir.validate import validate_or_raise
 from vyre_async.ir.walk import iter_exprs
 from vyre_async.pending import PendingDispatch
@@ -371,6 +372,9 @@ class ArmGraph:
     Args:
         label: A name for reports and the ``vyre.graph`` span.
 
+    Raises:
+        InvalidArgument: ``label`` is neither a str nor None.
+
     Example:
         >>> graph = ArmGraph(label="demo")
         >>> graph.resource("x", "u32", 64, initial=np.arange(64, dtype=np.uint32))
@@ -381,7 +385,7 @@ class ArmGraph:
 
     def __init__(self, *, label: str | None = None) -> None:
         if label is not None and not isinstance(label, str):
-            raise InvalidProgram(f"graph label must be a str, got {label!r}", fix="pass a str")
+            raise InvalidArgument(f"graph label must be a str, got {label!r}", fix="pass a str")
         self.label = label
         self._resources: dict[str, GraphResource] = {}
         self._arms: list[Arm] = []
@@ -414,18 +418,19 @@ class ArmGraph:
                 None for zeros.
 
         Raises:
-            InvalidProgram: a duplicate or empty name, an unknown dtype, a bad
-                count, or initial contents of the wrong size or dtype.
+            InvalidArgument: a duplicate or empty name, an unknown dtype, or a
+                bad count.
+            InvalidProgram: initial contents of the wrong size or dtype.
         """
         if not isinstance(name, str) or not name:
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"resource name must be a non-empty str, got {name!r}", fix="name it"
             )
         if name in self._resources:
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"resource {name!r} is declared twice", fix="give every resource its own name"
             )
-        kind = as_dtype(dtype, f"resource {name!r} dtype")
+        kind = dtype_argument(f"resource {name!r} dtype", dtype)
         count = whole_number(
             f"resource {name!r} count",
             count,
@@ -467,8 +472,12 @@ class ArmGraph:
             The arm's index (its submission order).
 
         Raises:
-            InvalidProgram: the program is invalid, or a binding is missing,
-                unknown, of another dtype or count, or aliases a written resource.
+            InvalidProgram: ``program`` is not a valid `Program`, or a binding
+                is missing, names no buffer of the program, is of another dtype
+                or count, or aliases a written resource.
+            InvalidArgument: ``bindings`` is not a str-to-str mapping, a binding
+                names an undeclared resource, or ``label`` or ``config`` is of
+                the wrong type.
         """
         if not isinstance(program, Program):
             raise InvalidProgram(
@@ -479,16 +488,16 @@ class ArmGraph:
         if not isinstance(bindings, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in bindings.items()
         ):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"bindings must map buffer names to resource names (str to str), got {bindings!r}",
                 fix='pass e.g. {"a": "x", "out": "y"}',
             )
         if label is not None and not isinstance(label, str):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"an arm's label is a str or None, got {label!r}", fix='pass e.g. label="scale"'
             )
         if config is not None and not isinstance(config, DispatchConfig):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"config must be a DispatchConfig, got {type(config).__name__}",
                 fix="pass DispatchConfig(...) or None",
             )
@@ -504,7 +513,7 @@ class ArmGraph:
                     fix="bind the program's buffer names",
                 )
             if resource not in resources:
-                raise InvalidProgram(
+                raise InvalidArgument(
                     f"arm {index} binds {buffer!r} to undeclared resource {resource!r}",
                     fix=f"declare it first: graph.resource({resource!r}, dtype, count)",
                 )
@@ -638,8 +647,11 @@ class ArmGraph:
             The outputs and a `GraphReport`.
 
         Raises:
-            InvalidProgram: an unknown output or value name, or a value of the
-                wrong size or dtype; or an arm's dispatch was rejected.
+            InvalidArgument: ``backend``, ``outputs``, ``values`` or
+                ``residency`` is of the wrong type, or an output or value names
+                no resource.
+            InvalidProgram: a value of the wrong size or dtype, or an arm's
+                dispatch was rejected.
             UnsupportedFeature: ``residency="resident"`` on a backend without
                 resident buffers, or an arm needs a feature the backend lacks.
             BackendError: an arm failed (the error names the arm in a note). With
@@ -651,14 +663,14 @@ class ArmGraph:
                 after it fails.
         """
         if not isinstance(residency, str) or residency not in ("auto", "resident", "host"):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"residency must be 'auto', 'resident' or 'host', got {residency!r}",
                 fix='pass residency="auto"',
             )
         from vyre_async.backend import VyreBackend as _Backend
 
         if not isinstance(backend, _Backend):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"ArmGraph.run needs a backend, got a {type(backend).__name__}",
                 fix='pass a backend, e.g. await graph.run(acquire_backend("reference"))',
             )
@@ -670,7 +682,7 @@ class ArmGraph:
                 else list(given)
             )
             if names is None or not all(isinstance(name, str) for name in names):
-                raise InvalidProgram(
+                raise InvalidArgument(
                     f"outputs must be resource names (a list of str) or None, got {outputs!r}",
                     fix='pass e.g. outputs=["y"]',
                 )
@@ -678,7 +690,7 @@ class ArmGraph:
         if values is not None and (
             not isinstance(values, Mapping) or not all(isinstance(k, str) for k in values)
         ):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"values must map resource names to arrays, got {values!r}",
                 fix='pass e.g. values={"x": np.arange(8, dtype=np.uint32)}',
             )
@@ -691,7 +703,7 @@ class ArmGraph:
         wanted = list(resources) if outputs is None else list(outputs)
         for name in wanted:
             if name not in resources:
-                raise InvalidProgram(
+                raise InvalidArgument(
                     f"output {name!r} is not a resource of this graph",
                     fix=f"ask for declared resources: {sorted(resources)}",
                 )
@@ -704,7 +716,7 @@ class ArmGraph:
         for name, value in (values or {}).items():
             res = resources.get(name)
             if res is None:
-                raise InvalidProgram(
+                raise InvalidArgument(
                     f"value for {name!r}, which is not a resource of this graph",
                     fix=f"pass values for declared resources: {sorted(resources)}",
                 )

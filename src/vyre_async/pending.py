@@ -45,7 +45,13 @@ import numpy as np
 
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async.arguments import to_seconds, wait_seconds
-from vyre_async.errors import BackendError, DispatchFailed, DispatchTimeout, InvalidProgram
+from vyre_async.errors import (
+    BackendError,
+    DispatchFailed,
+    DispatchTimeout,
+    InvalidArgument,
+    InvalidProgram,
+)
 
 if TYPE_CHECKING:
     import asyncio
@@ -500,10 +506,10 @@ class PendingDispatch:
         affects neither the dispatch nor the thread.
 
         Raises:
-            InvalidProgram: ``fn`` is not callable.
+            InvalidArgument: ``fn`` is not callable.
         """
         if not callable(fn):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"add_done_callback needs a callable, got {fn!r}",
                 fix="pass a function taking the PendingDispatch",
             )
@@ -527,7 +533,7 @@ class PendingDispatch:
                 the result can still be awaited later.
 
         Raises:
-            InvalidProgram: ``timeout`` is not a number (or is NaN).
+            InvalidArgument: ``timeout`` is not a number (or is NaN).
             DispatchTimeout: the dispatch's own deadline passed.
             ResultAlreadyTaken: the result was already taken.
             RuntimeError: called from inside a running event loop before the
@@ -944,7 +950,7 @@ def wait_for_callbacks(timeout: float | None = None) -> bool:
     queued after it cannot run before it returns).
 
     Raises:
-        InvalidProgram: ``timeout`` is not a number of seconds (any size) or None.
+        InvalidArgument: ``timeout`` is not a number of seconds (any size) or None.
     """
     return _CALLBACKS.drain(wait_seconds(timeout, example="wait_for_callbacks(timeout=5.0)"))
 

@@ -16,7 +16,7 @@ from vyre_async._exports import public_dir as _public_dir
 from vyre_async.annotations import dispatch_attributes
 from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.config import DispatchConfig
-from vyre_async.errors import InvalidProgram
+from vyre_async.errors import InvalidArgument, InvalidProgram
 from vyre_async.frontend import DispatchFrontEnd, InputLike, Launch, check_output_bytes
 from vyre_async.ir.program import Program
 from vyre_async.pending import PendingDispatch
@@ -225,12 +225,14 @@ def compile(
     """Return ``program`` compiled for ``backend`` (memory cache → disk cache → compile).
 
     Raises:
-        InvalidProgram: the program does not validate, or ``backend`` is not a backend.
+        InvalidProgram: the program does not validate.
+        InvalidArgument: ``backend`` is not a backend, or ``config`` is not a
+            `DispatchConfig`.
         KernelCompileFailed: the backend's compiler rejected it.
     """
     compile_on = getattr(backend, "compile", None)
     if not callable(compile_on):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"compile(backend, program) needs a backend first, got a {type(backend).__name__}",
             fix='pass a backend, e.g. compile(acquire_backend("reference"), program)',
         )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.errors import InvalidProgram, host_out_of_memory
+from vyre_async.errors import InvalidArgument, InvalidProgram, host_out_of_memory
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.ir.walk import uses_atomics
@@ -97,7 +97,7 @@ def normalize_axes(value: int | Sequence[int], what: str) -> tuple[int, int, int
     """Return ``value`` (an int or 1 to 3 ints) as three non-negative axes.
 
     Raises:
-        InvalidProgram: the value is not 1 to 3 non-negative integers.
+        InvalidArgument: the value is not 1 to 3 non-negative integers.
     """
     if isinstance(value, int | np.integer):
         axes: tuple[object, ...] = (value,)
@@ -108,7 +108,7 @@ def normalize_axes(value: int | Sequence[int], what: str) -> tuple[int, int, int
     if not 1 <= len(axes) <= 3 or any(
         isinstance(a, bool) or not isinstance(a, int | np.integer) or a < 0 for a in axes
     ):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"{what} must be an int or 1 to 3 non-negative ints, got {value!r}",
             fix=f"pass {what} like 64 or (8, 8, 1)",
         )
@@ -274,9 +274,10 @@ def plan_dispatch(
         workgroup_override: Replaces the program's workgroup shape when given.
 
     Raises:
-        InvalidProgram: wrong number of inputs, a grid that cannot be inferred, a
-            ``grid_override`` or ``workgroup_override`` that is not 1 to 3
-            non-negative ints, or more than 2**32 lanes on an axis (``gid`` is a u32).
+        InvalidProgram: wrong number of inputs, a grid that cannot be inferred, or
+            more than 2**32 lanes on an axis (``gid`` is a u32).
+        InvalidArgument: a ``grid_override`` or ``workgroup_override`` that is not
+            1 to 3 non-negative ints.
     """
     memo_key = (
         "plan",

@@ -361,7 +361,7 @@ class Prefetcher:
             True when idle, False when ``timeout`` seconds passed first.
 
         Raises:
-            InvalidProgram: ``timeout`` is not a number of seconds (any size) or None.
+            InvalidArgument: ``timeout`` is not a number of seconds (any size) or None.
         """
         limit = wait_seconds(timeout, example="prefetcher.drain(timeout=5.0)")
         deadline = time.monotonic() + limit if math.isfinite(limit) else math.inf

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async.arguments import real_number
-from vyre_async.errors import BackendError, BackendNotFound, InvalidProgram, UnsupportedFeature
+from vyre_async.errors import BackendError, BackendNotFound, InvalidArgument, UnsupportedFeature
 
 if TYPE_CHECKING:
     import logging
@@ -80,24 +80,24 @@ class BackendRegistration:
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"backend id must be a non-empty str, got {self.id!r}",
                 fix='name the backend, e.g. id="mybackend"',
             )
         if isinstance(self.factory, str) and ":" not in self.factory:
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"backend {self.id!r}: factory {self.factory!r} must look like 'module:callable'",
                 fix='write the factory as "package.module:callable"',
             )
         if not isinstance(self.factory, str) and not callable(self.factory):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"backend {self.id!r}: factory must be a 'module:callable' path or a callable, "
                 f"got {self.factory!r}",
                 fix="pass the backend class or a function that builds it",
             )
         precedence = real_number(self.precedence)
         if not math.isfinite(precedence):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"backend {self.id!r}: precedence must be a finite number, got {self.precedence!r}",
                 fix="pass precedence=100 (lower wins among equally capable backends)",
             )
@@ -107,7 +107,7 @@ class BackendRegistration:
         object.__setattr__(self, "precedence", plain)
         probe = self.probe
         if probe is not None and not (callable(probe) or (isinstance(probe, str) and ":" in probe)):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"backend {self.id!r}: probe must be a 'module:callable' path, a callable or "
                 f"None, got {probe!r}",
                 fix='write the probe as "package.module:callable", or leave it out',
@@ -183,17 +183,17 @@ def register_backend(registration: BackendRegistration, *, replace: bool = False
     """Register a backend in this process, without an entry point (tests, embedding).
 
     Raises:
-        InvalidProgram: ``registration`` is not a `BackendRegistration`, or its id
+        InvalidArgument: ``registration`` is not a `BackendRegistration`, or its id
             is already registered in-process and ``replace`` is False.
     """
     if not isinstance(registration, BackendRegistration):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"register_backend expects a BackendRegistration, got {registration!r}",
             fix='pass BackendRegistration(id="...", factory=...)',
         )
     with _lock:
         if registration.id in _local and not replace:
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"backend {registration.id!r} is already registered",
                 fix="pass replace=True to replace it, or register under another id",
             )
@@ -255,10 +255,10 @@ def acquire_backend(backend_id: str) -> VyreBackend:
         BackendNotFound: no installed backend has that id; the message lists the ids.
         UnsupportedFeature: the backend cannot start here (no device, no driver);
             the message names the cause and a fix.
-        InvalidProgram: ``backend_id`` is not a string.
+        InvalidArgument: ``backend_id`` is not a string.
     """
     if not isinstance(backend_id, str):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"a backend id is a str, got {backend_id!r}",
             fix='pass one id, e.g. acquire_backend("reference") (vyre-async info lists them)',
         )

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.arguments import whole_number
-from vyre_async.errors import InvalidProgram, host_out_of_memory
-from vyre_async.ir.types import Access, BufferDecl, DType, as_dtype
+from vyre_async.arguments import dtype_argument, whole_number
+from vyre_async.errors import InvalidArgument, InvalidProgram, host_out_of_memory
+from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.plan import check_buffer_bytes, normalize_input
 
 __all__ = ["ResidentBuffer", "alloc_request", "check_buffer", "upload_request"]
@@ -112,10 +112,10 @@ def check_buffer(buffer: object, operation: str) -> ResidentBuffer:
     """Return ``buffer`` if it is a `ResidentBuffer`, for ``download``/``free`` and the like.
 
     Raises:
-        InvalidProgram: it is anything else.
+        InvalidArgument: it is anything else.
     """
     if not isinstance(buffer, ResidentBuffer):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"{operation} takes a ResidentBuffer (from backend.upload or backend.alloc), "
             f"got a {type(buffer).__name__}",
             fix=f"pass the buffer upload() or alloc() returned to {operation}()",
@@ -127,10 +127,10 @@ def check_label(label: object, what: str) -> None:
     """A resident buffer's label is a str or None (one rule for ``upload`` and ``alloc``).
 
     Raises:
-        InvalidProgram: it is anything else.
+        InvalidArgument: it is anything else.
     """
     if label is not None and not isinstance(label, str):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"{what} label must be a str or None, got {label!r}", fix='pass e.g. label="weights"'
         )
 
@@ -147,11 +147,12 @@ def alloc_request(
         label: The buffer's label: a str or None.
 
     Raises:
-        InvalidProgram: an unknown dtype, a count that is not an int >= 0, a
-            buffer over ``max_bytes``, or a label that is not a str.
+        InvalidArgument: an unknown dtype, a count that is not an int >= 0, or a
+            label that is not a str.
+        InvalidProgram: a buffer over ``max_bytes``.
     """
     check_label(label, "alloc")
-    kind = as_dtype(dtype, "alloc dtype")
+    kind = dtype_argument("alloc dtype", dtype)
     elements = whole_number("alloc count", count, example="alloc('u32', 1024)")
     check_buffer_bytes(4 * elements, max_bytes, f"a buffer of {elements} elements")
     return kind, elements
@@ -175,8 +176,8 @@ def upload_request(
 
     Raises:
         InvalidProgram: an unsupported dtype or type, bytes not made of 4-byte
-            words, data over ``max_bytes`` (checked before anything is copied),
-            or a label that is not a str.
+            words, or data over ``max_bytes`` (checked before anything is copied).
+        InvalidArgument: a label that is not a str.
         DeviceOutOfMemory: the host could not hold the copy.
     """
     check_label(label, "upload")

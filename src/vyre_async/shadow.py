@@ -26,7 +26,7 @@ from vyre_async._exports import public_dir as _public_dir
 from vyre_async.backend import VyreBackend
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
-from vyre_async.errors import InvalidProgram
+from vyre_async.errors import InvalidArgument
 from vyre_async.frontend import Launch
 from vyre_async.ir.ops import TRANSCENDENTAL, UnOp
 from vyre_async.ir.program import Program
@@ -184,32 +184,32 @@ def assert_conformance(
     Raises:
         Divergence: an output differs (transcendental F32 ops compared within
             ``ulp_budget``).
-        InvalidProgram: ``cases`` holds no case (an empty list or iterator) or
+        InvalidArgument: ``cases`` holds no case (an empty list or iterator) or
             something that is not a `ConformanceCase`, or a backend argument is
             not a backend.
     """
     for name, value in (("backend", backend), ("reference", reference)):
         if not isinstance(value, VyreBackend):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"assert_conformance {name} must be a backend, got a {type(value).__name__}",
                 fix=f'pass a backend, e.g. acquire_backend("reference") as {name}',
             )
     bad_case_fix = 'pass [ConformanceCase(label="xor", program=p, inputs=[a, b]), ...]'
     given: object = cases  # (typed loosely: callers pass anything)
     if isinstance(given, str | bytes) or not isinstance(given, Iterable):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"assert_conformance takes ConformanceCase items, got a {type(given).__name__}",
             fix=bad_case_fix,
         )
     cases = list(given)  # (an iterator is consumed once, here: its length counts)
     if not cases:
-        raise InvalidProgram(
+        raise InvalidArgument(
             "assert_conformance got no cases, so it would prove nothing",
             fix="pass at least one ConformanceCase",
         )
     for case in cases:
         if not isinstance(case, ConformanceCase):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"assert_conformance takes ConformanceCase items, got a {type(case).__name__}",
                 fix=bad_case_fix,
             )
@@ -273,7 +273,7 @@ def ShadowBackend(
         seed: Seed of the sampling generator, for reproducible tests.
 
     Raises:
-        InvalidProgram: ``sample_rate`` is not a number in 0..1, a backend
+        InvalidArgument: ``sample_rate`` is not a number in 0..1, a backend
             argument is not a backend, or ``on_divergence`` is not callable.
     """
     executor = ShadowExecutor(
@@ -310,24 +310,24 @@ class ShadowExecutor(Executor):
             or not isinstance(given, numbers.Real)
             or not 0.0 <= float(given) <= 1.0  # (False for NaN)
         ):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"sample_rate must be a number within 0..1, got {sample_rate!r}",
                 fix="pass e.g. sample_rate=0.01 (1 % of dispatches compared)",
             )
         sample_rate = float(given)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"seed must be an int or None, got {seed!r}",
                 fix="pass e.g. seed=7, or leave it out",
             )
         for name, value in (("primary", primary), ("reference", reference)):
             if not isinstance(value, VyreBackend):
-                raise InvalidProgram(
+                raise InvalidArgument(
                     f"ShadowBackend {name} must be a backend, got a {type(value).__name__}",
                     fix=f'pass a backend, e.g. acquire_backend("reference") as {name}',
                 )
         if on_divergence is not None and not callable(on_divergence):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"on_divergence must be callable or None, got {on_divergence!r}",
                 fix="pass a function taking a Divergence",
             )

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async._version import __version__
-from vyre_async.errors import DispatchTimeout, InvalidProgram
+from vyre_async.errors import DispatchTimeout, InvalidArgument, InvalidProgram
 from vyre_async.ir.program import Program
 
 if TYPE_CHECKING:
@@ -270,11 +270,11 @@ def set_enabled(enabled: bool) -> None:
     tiny; this switch exists to measure that cost and for hot loops.
 
     Raises:
-        InvalidProgram: ``enabled`` is not a bool (``"off"`` would read as True).
+        InvalidArgument: ``enabled`` is not a bool (``"off"`` would read as True).
     """
     global _enabled
     if not isinstance(enabled, bool):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"set_enabled takes True or False, got {enabled!r}",
             fix="pass set_enabled(False) to turn telemetry off",
         )
@@ -364,13 +364,13 @@ def _sdk_installed() -> tuple[bool, bool]:
 
 def _detail_from(value: object) -> str:
     if not isinstance(value, str):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"the tracing detail is a str, got {value!r}",
             fix="pass detail='span' or detail='phases'",
         )
     detail = value.strip().lower() or "span"
     if detail not in TRACE_DETAILS:
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"unknown tracing detail {value!r}; choose one of {', '.join(TRACE_DETAILS)}",
             fix="set VYRE_TRACE_DETAIL (or pass detail=) to 'span' or 'phases'",
         )
@@ -394,7 +394,7 @@ def set_trace_detail(detail: str) -> None:
     costs the SDK a span. The starting value comes from ``VYRE_TRACE_DETAIL``.
 
     Raises:
-        InvalidProgram: ``detail`` is not one of `TRACE_DETAILS`.
+        InvalidArgument: ``detail`` is not one of `TRACE_DETAILS`.
     """
     global _detail
     _detail = _detail_from(detail)

@@ -35,7 +35,7 @@ from typing import Any
 from vyre_async import telemetry
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async.arguments import duration
-from vyre_async.errors import InvalidProgram, UnsupportedFeature
+from vyre_async.errors import InvalidArgument, UnsupportedFeature
 
 try:
     from opentelemetry import trace
@@ -100,7 +100,7 @@ def configure_tracing(
             ``VYRE_TRACE_DETAIL`` chose (``"span"`` when unset).
 
     Raises:
-        InvalidProgram: an unknown ``spec`` or ``detail``, or ``export_timeout_s``
+        InvalidArgument: an unknown ``spec`` or ``detail``, or ``export_timeout_s``
             not a positive finite number of seconds (also a ``ValueError``).
         UnsupportedFeature: the SDK or the OTLP exporter is not installed.
     """
@@ -108,7 +108,7 @@ def configure_tracing(
         "export_timeout_s", export_timeout_s, positive=True, example="export_timeout_s=2.0"
     )
     if not isinstance(spec, str):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"the trace spec must be a str, got {spec!r}",
             fix="choose none, console, otlp or file:PATH (for example file:traces.jsonl)",
         )
@@ -117,7 +117,7 @@ def configure_tracing(
     if spec == "none":
         return None
     if spec not in ("console", "otlp") and not (spec.startswith("file:") and len(spec) > 5):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"--trace must be one of {', '.join(TRACE_CHOICES)}, got {spec!r}",
             fix="choose none, console, otlp or file:PATH (for example file:traces.jsonl)",
         )
@@ -148,7 +148,7 @@ def configure_tracing(
             except ValueError:  # not a number: the exporter warns and uses its default
                 seconds = 10.0
             if not 0 < seconds <= _MAX_EXPORT_TIMEOUT_S:  # (False for NaN and infinity)
-                raise InvalidProgram(
+                raise InvalidArgument(
                     f"{name}={raw!r} is not a usable timeout: every export would fail at once",
                     fix=f"set {name} to a number of seconds above 0 and at most "
                     f"{_MAX_EXPORT_TIMEOUT_S:g} (e.g. 10), or unset it",
@@ -227,7 +227,7 @@ def _batch_processor(exporter: SpanExporter, export_timeout_s: float) -> BatchSp
         return BatchSpanProcessor(exporter, export_timeout_millis=timeout_ms)
     except ValueError as exc:  # the SDK validates the OTEL_BSP_* variables it reads
         settings = {k: v for k, v in os.environ.items() if k.startswith("OTEL_BSP_")}
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"the batch span processor refused its settings: {exc} (environment: {settings})",
             fix="set each OTEL_BSP_* variable to a positive whole number, or unset it",
         ) from exc
@@ -269,7 +269,7 @@ class OtlpJsonFileExporter(SpanExporter):
     ``vyre_async.tracing``, never silently.
 
     Raises:
-        InvalidProgram: spans cannot be written to ``path``.
+        InvalidArgument: spans cannot be written to ``path``.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -282,7 +282,7 @@ class OtlpJsonFileExporter(SpanExporter):
             with self.path.open("a", encoding="utf-8"):
                 pass
         except (OSError, ValueError) as exc:
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"cannot write spans to {str(path)!r}: {type(exc).__name__}: {exc}",
                 fix="choose a file in a folder you can write to, e.g. file:traces.jsonl",
             ) from exc

@@ -68,6 +68,7 @@ from vyre_async.errors import (
     BackendClosed,
     BackendError,
     DispatchFailed,
+    InvalidArgument,
     InvalidProgram,
     UnsupportedFeature,
 )
@@ -124,10 +125,11 @@ def create_backend(
     Raises:
         UnsupportedFeature: no CuPy, no usable CUDA driver, or no device; the
             message names the cause and how to fix it.
+        InvalidArgument: ``disk_cache`` is another str, or an argument is out of range.
     """
     cache = DiskPipelineCache() if disk_cache == "default" else disk_cache
     if isinstance(cache, str):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"disk_cache must be 'default', a DiskPipelineCache or None, got {cache!r}",
             fix="pass disk_cache=DiskPipelineCache(path) for another directory",
         )
@@ -148,6 +150,7 @@ class CupyExecutor(Executor):
 
     Raises:
         UnsupportedFeature: no CuPy, no usable CUDA driver, or no such device.
+        InvalidArgument: ``device`` or ``streams`` is not a whole number in range.
     """
 
     id = "cupy"
@@ -422,6 +425,7 @@ class CupyExecutor(Executor):
         Raises:
             InvalidProgram: unsupported dtype or type, bytes not made of 4-byte
                 words, or data over the device's largest buffer.
+            InvalidArgument: ``label`` is not a str or None.
             DeviceOutOfMemory: the device (or the host, for the copy) has no room for it.
             BackendClosed: the backend was closed.
         """
@@ -435,8 +439,9 @@ class CupyExecutor(Executor):
         """Allocate a zero-filled device buffer of ``count`` elements.
 
         Raises:
-            InvalidProgram: an unknown dtype, a count that is not an int >= 0, or a
-                buffer over the device's largest buffer.
+            InvalidArgument: an unknown dtype, a count that is not an int >= 0, or
+                a label that is not a str.
+            InvalidProgram: a buffer over the device's largest buffer.
             DeviceOutOfMemory: the device has no room for it.
             BackendClosed: the backend was closed.
         """
@@ -486,6 +491,7 @@ class CupyExecutor(Executor):
 
         Raises:
             InvalidProgram: the buffer belongs to another backend instance or was freed.
+            InvalidArgument: ``buffer`` is not a `ResidentBuffer`.
             BackendClosed: the backend was closed.
         """
         self._check_open()
@@ -519,6 +525,7 @@ class CupyExecutor(Executor):
         Raises:
             InvalidProgram: the buffer belongs to another backend instance or was
                 already freed (freeing after close is allowed).
+            InvalidArgument: ``buffer`` is not a `ResidentBuffer`.
         """
         check_buffer(buffer, "free").native(self)
         # The core has no public way for the owning backend to release a handle yet.

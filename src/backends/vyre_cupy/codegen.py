@@ -47,7 +47,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from vyre_async.abc import public_dir as _public_dir
-from vyre_async.errors import InvalidProgram
+from vyre_async.errors import InvalidArgument, InvalidProgram
 from vyre_async.ir.expr import (
     Atomic,
     Bin,
@@ -171,11 +171,12 @@ def generate(program: Program, *, entry: str = DEFAULT_ENTRY) -> KernelSource:
         The generated translation unit and its launch ABI.
 
     Raises:
-        InvalidProgram: ``entry`` is not a C identifier, or the program names an
-            undeclared buffer or variable or is ill-typed (never for a valid program).
+        InvalidArgument: ``entry`` is not a C identifier.
+        InvalidProgram: the program names an undeclared buffer or variable or is
+            ill-typed (never for a valid program).
     """
     if not isinstance(entry, str) or not _ENTRY_RE.fullmatch(entry):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"kernel entry name {entry!r} is not a C identifier of at most 64 characters",
             fix="pass an entry such as 'vyre_main' (letters, digits and '_', not starting "
             "with a digit)",

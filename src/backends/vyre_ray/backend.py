@@ -61,7 +61,7 @@ from vyre_async.errors import (
     BackendClosed,
     BackendError,
     DeviceLost,
-    InvalidProgram,
+    InvalidArgument,
     UnsupportedFeature,
 )
 from vyre_async.ir.program import Program
@@ -113,7 +113,7 @@ def create_backend(**kwargs: Any) -> VyreBackend:
 
     Raises:
         UnsupportedFeature: Ray is not installed, or neither variable is set.
-        InvalidProgram: ``VYRE_RAY_LOCAL_WORKERS`` is not a whole number >= 1.
+        InvalidArgument: ``VYRE_RAY_LOCAL_WORKERS`` is not a whole number >= 1.
     """
     own = {k: v for k, v in kwargs.items() if k in _EXECUTOR_ARGS}
     rest = {k: v for k, v in kwargs.items() if k not in _EXECUTOR_ARGS}
@@ -198,7 +198,7 @@ def probe(environ: Mapping[str, str] | None = None) -> None:
     Raises:
         UnsupportedFeature: Ray is not installed, or no cluster is named (neither
             ``RAY_ADDRESS`` nor ``VYRE_RAY_LOCAL_WORKERS``).
-        InvalidProgram: ``VYRE_RAY_LOCAL_WORKERS`` is not a whole number >= 1.
+        InvalidArgument: ``VYRE_RAY_LOCAL_WORKERS`` is not a whole number >= 1.
     """
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():  # connected already: acquire uses it
@@ -225,7 +225,7 @@ def _local_workers(environ: Mapping[str, str] | None = None) -> int | None:
     except ValueError:
         workers = 0
     if workers < 1:
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"VYRE_RAY_LOCAL_WORKERS must be a whole number >= 1, got {raw!r}",
             fix="set VYRE_RAY_LOCAL_WORKERS=2 (or unset it and set RAY_ADDRESS)",
         )
@@ -247,7 +247,7 @@ def cluster_target(
 
     Raises:
         UnsupportedFeature: none of them is given.
-        InvalidProgram: ``VYRE_RAY_LOCAL_WORKERS`` is not a whole number >= 1.
+        InvalidArgument: ``VYRE_RAY_LOCAL_WORKERS`` is not a whole number >= 1.
     """
     target = address or environ.get("RAY_ADDRESS") or None
     if target is not None:
@@ -371,7 +371,7 @@ class RayExecutor(Executor):
     Raises:
         UnsupportedFeature: Ray is not installed, no cluster is named, or it
             cannot be reached; the workers cannot start.
-        InvalidProgram: ``workers`` or ``VYRE_RAY_LOCAL_WORKERS`` is not >= 1;
+        InvalidArgument: ``workers`` or ``VYRE_RAY_LOCAL_WORKERS`` is not >= 1;
             ``num_gpus_per_worker`` is not a number >= 0; ``worker_env`` does
             not map str to str.
     """
@@ -806,7 +806,7 @@ def _check_worker_options(
         or not isinstance(num_gpus_per_worker, int | float)
         or not num_gpus_per_worker >= 0
     ):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"num_gpus_per_worker must be a number >= 0, got {num_gpus_per_worker!r}",
             fix="pass num_gpus_per_worker=1 for one GPU per worker, or leave it out",
         )
@@ -814,7 +814,7 @@ def _check_worker_options(
         not isinstance(worker_env, Mapping)
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in worker_env.items())
     ):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"worker_env must map str to str, got {worker_env!r}",
             fix='pass strings, e.g. worker_env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://..."}',
         )

@@ -113,7 +113,7 @@ def reference_backend(
             are daemons and never keep the process alive).
 
     Raises:
-        InvalidProgram: an argument is out of range.
+        InvalidArgument: an argument is out of range.
     """
     from vyre_async.abc import VyreBackend
 
@@ -129,7 +129,7 @@ class ReferenceExecutor(Executor):
             ``dispatch()`` itself (0 disables inline execution).
 
     Raises:
-        InvalidProgram: an argument is out of range.
+        InvalidArgument: an argument is out of range.
     """
 
     id = "reference"
@@ -488,6 +488,7 @@ class ReferenceExecutor(Executor):
 
         Raises:
             InvalidProgram: an unsupported dtype or type, or data over 4 GiB.
+            InvalidArgument: ``label`` is not a str or None.
             DeviceOutOfMemory: the host could not hold the copy.
             BackendClosed: the backend was closed.
         """
@@ -499,8 +500,9 @@ class ReferenceExecutor(Executor):
         """Allocate a zero-filled resident buffer of ``count`` elements.
 
         Raises:
-            InvalidProgram: an unknown dtype, a count that is not an int >= 0, or
-                a buffer over 4 GiB.
+            InvalidArgument: an unknown dtype, a count that is not an int >= 0, or
+                a label that is not a str.
+            InvalidProgram: a buffer over 4 GiB.
             DeviceOutOfMemory: the host could not allocate it.
             BackendClosed: the backend was closed.
         """
@@ -520,6 +522,7 @@ class ReferenceExecutor(Executor):
 
         Raises:
             InvalidProgram: the buffer belongs to another backend instance or was freed.
+            InvalidArgument: ``buffer`` is not a `ResidentBuffer`.
             BackendClosed: the backend was closed (also while waiting).
         """
         self._check_open()
@@ -539,6 +542,7 @@ class ReferenceExecutor(Executor):
 
         Raises:
             InvalidProgram: the buffer belongs to another backend instance or was freed.
+            InvalidArgument: ``buffer`` is not a `ResidentBuffer`.
         """
         check_buffer(buffer, "free").native(self)
         buffer.release(self)

@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from vyre_async.abc import BindingPlan, HostInput, normalize_inputs, plan_dispatch
 from vyre_async.abc import public_dir as _public_dir
-from vyre_async.errors import InvalidProgram
+from vyre_async.errors import InvalidArgument, InvalidProgram
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import Access
 from vyre_reference.compile import CompiledProgram, compile_program
@@ -95,19 +95,20 @@ def run_plan(
         One array per output buffer, in ``plan.outputs`` order.
 
     Raises:
-        InvalidProgram: the arrays do not match the plan, or ``fixpoint_iterations < 1``.
+        InvalidProgram: the arrays do not match the plan.
+        InvalidArgument: ``fixpoint_iterations`` is not an int >= 1.
         Cancelled: ``cancel`` was set.
     """
     program = plan.program
     if compiled is None or compiled.program is not program:
         compiled = compile_program(program)
     if isinstance(fixpoint_iterations, bool) or not isinstance(fixpoint_iterations, int):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"fixpoint_iterations must be an int, got {fixpoint_iterations!r}",
             fix="pass a positive integer",
         )
     if fixpoint_iterations < 1:
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"fixpoint_iterations must be at least 1, got {fixpoint_iterations}",
             fix="pass fixpoint_iterations=1 for a single launch",
         )

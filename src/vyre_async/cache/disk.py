@@ -85,7 +85,7 @@ from vyre_async.cache.files import (
     temp_name_pattern,
     unlink_unchanged,
 )
-from vyre_async.errors import InvalidProgram
+from vyre_async.errors import InvalidArgument
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -235,7 +235,7 @@ class DiskPipelineCache:
             entries are evicted beyond it.
 
     Raises:
-        InvalidProgram: ``max_bytes`` is not an int >= 0, or ``root`` is not a path.
+        InvalidArgument: ``max_bytes`` is not an int >= 0, or ``root`` is not a path.
     """
 
     def __init__(
@@ -256,10 +256,10 @@ class DiskPipelineCache:
         """Return the file that holds entry ``key`` (64 lowercase hex characters).
 
         Raises:
-            InvalidProgram: ``key`` is not 64 lowercase hex characters.
+            InvalidArgument: ``key`` is not 64 lowercase hex characters.
         """
         if not isinstance(key, str) or _KEY.fullmatch(key) is None:
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"cache key must be 64 lowercase hex characters, got {key!r}",
                 fix="pass a pipeline identity's .hex (a lowercase blake3 hex digest)",
             )
@@ -277,7 +277,7 @@ class DiskPipelineCache:
         anything: the next `put` replaces a bad regular file.
 
         Raises:
-            InvalidProgram: ``key`` is not 64 lowercase hex characters.
+            InvalidArgument: ``key`` is not 64 lowercase hex characters.
         """
         path = self.path_for(key)
         try:
@@ -400,7 +400,7 @@ class DiskPipelineCache:
         stay); ``max_bytes=0`` keeps nothing.
 
         Raises:
-            InvalidProgram: ``key`` is not 64 lowercase hex characters, or
+            InvalidArgument: ``key`` is not 64 lowercase hex characters, or
                 ``payload`` is not bytes (bytes, bytearray or a contiguous
                 memoryview).
         """
@@ -409,7 +409,7 @@ class DiskPipelineCache:
         if not isinstance(given, bytes | bytearray | memoryview) or (
             isinstance(given, memoryview) and not given.c_contiguous
         ):
-            raise InvalidProgram(
+            raise InvalidArgument(
                 f"a pipeline cache entry holds bytes, got a {type(given).__name__}",
                 fix="pass the bytes of the serialised pipeline",
             )

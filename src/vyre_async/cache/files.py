@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.errors import InvalidProgram
+from vyre_async.errors import InvalidArgument
 
 __all__ = [
     "STALE_TEMP_SECONDS",
@@ -278,13 +278,13 @@ def root_directory(root: object, default: Callable[[], Path], what: str) -> Path
     """Return a cache's root directory: ``root`` (a path, ``~`` expanded), else ``default()``.
 
     Raises:
-        InvalidProgram: ``root`` is neither None, a string nor a path-like object, or
+        InvalidArgument: ``root`` is neither None, a string nor a path-like object, or
             is a path no file system accepts (a NUL character, an empty string).
     """
     if root is None:
         return default()
     if not isinstance(root, str | os.PathLike):
-        raise InvalidProgram(
+        raise InvalidArgument(
             f"{what} root must be a directory path (str or os.PathLike), got {root!r}",
             fix=f'pass a path, e.g. {what}("~/.cache/vyre"), or None for the default',
         )
@@ -300,7 +300,7 @@ def root_directory(root: object, default: Callable[[], Path], what: str) -> Path
                 why = " (it has no file system name: a lone surrogate)"
             else:
                 return Path(text).expanduser()
-    raise InvalidProgram(
+    raise InvalidArgument(
         f"{what} root {root!r} is not a usable directory path{why}",
         fix=f'pass a path, e.g. {what}("~/.cache/vyre"), or None for the default',
     )
