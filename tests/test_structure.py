@@ -21,7 +21,9 @@ ROOT = Path(vyre_async.__file__).parent
 ALLOWED_CYCLE = {"vyre_async.ir.program", "vyre_async.ir.wire"}
 #: Modules below the backend base class: they must not import it.
 ENGINE = (
-    "vyre_async.calibration",
+    "vyre_async.calibration.probes",
+    "vyre_async.calibration.record",
+    "vyre_async.calibration.store",
     "vyre_async.execution",
     "vyre_async.frontend",
     "vyre_async.pending",

@@ -278,10 +278,10 @@ def test_the_policy_picks_the_mode_from_calibration(
 
 
 def _forget_calibration(backend: VyreBackend) -> None:
-    from vyre_async import calibration
+    from vyre_async.calibration import store
 
-    with calibration._memo_lock:
-        calibration._memo.pop(backend, None)
+    with store._memo_lock:
+        store._memo.pop(backend, None)
 
 
 def test_a_requested_mode_the_config_disables_is_refused(backend: VyreBackend) -> None:

@@ -784,7 +784,7 @@ def test_resident_gain_is_validated(bad: Any) -> None:
 def test_records_with_the_policy_fields_still_begin_like_temp_files_do(tmp_path: Path) -> None:
     # The store recognises its temp files by how every record it writes begins
     # (sorted keys: "backend_id" first); the basis-point fields sort after it.
-    from vyre_async.calibration import _RECORD_HEAD, _encode
+    from vyre_async.calibration.store import _RECORD_HEAD, _encode
 
     record = replace(GPU_LIKE, concurrent_overlap_bps=-5, resident_gain_bps=-1_500)
     assert _encode(record).startswith(_RECORD_HEAD)

@@ -709,8 +709,8 @@ def _calibrated(
         concurrent_overlap_bps=overlap_bps,
         resident_gain_bps=gain_bps,
     )
-    with calibration._memo_lock:
-        calibration._memo[backend] = record
+    with calibration.store._memo_lock:
+        calibration.store._memo[backend] = record
     return backend
 
 
