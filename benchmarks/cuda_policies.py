@@ -112,7 +112,7 @@ def consume() -> Program:
 
 def benchmark_programs() -> list[Program]:
     """Every program this benchmark dispatches (the fake-device test builds them)."""
-    from vyre_async.graph import _resident_variant
+    from vyre_async.graph.schedule import _resident_variant
 
     arms = [spin_arm(tag) for tag in range(4)]
     cycle = [spin_arm(tag) for tag in PREFETCH_TAGS]
