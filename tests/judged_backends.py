@@ -195,7 +195,7 @@ class RunsInDispatch(Base):
         self._check_open()
         if launch.resident:
             return super().enqueue(launch)
-        self._run_inline(launch)
+        self._run_inline(launch, launch.config.iterations)
         return launch.pending
 
 

@@ -5,7 +5,7 @@ Build a `Program`, then ``outputs = await backend.dispatch(program, inputs)``.
 
 from vyre_async._version import __version__
 from vyre_async.backend import CORE_OPS, VyreBackend
-from vyre_async.cache import MemoryPipelineCache, PipelineIdentity
+from vyre_async.cache import PipelineIdentity
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import (
@@ -43,6 +43,7 @@ from vyre_async.registry import (
     registered_backends,
 )
 from vyre_async.resident import ResidentBuffer
+from vyre_async.store import CacheStats, MemoryPipelineCache
 
 __all__ = [
     "CORE_OPS",
@@ -53,6 +54,7 @@ __all__ = [
     "BackendNotFound",
     "BackendRegistration",
     "BufferDecl",
+    "CacheStats",
     "CompiledPipeline",
     "ConformanceCase",
     "CooperativeResidencyExceeded",

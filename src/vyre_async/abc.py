@@ -48,9 +48,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from vyre_async._executor import Executor, poll_until
+from vyre_async._executor import Executor, Launch, poll_until
 from vyre_async._exports import public_dir
-from vyre_async._launch import Launch
 from vyre_async._version import __version__
 from vyre_async.arguments import duration, whole_number
 from vyre_async.capabilities import FEATURES, BackendCapabilities

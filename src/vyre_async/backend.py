@@ -12,23 +12,20 @@ hooks. ``docs/architecture.md`` follows one dispatch through them;
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
-from vyre_async import telemetry
 from vyre_async._executor import Executor, poll_until
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async.arguments import duration, whole_number
 from vyre_async.cache.identity import PipelineIdentity
-from vyre_async.cache.memory import CacheStats, MemoryPipelineCache
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import InvalidArgument, InvalidProgram
-from vyre_async.frontend import DispatchFrontEnd, InputLike, as_config
+from vyre_async.frontend import DEFAULT_CONFIG, DispatchFrontEnd, InputLike, as_config
 from vyre_async.ir.ops import CORE_OPS
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import DType
@@ -37,7 +34,7 @@ from vyre_async.ir.walk import ops_used
 from vyre_async.pending import PendingDispatch, refuse_blocking_in_loop
 from vyre_async.pipeline import CompiledPipeline
 from vyre_async.resident import ResidentBuffer
-from vyre_async.store import PipelineStore
+from vyre_async.store import CacheStats, MemoryPipelineCache, PipelineStore
 
 if TYPE_CHECKING:
     from vyre_async.cache.disk import DiskPipelineCache
@@ -63,7 +60,6 @@ def _is_disk_cache(value: object) -> bool:
     return isinstance(value, DiskPipelineCache)
 
 
-_DEFAULT_CONFIG = DispatchConfig()
 #: Default seconds `VyreBackend.aclose` waits for work it cannot stop at once.
 CLOSE_TIMEOUT_S = 5.0
 
@@ -158,6 +154,7 @@ class VyreBackend:
         self.front = DispatchFrontEnd(executor, None)
         #: The pipeline store (`vyre_async.store.PipelineStore`).
         self.store = PipelineStore(executor, self.front, capacity, disk_cache, owner=self)
+        self.front.lookup = self.store.lookup
         #: The in-memory pipeline LRU (``store.memory``).
         self.pipelines: MemoryPipelineCache[CompiledPipeline] = self.store.memory
         #: Where compiled pipelines persist across processes, or None.
@@ -349,7 +346,7 @@ class VyreBackend:
                 fix="pass the Program you dispatch",
             )
         validate_or_raise(program)
-        return self.store.identity(program, as_config(config, _DEFAULT_CONFIG))
+        return self.store.identity(program, as_config(config, DEFAULT_CONFIG))
 
     def compile(self, program: Program, config: DispatchConfig | None = None) -> CompiledPipeline:
         """Return ``program`` compiled for this backend (memory cache → disk cache → build).
@@ -361,7 +358,9 @@ class VyreBackend:
             KernelCompileFailed: the backend's compiler rejected it.
             BackendClosed: the backend was closed.
         """
-        cfg = as_config(config, _DEFAULT_CONFIG)
+        if self.front.closed:
+            self.front.check_open()
+        cfg = as_config(config, DEFAULT_CONFIG)
         pipeline, _ = self.store.lookup(program, cfg)
         if pipeline.program != program or pipeline.config != cfg:
             # One compiled kernel serves programs that differ only in buffer counts
@@ -414,31 +413,7 @@ class VyreBackend:
             BackendClosed: the backend was closed.
             DeviceOutOfMemory: the host could not hold a copy of the inputs.
         """
-        called = time.monotonic()  # the timeout counts from here, compilation included
-        trace = telemetry.start_dispatch()
-        try:
-            cfg = as_config(config, _DEFAULT_CONFIG)
-            started_ns = time.time_ns()
-            pipeline, hit = self.store.lookup(program, cfg)
-            if hit:  # (positional: this is every warm dispatch)
-                return self.front.launch(
-                    pipeline, inputs, cfg, True, 0.0, trace, None, program, called
-                )
-            compiled_ns = time.time_ns()
-            return self.front.launch(
-                pipeline,
-                inputs,
-                cfg,
-                cache_hit=False,
-                compile_s=(compiled_ns - started_ns) / 1e9,
-                trace=trace,
-                compile_phase=(started_ns, compiled_ns),
-                program=program,
-                called=called,
-            )
-        except BaseException as exc:
-            telemetry.fail_before_launch(trace, exc, self.id, program)
-            raise
+        return self.front.dispatch(program, inputs, config)
 
     def dispatch_sync(
         self,

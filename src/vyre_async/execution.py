@@ -11,7 +11,7 @@ batch or graph submission it governs.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async.calibration import Calibration, calibration_for
@@ -31,7 +31,7 @@ from vyre_async.policies.launch import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from vyre_async._launch import Launch
+    from vyre_async.pending import DispatchCompleter
     from vyre_async.seams import BackendLike
 
 __all__ = [
@@ -161,8 +161,15 @@ def choose_execution_mode(
     )
 
 
+class LaunchLike(Protocol):
+    """A launch as `annotate_mode` reads it: its completer (`vyre_async.abc.Launch`)."""
+
+    @property
+    def completer(self) -> DispatchCompleter: ...
+
+
 def annotate_mode(
-    launches: Sequence[Launch],
+    launches: Sequence[LaunchLike],
     decision: ExecutionDecision,
     applied: str,
     reason: str | None = None,

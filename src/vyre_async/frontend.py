@@ -1,15 +1,18 @@
-"""The dispatch front end: check inputs, plan, make the launch record, enqueue.
+"""The dispatch front end: one submit path from a call to the executor's ``enqueue``.
 
-Every dispatch — ``backend.dispatch``, ``pipeline.dispatch``, each item of
-``pipeline.dispatch_batch`` — goes through `DispatchFrontEnd.launch` once its
-pipeline is known (`vyre_async.store` finds or compiles it). The work splits
-in two:
+Every dispatch enters here: ``backend.dispatch`` (`DispatchFrontEnd.dispatch`,
+which finds or compiles the pipeline through the store), ``pipeline.dispatch``
+(`DispatchFrontEnd.dispatch_pipeline`) and ``pipeline.dispatch_batch``
+(`DispatchFrontEnd.dispatch_batch`). Each call becomes one `DispatchCall`
+record; its trace is started and, when the call fails before its launch,
+reported here and nowhere else. The work splits in two:
 
 * what depends only on the pipeline, the config and the input sizes — the
   config checks, the declared-size checks, the binding plan, the output-size
-  limit, the workgroup limits — is done once per launch shape and kept in a
-  `LaunchTemplate` (a small LRU per front end, keyed by the program and config
-  objects and the input sizes);
+  limit, the workgroup and grid limits, the executor's ``plan_shape`` — is done
+  once per launch shape and kept in a `LaunchTemplate` (a small LRU per front
+  end, keyed by the program and config objects and the input sizes, looked up
+  once per dispatch);
 * what depends on this call — copying each host input once, the
   `PendingDispatch`, the `Launch` record, the telemetry span, the prefetcher's
   bookkeeping — is all a warm dispatch pays.
@@ -23,15 +26,14 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from vyre_async import telemetry
+from vyre_async._executor import Launch, LaunchTemplate
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async._launch import Launch, LaunchTemplate
-from vyre_async.annotations import current_dispatch_attributes
 from vyre_async.cache.identity import policy_digest
 from vyre_async.capabilities import BackendCapabilities
 from vyre_async.config import MAX_OUTPUT_BYTES_ENV, DispatchConfig, default_max_output_bytes
@@ -57,8 +59,11 @@ from vyre_async.seams import PipelineLike
 
 if TYPE_CHECKING:
     from vyre_async._executor import Executor
+    from vyre_async.execution import ExecutionDecision
 
 __all__ = [
+    "DEFAULT_CONFIG",
+    "DispatchCall",
     "DispatchFrontEnd",
     "InputLike",
     "Launch",
@@ -72,6 +77,8 @@ InputLike = np.ndarray | bytes | bytearray | memoryview | ResidentBuffer
 
 #: Launch shapes one front end remembers (least recently used dropped first).
 TEMPLATE_CAPACITY = 256
+#: The config of a ``dispatch`` given none.
+DEFAULT_CONFIG = DispatchConfig()
 
 
 def check_output_bytes(total: int, cfg: DispatchConfig, what: str) -> None:
@@ -115,13 +122,6 @@ class PrefetchHook(Protocol):
     def schedule(self, job: Any) -> None: ...
 
 
-class _Unstarted:
-    """Marks a `DispatchFrontEnd.launch` call whose dispatch trace has not started yet."""
-
-
-UNSTARTED: Any = _Unstarted()
-
-
 def as_config(config: object, default: DispatchConfig) -> DispatchConfig:
     """Return ``config`` (``default`` for None), refusing anything that is not a config.
 
@@ -138,20 +138,70 @@ def as_config(config: object, default: DispatchConfig) -> DispatchConfig:
     )
 
 
+class DispatchCall:
+    """One call of ``dispatch`` as the front end plans it (built once per call).
+
+    Attributes:
+        program: The program dispatched (it may differ from ``pipeline.program``
+            in buffer counts only).
+        inputs: The caller's inputs, as given.
+        called: ``time.monotonic()`` when the call began (the timeout counts from it).
+        trace: The call's `telemetry.DispatchTrace`, or None when nothing records it.
+        pipeline: The compiled pipeline (set once it is known).
+        config: The config given (None: the pipeline's).
+        cache_hit: False when this call waited for a compile.
+        compile_s: Seconds this call waited for the compile.
+        compile_phase: ``(start_ns, end_ns)`` of that compile, or None.
+    """
+
+    __slots__ = (
+        "cache_hit",
+        "called",
+        "compile_phase",
+        "compile_s",
+        "config",
+        "inputs",
+        "pipeline",
+        "program",
+        "trace",
+    )
+
+    def __init__(
+        self, program: Program, inputs: Sequence[InputLike], called: float, trace: Any
+    ) -> None:
+        self.program = program
+        self.inputs = inputs
+        self.called = called
+        self.trace = trace
+        self.pipeline: Any = None
+        self.config: DispatchConfig | None = None
+        self.cache_hit = True
+        self.compile_s = 0.0
+        self.compile_phase: tuple[int, int] | None = None
+
+
 class DispatchFrontEnd:
     """The front half of every dispatch of one backend (created by `VyreBackend`).
 
     Args:
         executor: The executor whose ``enqueue`` hook starts the work.
         prefetcher: The shape-prediction prefetcher, or None.
+        lookup: Returns ``(pipeline, cache_hit)`` for a program and config: the
+            pipeline store's ``lookup`` (set by `VyreBackend` once it made the store).
 
     Attributes:
         closed: True once the backend was closed: every dispatch is refused.
     """
 
-    def __init__(self, executor: Executor, prefetcher: PrefetchHook | None) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        prefetcher: PrefetchHook | None,
+        lookup: Callable[[Program, DispatchConfig], tuple[Any, bool]] | None = None,
+    ) -> None:
         self.executor = executor
         self.prefetcher = prefetcher
+        self.lookup: Callable[[Program, DispatchConfig], tuple[Any, bool]] = lookup or _no_store
         self.closed = False
         self._copies = bool(executor.copies_inputs)
         self._by_id: OrderedDict[
@@ -195,105 +245,172 @@ class DispatchFrontEnd:
         return specs
 
     # The dispatch path -------------------------------------------------------------
-    def launch(
-        self,
-        pipeline: PipelineLike,
-        inputs: Sequence[InputLike],
-        config: DispatchConfig | None,
-        cache_hit: bool = True,
-        compile_s: float = 0.0,
-        trace: Any = UNSTARTED,
-        compile_phase: tuple[int, int] | None = None,
-        program: Program | None = None,
-        called: float | None = None,
+    # Every dispatch enters through `dispatch`, `dispatch_pipeline` or `dispatch_batch`.
+    # Each opens its trace with `_open` and, when it raises before the launch,
+    # reports it with `_fail`: nowhere else starts or fails a dispatch trace.
+    def dispatch(
+        self, program: Program, inputs: Sequence[InputLike], config: DispatchConfig | None
     ) -> PendingDispatch:
-        """Plan one dispatch of ``program`` (default: the pipeline's) and enqueue it.
+        """Find or compile ``program``'s pipeline, plan the launch and enqueue it.
 
-        ``program`` may differ from ``pipeline.program`` in buffer counts only
-        (they share a kernel digest). ``trace`` is the `telemetry.DispatchTrace`
-        started by the caller; left out, the dispatch span starts here.
+        What ``backend.dispatch`` does (the timeout counts from here,
+        compilation included).
+
+        Raises:
+            InvalidProgram: an invalid program, or inputs that do not fit it.
+            InvalidArgument: ``config`` is not a `DispatchConfig`.
+            UnsupportedFeature: the program or config needs what the backend lacks.
+            KernelCompileFailed: the backend's compiler rejected the program.
+            BackendClosed: the backend was closed.
+        """
+        call = self._open(program, inputs)
+        try:
+            if self.closed:
+                self.check_open()
+            cfg = call.config = as_config(config, DEFAULT_CONFIG)
+            started_ns = time.time_ns()
+            pipeline, hit = self.lookup(program, cfg)
+            call.pipeline = pipeline
+            if not hit:
+                compiled_ns = time.time_ns()
+                call.cache_hit = False
+                call.compile_s = (compiled_ns - started_ns) / 1e9
+                call.compile_phase = (started_ns, compiled_ns)
+            return self._submit(call)
+        except BaseException as exc:
+            self._fail(call, exc)
+            raise
+
+    def dispatch_pipeline(
+        self, pipeline: PipelineLike, inputs: Sequence[InputLike], config: DispatchConfig | None
+    ) -> PendingDispatch:
+        """Plan one dispatch of a compiled ``pipeline`` and enqueue it (``pipeline.dispatch``).
 
         Raises:
             InvalidProgram: wrong inputs, or ``config`` needs different code.
             UnsupportedFeature: the config asks for something the backend lacks.
             BackendClosed: the backend was closed.
         """
-        own_trace = trace is UNSTARTED  # pipeline.dispatch(): the span starts here
-        if own_trace:
-            trace = telemetry.start_dispatch()
-            called = time.monotonic() if called is None else called
+        call = self._open(pipeline.program, inputs)
+        call.pipeline = pipeline
+        call.config = config
         try:
-            launch, job = self._prepare(
-                pipeline,
-                inputs,
-                config,
-                cache_hit,
-                compile_s,
-                trace,
-                compile_phase,
-                program,
-                called,
-            )
-            self.executor.enqueue(launch)
+            return self._submit(call)
         except BaseException as exc:
-            if own_trace:  # otherwise the caller that started the trace reports it
-                telemetry.fail_before_launch(
-                    trace, exc, self.executor.id, program or pipeline.program
-                )
+            self._fail(call, exc)
             raise
+
+    def dispatch_batch(
+        self,
+        pipeline: PipelineLike,
+        batch: Sequence[Sequence[InputLike]],
+        config: DispatchConfig | None,
+        decision: ExecutionDecision,
+    ) -> list[PendingDispatch]:
+        """Plan every item of ``batch``, then hand them to the executor's ``enqueue_batch``.
+
+        Every item is checked and planned before any starts: a bad one raises
+        with nothing launched, and each planned one is failed with that error.
+        Every span gets ``decision``'s attributes.
+
+        Raises:
+            InvalidProgram: an item does not fit the program, or the batch's
+                outputs together are over the limit.
+            UnsupportedFeature: the config asks for something the backend lacks.
+            BackendClosed: the backend was closed.
+        """
+        calls: list[DispatchCall] = []
+        planned: list[tuple[Launch, Any]] = []
+        with telemetry.dispatch_attributes(decision.span_attributes()):
+            try:
+                for inputs in batch:
+                    call = self._open(pipeline.program, inputs)
+                    call.pipeline = pipeline
+                    call.config = config
+                    calls.append(call)
+                    planned.append(self._plan(call))
+                # Each dispatch's outputs fit (checked when planned); the batch's together too.
+                check_output_bytes(
+                    sum(launch.plan.bytes_out for launch, _ in planned),
+                    config or pipeline.config,
+                    f"the outputs of this batch of {len(planned)} dispatches",
+                )
+            except BaseException as exc:
+                self._reject(calls, planned, exc)  # planned, never launched
+                raise
+        launches = [launch for launch, _ in planned]
+        try:
+            self.executor.enqueue_batch(launches, decision)
+        except BaseException as exc:  # e.g. a shut-down backend: nobody gets these results
+            self._reject(calls, planned, exc)
+            raise
+        prefetcher = self.prefetcher
+        if prefetcher is not None:
+            for _, job in planned:
+                if job is not None:
+                    prefetcher.schedule(job)  # deduplicated by the prefetcher
+        return [launch.pending for launch in launches]
+
+    def plan(
+        self, pipeline: PipelineLike, inputs: Sequence[InputLike], config: DispatchConfig | None
+    ) -> Launch:
+        """Check and plan one dispatch of ``pipeline`` without a trace; enqueue nothing.
+
+        For tools and tests that hand a `Launch` to an executor themselves.
+
+        Raises:
+            InvalidProgram: wrong inputs, or ``config`` needs different code.
+            UnsupportedFeature: the config asks for something the backend lacks.
+            BackendClosed: the backend was closed.
+        """
+        call = DispatchCall(pipeline.program, inputs, time.monotonic(), None)
+        call.pipeline = pipeline
+        call.config = config
+        return self._plan(call)[0]
+
+    def _open(self, program: Program, inputs: Sequence[InputLike]) -> DispatchCall:
+        """Start one call: its clock (the timeout counts from here) and its trace."""
+        return DispatchCall(program, inputs, time.monotonic(), telemetry.start_dispatch())
+
+    def _fail(self, call: DispatchCall, exc: BaseException) -> None:
+        """Report a call that raised before its launch (its span ends with ``exc``)."""
+        telemetry.fail_before_launch(call.trace, exc, self.executor.id, call.program)
+
+    def _reject(
+        self,
+        calls: Sequence[DispatchCall],
+        planned: Sequence[tuple[Launch, Any]],
+        exc: BaseException,
+    ) -> None:
+        """Fail every call of a batch that raised: none of them runs."""
+        for call in calls:
+            self._fail(call, exc)
+        for launch, _ in planned:
+            launch.completer.fail(exc)  # no-op for one already settled
+
+    def _submit(self, call: DispatchCall) -> PendingDispatch:
+        """Plan ``call``, enqueue it and start its predicted compile, if any."""
+        launch, job = self._plan(call)
+        self.executor.enqueue(launch)
         if job is not None and self.prefetcher is not None:
             self.prefetcher.schedule(job)
         return launch.pending
 
-    def prepare(
-        self,
-        pipeline: PipelineLike,
-        inputs: Sequence[InputLike],
-        config: DispatchConfig | None,
-        *,
-        cache_hit: bool,
-        compile_s: float = 0.0,
-        trace: Any = None,
-        compile_phase: tuple[int, int] | None = None,
-        program: Program | None = None,
-        called: float | None = None,
-    ) -> tuple[Launch, Any]:
-        """Check and plan one dispatch; return its `Launch` and prefetch job, enqueue nothing.
-
-        `CompiledPipeline.dispatch_batch` plans every item this way before it
-        starts any; `launch` is this followed by the executor's ``enqueue``.
-
-        Raises:
-            InvalidProgram: wrong inputs, or ``config`` needs different code.
-            UnsupportedFeature: the config asks for something the backend lacks.
-            BackendClosed: the backend was closed.
-        """
-        return self._prepare(
-            pipeline, inputs, config, cache_hit, compile_s, trace, compile_phase, program, called
-        )
-
-    def _prepare(
-        self,
-        pipeline: PipelineLike,
-        inputs: Sequence[InputLike],
-        config: DispatchConfig | None,
-        cache_hit: bool,
-        compile_s: float,
-        trace: Any,
-        compile_phase: tuple[int, int] | None,
-        program: Program | None,
-        called: float | None,
-    ) -> tuple[Launch, Any]:
+    def _plan(self, call: DispatchCall) -> tuple[Launch, Any]:
+        """Check and plan ``call``: its `Launch` and the prefetcher's job (or None)."""
         if self.closed:
             self.check_open()
         executor = self.executor
+        pipeline = call.pipeline
+        config = call.config
         if config is None:
             cfg = pipeline.config
         elif type(config) is DispatchConfig:
             cfg = config
         else:
             cfg = as_config(config, pipeline.config)
-        program = program or pipeline.program
+        program = call.program
+        inputs = call.inputs
         specs = self._input_specs(program)
         if (type(inputs) is not list and type(inputs) is not tuple) or len(inputs) != len(specs):
             check_input_count(program, inputs)
@@ -328,25 +445,17 @@ class DispatchFrontEnd:
             else:
                 sizes.append(item.size)
             prepared.append(item)
-        identity = pipeline.identity
-        key = (id(program), id(cfg), id(identity), tuple(sizes))  # this launch shape
-        by_id = self._by_id
-        seen = by_id.get(key)
-        if seen is not None and seen[0] is program and seen[1] is cfg and seen[2] is identity:
-            template = seen[3]
-            by_id.move_to_end(key)  # least recently used is dropped first
-        else:
-            template = self.template(pipeline, program, cfg, key[3])
+        template = self.template(pipeline, program, cfg, tuple(sizes))  # one lookup
         native = pipeline.native
         shape = template.shape
         if shape is None or shape[0] is not native:  # once per shape (and compiled artifact)
             shape = template.shape = (native, executor.plan_shape(native, template.plan, cfg))
         pending, completer = PendingDispatch.create(
-            timeout=cfg.timeout, label=cfg.label, created=called
+            timeout=cfg.timeout, label=cfg.label, created=call.called
         )
         record = pending.record
-        record.cache_hit = cache_hit
-        extra = current_dispatch_attributes()  # arm scheduler / batch verdicts
+        record.cache_hit = call.cache_hit
+        extra = telemetry.current_dispatch_attributes()  # arm scheduler / batch verdicts
         if extra is not None:
             record.attributes = dict(extra)
         plan = template.plan
@@ -357,15 +466,16 @@ class DispatchFrontEnd:
             cfg,
             pending,
             completer,
-            compile_s,
+            call.compile_s,
             template,
             resident,
             shape[1],
         )
+        trace = call.trace
         if trace is not None:
             telemetry.attach(trace, pending, template, executor.id)
-            if compile_phase is not None and record.span is not None:  # phases of spans only
-                completer.record_phase("vyre.compile", *compile_phase)
+            if call.compile_phase is not None and record.span is not None:  # phases of spans
+                completer.record_phase("vyre.compile", *call.compile_phase)
         prefetcher = self.prefetcher
         if prefetcher is None or cfg.speculation == "disable":
             return launch, None
@@ -379,7 +489,7 @@ class DispatchFrontEnd:
         # Scored predictions go on a recorded span and into the metrics, if either is kept.
         recording = trace is not None and (record.span is not None or trace.metered)
         return launch, prefetcher.observe(
-            pipeline, plan.geometry, cache_hit, pending, fingerprint, recording
+            pipeline, plan.geometry, call.cache_hit, pending, fingerprint, recording
         )
 
     def template(
@@ -409,7 +519,7 @@ class DispatchFrontEnd:
         if found is not None:
             by_value.move_to_end(value_key)
         else:
-            found = self._plan(pipeline, program, config, sizes)
+            found = self._new_template(pipeline, program, config, sizes)
             by_value[value_key] = found
             if len(by_value) > TEMPLATE_CAPACITY:
                 by_value.popitem(last=False)
@@ -418,7 +528,7 @@ class DispatchFrontEnd:
             by_id.popitem(last=False)
         return found
 
-    def _plan(
+    def _new_template(
         self,
         pipeline: PipelineLike,
         program: Program,
@@ -499,6 +609,10 @@ class DispatchFrontEnd:
                 fix='use DispatchConfig(persistent_thread="auto")',
                 feature="persistent_threads",
             )
+
+
+def _no_store(program: Program, config: DispatchConfig) -> tuple[Any, bool]:
+    raise RuntimeError("this front end has no pipeline store: dispatch its pipelines instead")
 
 
 def _prepare_input(

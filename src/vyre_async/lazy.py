@@ -30,14 +30,23 @@ def lazy_exports(
 
     Args:
         package: The package's ``__name__``.
-        sources: Public name -> the submodule (relative to ``package``) defining it.
+        sources: Public name -> the module defining it: a submodule relative to
+            ``package`` (``"backend"``), or a full module name under the same
+            top-level package (``"vyre_async._store"``).
         public: The package's ``__all__``.
         submodules: Further submodules that ``package.submodule`` loads on first
             access, as it did when the package imported them eagerly (those
             in ``sources`` do anyway). Any other missing name is an
             `AttributeError` at once: ``hasattr`` never imports anything else.
     """
-    loadable = frozenset(sources.values()) | frozenset(submodules)
+    top = package.partition(".")[0] + "."
+
+    def full(source: str) -> str:
+        return source if source.startswith(top) else f"{package}.{source}"
+
+    loadable = frozenset(s for s in sources.values() if not s.startswith(top)) | frozenset(
+        submodules
+    )
 
     def __getattr__(name: str) -> object:
         """Import and return the public ``name``, or a listed submodule, on first access."""
@@ -46,7 +55,7 @@ def lazy_exports(
             if name in loadable:
                 return importlib.import_module(f"{package}.{name}")
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{source}"), name)
+        value = getattr(importlib.import_module(full(source)), name)
         setattr(sys.modules[package], name, value)  # later lookups skip this hook
         return value
 

@@ -7,17 +7,14 @@ inputs of any size.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from vyre_async import telemetry
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.annotations import dispatch_attributes
 from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import InvalidArgument, InvalidProgram
-from vyre_async.frontend import DispatchFrontEnd, InputLike, Launch, check_output_bytes
+from vyre_async.frontend import DispatchFrontEnd, InputLike, Launch
 from vyre_async.ir.program import Program
 from vyre_async.pending import PendingDispatch
 from vyre_async.seams import BackendLike
@@ -103,7 +100,7 @@ class CompiledPipeline:
                 (another ``ulp_budget`` or ``workgroup_override``).
             UnsupportedFeature: the config asks for something the backend lacks.
         """
-        return self.front.launch(self, inputs, config, cache_hit=True)
+        return self.front.dispatch_pipeline(self, inputs, config)
 
     def dispatch_batch(
         self,
@@ -153,64 +150,7 @@ class CompiledPipeline:
         )
         if mode is not None:
             decision = requested_mode(self.backend, decision, mode, cfg)
-        planned: list[tuple[Launch, Any]] = []
-        traces: list[telemetry.DispatchTrace | None] = []
-        front = self.front
-        with dispatch_attributes(decision.span_attributes()):
-            try:
-                for inputs in items:
-                    trace = telemetry.start_dispatch()
-                    traces.append(trace)
-                    try:
-                        planned.append(
-                            front.prepare(
-                                self,
-                                inputs,
-                                config,
-                                cache_hit=True,
-                                trace=trace,
-                                called=time.monotonic(),
-                            )
-                        )
-                    except BaseException as exc:
-                        telemetry.fail_before_launch(trace, exc, self.backend.id, self.program)
-                        raise
-                # Each dispatch's outputs fit (checked when planned); the batch's together too.
-                check_output_bytes(
-                    sum(launch.plan.bytes_out for launch, _ in planned),
-                    cfg,
-                    f"the outputs of this batch of {len(planned)} dispatches",
-                )
-            except BaseException as exc:
-                self._reject(planned, traces, exc)  # planned, never launched
-                raise
-        launches = [launch for launch, _ in planned]
-        try:
-            front.executor.enqueue_batch(launches, decision)
-        except BaseException as exc:  # e.g. a shut-down backend: nobody gets these results
-            self._reject(planned, traces, exc)
-            raise
-        prefetcher = front.prefetcher
-        if prefetcher is not None:
-            for _, job in planned:
-                if job is not None:
-                    prefetcher.schedule(job)  # deduplicated by the prefetcher
-        return [launch.pending for launch in launches]
-
-    def _reject(
-        self,
-        planned: Sequence[tuple[Launch, Any]],
-        traces: Sequence[telemetry.DispatchTrace | None],
-        error: BaseException,
-    ) -> None:
-        """Fail a batch's planned dispatches that ``dispatch_batch`` raised for.
-
-        Each is recorded as rejected before launch (its span ends with ``error``);
-        a dispatch the backend settled already keeps its outcome.
-        """
-        for (launch, _), trace in zip(planned, traces, strict=False):
-            telemetry.fail_before_launch(trace, error, self.backend.id, self.program)
-            launch.completer.fail(error)  # no-op for one already settled
+        return self.front.dispatch_batch(self, items, config, decision)
 
     def __repr__(self) -> str:
         return (

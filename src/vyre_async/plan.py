@@ -42,20 +42,19 @@ class LaunchGeometry:
     Attributes:
         grid: Workgroups per axis.
         workgroup: Lanes per axis of one workgroup.
+        workgroups: Total number of workgroups (computed once, like ``lanes``).
         lanes: Total number of lanes launched (computed once: backends ask per dispatch).
     """
 
     grid: tuple[int, int, int]
     workgroup: tuple[int, int, int]
+    workgroups: int = field(init=False, repr=False, compare=False)
     lanes: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        grid = self.grid
+        object.__setattr__(self, "workgroups", grid[0] * grid[1] * grid[2])
         object.__setattr__(self, "lanes", self.workgroups * self.lanes_per_workgroup)
-
-    @property
-    def workgroups(self) -> int:
-        """Total number of workgroups."""
-        return self.grid[0] * self.grid[1] * self.grid[2]
 
     @property
     def lanes_per_workgroup(self) -> int:

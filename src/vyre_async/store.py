@@ -1,4 +1,4 @@
-"""The pipeline store: cache identities, the memory and disk caches, compile once.
+"""The pipeline store: cache identities, the memory LRU and the disk cache, compile once.
 
 One `PipelineStore` per backend instance. `PipelineStore.lookup` is what a
 dispatch pays when the pipeline is warm: a memoised identity (keyed by the
@@ -6,6 +6,9 @@ program object and the config's policy digest) and one LRU lookup. On a miss,
 `PipelineStore.compile_once` loads the disk cache entry or calls the backend's
 ``build_pipeline`` hook, and makes sure two callers (a dispatch racing the
 prefetcher, two tasks) share one compile instead of compiling twice.
+
+`MemoryPipelineCache` is the store's in-memory LRU (``backend.pipelines``),
+with its `CacheStats` (``backend.cache_stats()``).
 """
 
 from __future__ import annotations
@@ -13,12 +16,18 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.cache.identity import PipelineIdentity, pipeline_identity, policy_digest
-from vyre_async.cache.memory import MemoryPipelineCache
+from vyre_async.arguments import whole_number
+from vyre_async.cache.identity import (
+    PipelineIdentity,
+    classify_miss,
+    pipeline_identity,
+    policy_digest,
+)
 from vyre_async.config import DispatchConfig
 from vyre_async.errors import BackendError, InvalidProgram, KernelCompileFailed, UnsupportedFeature
 from vyre_async.frontend import DispatchFrontEnd
@@ -36,8 +45,101 @@ if TYPE_CHECKING:
 
     from vyre_async.cache.disk import DiskPipelineCache
 
-__all__ = ["PipelineStore"]
+__all__ = ["CacheStats", "MemoryPipelineCache", "PipelineStore"]
 __dir__ = _public_dir(__name__)
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheStats:
+    """A snapshot of a cache's counters."""
+
+    entries: int
+    capacity: int
+    hits: int
+    misses: int
+    evictions: int
+    miss_reasons: dict[str, int]
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Hits over lookups, or None before the first lookup."""
+        total = self.hits + self.misses
+        return None if total == 0 else self.hits / total
+
+
+class MemoryPipelineCache(Generic[T]):
+    """Least-recently-used map from `PipelineIdentity` to compiled pipelines.
+
+    Args:
+        capacity: Most entries kept; the least recently used is evicted beyond it.
+    """
+
+    def __init__(self, capacity: int = 256) -> None:
+        self.capacity = whole_number("capacity", capacity, minimum=1, example="capacity=256")
+        self._entries: OrderedDict[bytes, tuple[PipelineIdentity, T]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._hits = 0
+        self._misses = 0
+        self._evictions = 0
+        self._reasons: Counter[str] = Counter()
+        self.last_miss_reason: str | None = None
+
+    def get(self, identity: PipelineIdentity) -> T | None:
+        """Return the cached pipeline (and mark it recently used), or None on a miss."""
+        with self._lock:
+            entry = self._entries.get(identity.digest)
+            if entry is not None:
+                self._entries.move_to_end(identity.digest)
+                self._hits += 1
+                return entry[1]
+            reason = classify_miss(identity, (i for i, _ in self._entries.values()))
+            self._misses += 1
+            self._reasons[reason] += 1
+            self.last_miss_reason = reason
+            return None
+
+    def peek(self, identity: PipelineIdentity) -> T | None:
+        """Return the cached pipeline without counting a lookup or touching recency."""
+        with self._lock:
+            entry = self._entries.get(identity.digest)
+            return None if entry is None else entry[1]
+
+    def put(self, identity: PipelineIdentity, pipeline: T) -> None:
+        """Insert or refresh an entry, evicting the least recently used beyond capacity."""
+        with self._lock:
+            self._entries[identity.digest] = (identity, pipeline)
+            self._entries.move_to_end(identity.digest)
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
+                self._evictions += 1
+
+    def identities(self) -> list[PipelineIdentity]:
+        """The identities of the entries held now, least recently used first."""
+        with self._lock:
+            return [identity for identity, _ in self._entries.values()]
+
+    def clear(self) -> None:
+        """Drop every entry (counters are kept)."""
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def stats(self) -> CacheStats:
+        """Return a snapshot of the counters."""
+        with self._lock:
+            return CacheStats(
+                entries=len(self._entries),
+                capacity=self.capacity,
+                hits=self._hits,
+                misses=self._misses,
+                evictions=self._evictions,
+                miss_reasons=dict(self._reasons),
+            )
 
 
 class PipelineStore:
@@ -120,10 +222,7 @@ class PipelineStore:
             InvalidProgram: ``program`` is not a valid `Program`.
             UnsupportedFeature: it uses an operation the backend lacks.
             KernelCompileFailed: the backend's compiler rejected it.
-            BackendClosed: the backend was closed.
         """
-        if self.front.closed:
-            self.front.check_open()
         backend = self.executor
         hot = self._hot.get((id(program), id(config)))
         if hot is not None and hot[0] is program and hot[1] is config:

@@ -37,7 +37,9 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from vyre_async._exports import public_dir as _public_dir
@@ -54,6 +56,9 @@ if TYPE_CHECKING:
     from vyre_async.pending import DispatchRecord, PendingDispatch
 
 __all__ = [
+    "DispatchAttribute",
+    "current_dispatch_attributes",
+    "dispatch_attributes",
     "DispatchTrace",
     "PHASES",
     "PHASE_ATTRIBUTES",
@@ -73,6 +78,60 @@ __all__ = [
     "trace_detail",
 ]
 __dir__ = _public_dir(__name__)
+
+# Attributes for the dispatches issued in a context (arm scheduler, batches) ------
+# Code that dispatches on a user's behalf knows *why* a dispatch runs the way it
+# does (its layer, the policy verdict) before the executor is called, while the
+# ``vyre.dispatch`` span may already have ended when ``dispatch()`` returns (a CPU
+# backend can run tiny work inline). So the reasons travel in a context variable
+# (it follows the task, on asyncio and trio alike): every dispatch issued inside
+# ``with dispatch_attributes({...}):`` starts with them, and they land on its
+# span when it ends, next to what the executor adds through
+# ``DispatchCompleter.annotate``.
+
+#: A value of a dispatch attribute.
+DispatchAttribute = str | bool | int | float
+
+_current: ContextVar[Mapping[str, DispatchAttribute] | None] = ContextVar(
+    "vyre_async_dispatch_attributes", default=None
+)
+
+
+@contextmanager
+def dispatch_attributes(attributes: Mapping[str, DispatchAttribute]) -> Iterator[None]:
+    """Add ``attributes`` to the span of every dispatch issued inside the block.
+
+    Blocks nest: inner attributes are merged over outer ones.
+
+    Args:
+        attributes: ``vyre.*`` keys with str, bool, int or float values.
+
+    Raises:
+        ValueError: a key does not start with ``vyre.`` or a value has another type.
+    """
+    for key, value in attributes.items():
+        if not isinstance(key, str) or not key.startswith("vyre."):
+            raise ValueError(
+                f"span attribute key {key!r} must start with 'vyre.'\n"
+                "Fix: name driver attributes vyre.<area>.<name>"
+            )
+        if not isinstance(value, str | bool | int | float):
+            raise ValueError(
+                f"span attribute {key!r} has a {type(value).__name__} value\n"
+                "Fix: pass a str, bool, int or float"
+            )
+    outer = _current.get()
+    token = _current.set({**outer, **attributes} if outer else dict(attributes))
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def current_dispatch_attributes() -> Mapping[str, DispatchAttribute] | None:
+    """Return the attributes set by the innermost `dispatch_attributes` block, or None."""
+    return _current.get()
+
 
 SPAN_NAME = "vyre.dispatch"
 #: Phases of a dispatch, in the order they usually happen (child span names with the

@@ -450,7 +450,7 @@ def test_the_graph_workgroup_changed_alone(fake: FakeDevice, backend: VyreBacken
     inputs = xor_inputs(256, seed=3)
     _replay(pipeline, [inputs], DispatchConfig())
     captures = fake.captures
-    launch, _ = pipeline.front.prepare(pipeline, inputs, None, cache_hit=True)
+    launch = pipeline.front.plan(pipeline, inputs, None)
     grid = launch.plan.geometry.grid
     narrow = Launch(
         pipeline,
@@ -535,9 +535,7 @@ def test_a_batch_of_launches_differing_in_one_shape_input_runs_plain(
             ([np.full(n, 2, np.uint32), np.arange(n, dtype=np.uint32)], DispatchConfig()),
             ([np.full(size, 5, np.uint32), np.arange(size, dtype=np.uint32)], cfg),
         ]
-        launches = [
-            pipeline.front.prepare(pipeline, inputs, c, cache_hit=True)[0] for inputs, c in batch
-        ]
+        launches = [pipeline.front.plan(pipeline, inputs, c) for inputs, c in batch]
         assert batch_obstacle(launches, "command_reuse", kernel) == reason, name
         assert batch_obstacle(launches, "persistent", kernel) == reason, name
 

@@ -247,7 +247,7 @@ def test_a_warm_repeat_dispatch_counts_a_cache_hit(backend: BytesBackend) -> Non
     assert backend.executor.builds == 1
 
 
-def test_closing_the_backend_closes_the_store_even_for_a_memoised_program() -> None:
+def test_closing_the_backend_refuses_even_a_memoised_program() -> None:
     backend = backend_of(BytesBackend, prefetch=False)
     program = elementwise_xor(16)
     config = DispatchConfig()
@@ -257,8 +257,8 @@ def test_closing_the_backend_closes_the_store_even_for_a_memoised_program() -> N
     assert hit
     close(backend)
     with pytest.raises(BackendClosed, match="Fix:"):
-        backend.store.lookup(program, config)
-    with pytest.raises(BackendClosed):
+        backend.compile(program, config)
+    with pytest.raises(BackendClosed, match="Fix:"):
         backend.dispatch(program, xor_inputs(16), config)
     with pytest.raises(BackendClosed):
         pipeline.dispatch(xor_inputs(16))

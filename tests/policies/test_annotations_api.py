@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 import vyre_async.policies as policies
-from vyre_async.annotations import current_dispatch_attributes, dispatch_attributes
+from vyre_async.telemetry import current_dispatch_attributes, dispatch_attributes
 
 SPEC_NAMES = {
     "ArmSummary",

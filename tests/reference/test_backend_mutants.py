@@ -378,7 +378,7 @@ def test_a_launch_without_a_template_runs_as_one_with_it(n: int) -> None:
     # A launch built by hand has no template and no shape: the executor plans its shape itself.
     backend = reference_backend(prefetch=False)
     pipeline = backend.compile(_copy("test.copy", n))
-    launch, _ = backend.front.prepare(pipeline, [np.arange(n, dtype=U)], None, cache_hit=True)
+    launch = backend.front.plan(pipeline, [np.arange(n, dtype=U)], None)
     bare = Launch(
         launch.pipeline,
         launch.plan,

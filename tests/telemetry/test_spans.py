@@ -42,9 +42,8 @@ from vyre_async import (
     VyreBackend,
     telemetry,
 )
-from vyre_async.annotations import dispatch_attributes
 from vyre_async.programs import elementwise_xor
-from vyre_async.telemetry import SECONDS_BUCKETS, prometheus_text
+from vyre_async.telemetry import SECONDS_BUCKETS, dispatch_attributes, prometheus_text
 from vyre_reference import ReferenceExecutor, reference_backend
 
 pytestmark = pytest.mark.anyio

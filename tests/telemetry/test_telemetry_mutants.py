@@ -61,10 +61,9 @@ from vyre_async import (
     telemetry,
 )
 from vyre_async._version import __version__
-from vyre_async.annotations import dispatch_attributes
 from vyre_async.pipeline import Launch
 from vyre_async.programs import elementwise_xor
-from vyre_async.telemetry import SECONDS_BUCKETS, prometheus_text
+from vyre_async.telemetry import SECONDS_BUCKETS, dispatch_attributes, prometheus_text
 
 XOR = elementwise_xor(64)
 UNNAMED = Program(list(XOR.buffers), XOR.workgroup_size, list(XOR.body))

@@ -204,7 +204,10 @@ class ReferenceExecutor(Executor):
                 f"per lane in host memory and takes at most {MAX_LANES}",
                 fix="use a smaller grid_override, or split the work into several dispatches",
             )
-        return _Shape(tiny=self._estimate_ns(plan, config, lanes) < self.inline_ns)
+        return _Shape(
+            tiny=self._estimate_ns(plan, config, lanes) < self.inline_ns,
+            iterations=config.iterations,
+        )
 
     def _estimate_ns(self, plan: BindingPlan, config: DispatchConfig, lanes: int) -> float:
         """Upper-bound estimate of the launch's engine time (inf when not bounded statically).
@@ -250,7 +253,7 @@ class ReferenceExecutor(Executor):
         inputs = launch.inputs
         if not launch.resident:
             if tiny:
-                self._run_inline(launch)
+                self._run_inline(launch, shape.iterations)
             else:
                 self._submit(_Job(self, launch, list(inputs), (), None))  # type: ignore[arg-type]
             return
@@ -269,7 +272,7 @@ class ReferenceExecutor(Executor):
         if job is None:
             self._run(launch, None, natives, (), done)
 
-    def _run_inline(self, launch: Launch) -> None:
+    def _run_inline(self, launch: Launch, iterations: int) -> None:
         """Run a tiny launch without resident buffers here and now, and settle it.
 
         Nothing else can want to stop it while it runs (the caller is running
@@ -285,7 +288,7 @@ class ReferenceExecutor(Executor):
                 launch.plan,
                 launch.inputs,  # type: ignore[arg-type]  # host arrays only (checked)
                 compiled=launch.pipeline.native,
-                fixpoint_iterations=launch.config.iterations,
+                fixpoint_iterations=iterations,
                 cancel=None if launch.config.timeout is None else completer.stop_requested,
             )
         except Exception as exc:
@@ -745,10 +748,12 @@ def _expr_nodes(stmt: Stmt) -> tuple[int, int]:
 class _Shape:
     """What a launch shape decides for the reference backend (kept on its template)."""
 
-    __slots__ = ("tiny",)
+    __slots__ = ("iterations", "tiny")
 
-    def __init__(self, *, tiny: bool) -> None:
+    def __init__(self, *, tiny: bool, iterations: int) -> None:
         self.tiny = tiny
+        #: Launches per dispatch (``config.iterations``, read once per shape).
+        self.iterations = iterations
 
 
 def _called(launch: Launch) -> str:

@@ -1,4 +1,4 @@
-"""Pipeline caches: identity, the in-memory LRU and the on-disk store."""
+"""Pipeline caches: identity and the on-disk store (the in-memory LRU is `vyre_async.store`'s)."""
 
 from vyre_async.cache.identity import (
     CACHE_KEY_VERSION,
@@ -8,7 +8,6 @@ from vyre_async.cache.identity import (
     pipeline_identity,
     policy_digest,
 )
-from vyre_async.cache.memory import CacheStats, MemoryPipelineCache
 from vyre_async.lazy import lazy_exports as _lazy_exports
 
 __all__ = [
@@ -30,7 +29,9 @@ __getattr__, __dir__ = _lazy_exports(
     __name__,
     dict.fromkeys(
         ("DiskCacheInfo", "DiskPipelineCache", "PipelineCacheWarning", "default_cache_root"), "disk"
-    ),
+    )
+    # (the memory LRU is the pipeline store's: `vyre_async.store`)
+    | dict.fromkeys(("CacheStats", "MemoryPipelineCache"), "vyre_async.store"),
     __all__,
     submodules=("files",),
 )

@@ -11,7 +11,6 @@ import anyio
 import numpy as np
 
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.annotations import AttributeValue, dispatch_attributes
 from vyre_async.errors import (
     BackendError,
     UnsupportedFeature,
@@ -26,6 +25,7 @@ from vyre_async.pending import PendingDispatch
 from vyre_async.policies.concurrency import ArmConcurrencyVerdict
 from vyre_async.policies.residency import ResidencyVerdict, decide_residency
 from vyre_async.resident import ResidentBuffer
+from vyre_async.telemetry import DispatchAttribute, dispatch_attributes
 
 if TYPE_CHECKING:
     from vyre_async.backend import VyreBackend
@@ -68,7 +68,7 @@ class _Run:
         self.final: dict[str, np.ndarray] = {}
         mode = decision.span_attributes()
         # Per layer: the span attributes every arm of it adds to its graph-only ones.
-        self.layer_attributes: list[dict[str, AttributeValue]] = [
+        self.layer_attributes: list[dict[str, DispatchAttribute]] = [
             {
                 **mode,
                 "vyre.policy.arm_concurrency": verdict.kind,
@@ -166,7 +166,7 @@ class _Run:
         return walls
 
     def _launch_resident(
-        self, step: _Step, attributes: Mapping[str, AttributeValue]
+        self, step: _Step, attributes: Mapping[str, DispatchAttribute]
     ) -> PendingDispatch:
         """Dispatch an arm with every buffer resident: WRITE buffers get fresh zeroed ones."""
         inputs: list[np.ndarray | ResidentBuffer] = []
@@ -202,14 +202,14 @@ class _Run:
         self.state[resource] = handle
         return handle
 
-    def _launch(self, step: _Step, attributes: Mapping[str, AttributeValue]) -> PendingDispatch:
+    def _launch(self, step: _Step, attributes: Mapping[str, DispatchAttribute]) -> PendingDispatch:
         inputs = [self._input(resource) for resource in step.inputs]
         return self._dispatch(step, attributes, step.arm.program, inputs)
 
     def _dispatch(
         self,
         step: _Step,
-        attributes: Mapping[str, AttributeValue],
+        attributes: Mapping[str, DispatchAttribute],
         program: Program,
         inputs: list[np.ndarray | ResidentBuffer],
     ) -> PendingDispatch:

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.annotations import AttributeValue
 from vyre_async.config import DispatchConfig
 from vyre_async.graph.model import Arm, GraphResource
 from vyre_async.ir.program import Program
@@ -15,6 +14,7 @@ from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.pending import PendingDispatch
 from vyre_async.policies.arms import ArmConflict, ArmPlan, plan_arms
 from vyre_async.policies.residency import ResidencyVerdict
+from vyre_async.telemetry import DispatchAttribute
 
 if TYPE_CHECKING:
     pass
@@ -23,7 +23,7 @@ __all__ = []
 __dir__ = _public_dir(__name__)
 
 
-def _residency_attributes(verdict: ResidencyVerdict) -> dict[str, AttributeValue]:
+def _residency_attributes(verdict: ResidencyVerdict) -> dict[str, DispatchAttribute]:
     return {"vyre.policy.residency": verdict.kind, "vyre.policy.residency.reason": verdict.reason}
 
 
@@ -75,7 +75,7 @@ class _Step:
     resident_program: Program  # WRITE buffers as READ_WRITE (`_resident_variant`)
     resident_inputs: tuple[str, ...]  # the resource of each resident_program input
     fresh: tuple[bool, ...]  # per input of resident_program: a WRITE buffer (fresh zeroed)
-    attributes: Mapping[str, AttributeValue]  # span attributes that depend on the graph only
+    attributes: Mapping[str, DispatchAttribute]  # span attributes that depend on the graph only
     waits: ArmConflict | None
     conflicts: tuple[ArmConflict, ...]
     layer_mates: tuple[int, ...]  # the other arms of its layer
@@ -117,7 +117,7 @@ class _Schedule:
             variant = _resident_variant(program)
             fresh = tuple(program.buffer(d.name).access is Access.WRITE for d in variant.inputs)
             waits = plan.waits_for(arm.index)
-            attributes: dict[str, AttributeValue] = {
+            attributes: dict[str, DispatchAttribute] = {
                 "vyre.arm.index": arm.index,
                 "vyre.arm.label": arm.label,
                 "vyre.policy.arm.layer": layer,

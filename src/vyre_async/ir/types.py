@@ -18,17 +18,19 @@ _U32_MAX = 0xFFFF_FFFF
 
 
 class DType(StrEnum):
-    """Scalar element types. ``BOOL`` is stored as a 32-bit word holding 0 or 1."""
+    """Scalar element types. ``BOOL`` is stored as a 32-bit word holding 0 or 1.
+
+    Attributes:
+        numpy: The numpy dtype that holds this type in memory (``BOOL`` → ``uint32``);
+            a plain attribute of each member, read on every dispatch.
+    """
 
     U32 = "u32"
     I32 = "i32"
     F32 = "f32"
     BOOL = "bool"
 
-    @property
-    def numpy(self) -> np.dtype[np.generic]:
-        """The numpy dtype that holds this type in memory (``BOOL`` → ``uint32``)."""
-        return _NUMPY[self]
+    numpy: np.dtype[np.generic]  # (set below, per member: not an enum member)
 
     @property
     def itemsize(self) -> int:
@@ -45,6 +47,9 @@ _NUMPY: dict[DType, np.dtype[np.generic]] = {
     DType.F32: np.dtype("<f4"),
     DType.BOOL: np.dtype("<u4"),
 }
+for _member in DType:
+    _member.numpy = _NUMPY[_member]
+del _member
 
 
 class Access(StrEnum):
