@@ -288,8 +288,8 @@ def dispatch_batch_modes(repeats: int) -> dict[str, Any]:
     import tempfile
 
     from vyre_async import compile
+    from vyre_async._execution import choose_execution_mode
     from vyre_async.calibration import CalibrationStore, calibration_for
-    from vyre_async.execution import choose_execution_mode
     from vyre_async.programs import elementwise_xor
     from vyre_cupy import create_backend
 

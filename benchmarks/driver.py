@@ -23,7 +23,7 @@ import anyio
 import numpy as np
 
 from vyre_async import acquire_backend
-from vyre_async.plan import normalize_inputs, plan_dispatch
+from vyre_async._plan import normalize_inputs, plan_dispatch
 from vyre_async.programs import elementwise_xor
 from vyre_reference.compile import compile_program
 from vyre_reference.engine import run_plan

@@ -73,12 +73,12 @@ from typing import Any
 import numpy as np
 
 from vyre_async import VyreBackend, __version__
+from vyre_async._capabilities import BackendCapabilities
+from vyre_async._config import DispatchConfig
+from vyre_async._pipeline import Launch
+from vyre_async._plan import normalize_inputs, plan_dispatch
 from vyre_async.abc import Executor
-from vyre_async.capabilities import BackendCapabilities
-from vyre_async.config import DispatchConfig
 from vyre_async.ir import Program
-from vyre_async.pipeline import Launch
-from vyre_async.plan import normalize_inputs, plan_dispatch
 from vyre_async.programs import elementwise_xor
 from vyre_reference import reference_backend
 from vyre_reference.compile import compile_program

@@ -134,7 +134,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "identity-backend-skips-compiler",
-        "src/vyre_async/store.py",
+        "src/vyre_async/_store.py",
         "            compiler=backend.compiler_fingerprint(),\n",
         "",
         (
@@ -177,7 +177,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # 3. Timeouts counted from the await instead of from dispatch().
     Mutant(
         "timeout-from-await",
-        "src/vyre_async/pending.py",
+        "src/vyre_async/_pending.py",
         "loop.call_later(core.remaining(), _set_future, waiter.future)",
         "loop.call_later(math.inf if core.timeout is None else core.timeout, _set_future, "
         "waiter.future)",
@@ -186,7 +186,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "timeout-from-await-trio",
-        "src/vyre_async/pending.py",
+        "src/vyre_async/_pending.py",
         "trio.move_on_at(trio.current_time() + core.remaining())",
         "trio.move_on_at(trio.current_time() + (core.timeout or math.inf))",
         (P + "test_a_late_await_keeps_the_deadline_of_dispatch[trio]",),
@@ -194,7 +194,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "timeout-from-result",
-        "src/vyre_async/pending.py",
+        "src/vyre_async/_pending.py",
         "woken = _wait(waiter.event, min(limit, core.remaining()))",
         "woken = _wait(waiter.event, min(limit, to_seconds(core.timeout or math.inf)))",
         (
@@ -205,7 +205,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "timeout-from-enqueue",
-        "src/vyre_async/frontend.py",
+        "src/vyre_async/_frontend.py",
         "timeout=cfg.timeout, label=cfg.label, created=called",
         "timeout=cfg.timeout, label=cfg.label",
         (P + "test_the_deadline_counts_compilation_in_dispatch",),
@@ -214,7 +214,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # 4. Cancelled awaits leave their waker on the dispatch.
     Mutant(
         "waker-kept-on-cancel",
-        "src/vyre_async/pending.py",
+        "src/vyre_async/_pending.py",
         "        core.remove_waiter(waiter)\n        hook = core.record.on_await_cancelled\n",
         "        hook = core.record.on_await_cancelled\n",
         (
@@ -305,7 +305,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "compile-not-shared",
-        "src/vyre_async/store.py",
+        "src/vyre_async/_store.py",
         "            running = self._compiling.get(digest)\n",
         "            running = None\n",
         (
@@ -318,7 +318,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # 7. Shape prediction: the deterministic test still sees a prefetcher that does nothing.
     Mutant(
         "prefetch-never-scheduled",
-        "src/vyre_async/frontend.py",
+        "src/vyre_async/_frontend.py",
         "        if job is not None and self.prefetcher is not None:\n"
         "            self.prefetcher.schedule(job)\n",
         "",
@@ -331,7 +331,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # 8. Hot-path short cuts (issue 14) must lose nothing they skip.
     Mutant(
         "steady-run-not-in-history",
-        "src/vyre_async/prefetch.py",
+        "src/vyre_async/_prefetch.py",
         "            self._history.repeat(fp, run)\n",
         "",
         (PF + "test_steady_repeats_count_and_predict_exactly_as_one_by_one_bookkeeping[128-8]",),
@@ -401,7 +401,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # `!=` turned `==` on the same lines, and scripts/mutation.py's cache run kills them.)
     Mutant(
         "pending-taken-twice",
-        "src/vyre_async/pending.py",
+        "src/vyre_async/_pending.py",
         "            if self.taken:\n",
         "            if False:\n",
         (P + "test_result_can_be_taken_once[asyncio]",),

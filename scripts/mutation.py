@@ -104,7 +104,7 @@ PACKAGES: dict[str, Package] = {
     for p in [
         Package(
             "config",
-            ("vyre_async/config.py", "vyre_async/arguments.py"),
+            ("vyre_async/_config.py", "vyre_async/_arguments.py"),
             ("tests/driver", "tests/test_cli.py"),
         ),
         Package(
@@ -114,14 +114,14 @@ PACKAGES: dict[str, Package] = {
         ),
         Package(
             "plan",
-            ("vyre_async/plan.py",),
+            ("vyre_async/_plan.py",),
             # (plan's own tests: every reference dispatch plans too, so with tests/reference
             # each surviving mutant cost a 40 s run and a full run took over an hour)
             ("tests/test_plan.py", "tests/test_plan_mutants.py"),
         ),
         Package(
             "registry",
-            ("vyre_async/registry.py",),
+            ("vyre_async/_registry.py",),
             (
                 "tests/test_registry.py",
                 "tests/test_registry_mutants.py",
@@ -129,7 +129,7 @@ PACKAGES: dict[str, Package] = {
                 "tests/test_cli.py",
             ),
         ),
-        Package("pending", ("vyre_async/pending.py",), ("tests/driver", "tests/reliability")),
+        Package("pending", ("vyre_async/_pending.py",), ("tests/driver", "tests/reliability")),
         Package(
             "policies",
             ("vyre_async/policies/*",),

@@ -81,7 +81,7 @@ def _session_processes_end(request: pytest.FixtureRequest) -> Iterator[None]:
             # The registry's Ray pool (if it built one) died with the cluster: a later session
             # in this process (scripts/mutation.py --check runs one per mutant) builds its own.
             # Only that one: the others still run, and dropped unclosed they would leak threads.
-            from vyre_async import registry
+            from vyre_async import _registry as registry
 
             with registry._lock:
                 registry._instances.pop("ray", None)
@@ -96,7 +96,7 @@ def isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     Backends a test registers or builds are gone after it, and the installed
     ones (the reference, Ray) do not show up in what it lists or acquires.
     """
-    from vyre_async import registry
+    from vyre_async import _registry as registry
 
     monkeypatch.setattr(registry, "entry_points", lambda *, group: [])
     monkeypatch.setattr(registry, "_local", {})

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vyre_async._backend import VyreBackend
 from vyre_async.abc import Executor
-from vyre_async.backend import VyreBackend
 
 #: `VyreBackend`'s own keyword arguments; every other one goes to the executor.
 ENGINE_ARGS = frozenset(("pipeline_cache_capacity", "disk_cache", "prefetch", "close_timeout"))

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from vyre_async import BackendCapabilities, Launch, PendingDispatch
+from vyre_async._pending import settle_hook
 from vyre_async.errors import DispatchFailed
 from vyre_async.ir import Access
-from vyre_async.pending import settle_hook
 from vyre_reference import ReferenceExecutor
 
 Outputs = list[np.ndarray]

@@ -23,8 +23,8 @@ import pytest
 
 from tests.test_structure import vyre_imports, within_the_seam
 from vyre_async import DispatchConfig, DispatchTimeout, VyreBackend, acquire_backend
+from vyre_async._registry import BackendRegistration, register_backend
 from vyre_async.programs import elementwise_xor
-from vyre_async.registry import BackendRegistration, register_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "backend-authors.md"

@@ -369,7 +369,7 @@ def test_check_needs_a_run_of_todays_code(
     with pytest.raises(SystemExit) as info:  # no copy of config.py: the code changed
         mutation.check_tests(mutation.PACKAGES["config"], ["tests/test_cli.py"])
     assert "the code changed since the last run (" in str(info.value)
-    assert "vyre_async/config.py" in str(info.value)
+    assert "vyre_async/_config.py" in str(info.value)
     assert mutation.main(["config", "cache", "--check", "tests/test_cli.py"]) == 2
     assert "--check takes one package" in capsys.readouterr().err
 

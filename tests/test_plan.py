@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from vyre_async import InvalidProgram
+from vyre_async._plan import infer_grid, normalize_inputs, plan_dispatch
 from vyre_async.ir import Access, Atomic, BufferDecl, DType, Let, Program, gid
-from vyre_async.plan import infer_grid, normalize_inputs, plan_dispatch
 from vyre_async.programs import elementwise_xor, histogram, prefix_scan, tiled_matmul
 
 

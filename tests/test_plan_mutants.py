@@ -1,6 +1,6 @@
 """Binding plans as callers see them, to the letter (issue 28, triage of the "plan" package).
 
-mutmut's run on ``vyre_async/plan.py`` left mutants no test noticed: Fix texts
+mutmut's run on ``vyre_async/_plan.py`` left mutants no test noticed: Fix texts
 replaced or dropped, messages naming the wrong thing, a buffer byte limit and
 the u32 lane limit off by one, a strided memoryview that could no longer be
 read, a bool array accepted for a u32 buffer, a big-endian input kept
@@ -23,9 +23,7 @@ import numpy as np
 import pytest
 
 from vyre_async import InvalidProgram
-from vyre_async.errors import DeviceOutOfMemory
-from vyre_async.ir import BufferDecl, DType, Program
-from vyre_async.plan import (
+from vyre_async._plan import (
     BindingPlan,
     check_buffer_bytes,
     check_input_count,
@@ -35,6 +33,8 @@ from vyre_async.plan import (
     normalize_inputs,
     plan_dispatch,
 )
+from vyre_async.errors import DeviceOutOfMemory
+from vyre_async.ir import BufferDecl, DType, Program
 from vyre_async.programs import elementwise_xor, tiled_matmul
 
 GID_LIMIT = 2**32  # lanes per axis: global invocation ids are u32

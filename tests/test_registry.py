@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from tests.helpers import backend_of
-from vyre_async import registry
-from vyre_async.registry import BackendRegistration, registered_backends
+from vyre_async import _registry as registry
+from vyre_async._registry import BackendRegistration, registered_backends
 
 A = BackendRegistration(id="zeta", factory="json:loads", precedence=10)
 B = BackendRegistration(id="alpha", factory="json:loads", precedence=10)
@@ -51,7 +51,7 @@ def test_broken_and_foreign_entries_are_skipped_with_a_warning(
         _FakeEP("a", A),
     ]
     _patch(monkeypatch, eps)
-    with caplog.at_level(logging.WARNING, logger="vyre_async.registry"):
+    with caplog.at_level(logging.WARNING, logger="vyre_async._registry"):
         assert [r.id for r in registered_backends()] == ["zeta"]
     text = caplog.text
     assert "boom" in text and "odd" in text and "duplicate" in text
@@ -81,8 +81,8 @@ def test_real_entry_point_group_is_queried() -> None:
 
 from tests.driver.fakes import BytesBackend  # noqa: E402
 from vyre_async import BackendNotFound, ErrorCode, InvalidProgram, UnsupportedFeature  # noqa: E402
-from vyre_async.capabilities import BackendCapabilities  # noqa: E402
-from vyre_async.registry import (  # noqa: E402
+from vyre_async._capabilities import BackendCapabilities  # noqa: E402
+from vyre_async._registry import (  # noqa: E402
     acquire_backend,
     acquire_preferred_backend,
     probe_backend,
@@ -190,7 +190,7 @@ def test_preferred_without_a_usable_backend_lists_every_failure(
         "Fix: apply the Fix listed above for the GPU backend you want, or pass "
         "allow_reference=True to run on the numpy reference backend (CPU)"
     )
-    with caplog.at_level(logging.WARNING, logger="vyre_async.registry"):
+    with caplog.at_level(logging.WARNING, logger="vyre_async._registry"):
         backend = acquire_preferred_backend(allow_reference=True)
     assert backend.id == "ref-like"
     warning = caplog.text

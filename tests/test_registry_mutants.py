@@ -1,11 +1,11 @@
 """The registry as users and backend authors see it, to the letter (issue 28, registry triage).
 
-mutmut's run on ``vyre_async/registry.py`` left mutants no test noticed: Fix
+mutmut's run on ``vyre_async/_registry.py`` left mutants no test noticed: Fix
 texts replaced or dropped, messages changed, log lines on the wrong logger or
 with the wrong values, attributes (``backend_id``, ``failures``) lost, a
 duplicate entry point that hid every later one. Each table below pins one
 function's observable output exactly: the message, its ``Fix:``, the
-exception's attributes, the log records of ``vyre_async.registry``, the
+exception's attributes, the log records of ``vyre_async._registry``, the
 `BackendProbe` verdicts `vyre-async info` prints. The mutants no test can
 tell apart are listed with their reasons in
 ``scripts/mutation_equivalent/registry.toml``.
@@ -23,9 +23,10 @@ import numpy as np
 import pytest
 
 from tests.driver.fakes import BytesBackend
-from vyre_async import BackendNotFound, InvalidProgram, UnsupportedFeature, registry
-from vyre_async.capabilities import BackendCapabilities
-from vyre_async.registry import (
+from vyre_async import BackendNotFound, InvalidProgram, UnsupportedFeature
+from vyre_async import _registry as registry
+from vyre_async._capabilities import BackendCapabilities
+from vyre_async._registry import (
     BackendProbe,
     BackendRegistration,
     acquire_backend,
@@ -37,7 +38,7 @@ from vyre_async.registry import (
 
 pytestmark = pytest.mark.usefixtures("isolated")
 
-LOGGER = "vyre_async.registry"
+LOGGER = "vyre_async._registry"
 
 
 def _parts(err: BaseException) -> tuple[str, str]:
@@ -415,7 +416,7 @@ ALPHA = BackendRegistration(id="alpha", factory="json:loads", precedence=10)
 FIRST = BackendRegistration(id="first", factory="json:loads", precedence=0)
 OTHER_ZETA = BackendRegistration(id="zeta", factory="json:dumps", precedence=1)
 
-# (entry points, ids listed, the warnings of vyre_async.registry)
+# (entry points, ids listed, the warnings of vyre_async._registry)
 ENTRY_POINT_CASES = [
     (
         [_FakeEP("boom", ImportError("No module named 'boompkg'")), _FakeEP("a", ALPHA)],

@@ -62,7 +62,7 @@ from vyre_async import (
     DispatchTimeout,
     ResidentBuffer,
 )
-from vyre_async.backend import VyreBackend
+from vyre_async._backend import VyreBackend
 from vyre_async.cache.disk import DiskPipelineCache, PipelineCacheWarning
 from vyre_async.ir import Access, BufferDecl, DType, Load, Program, Store, gid, u32
 from vyre_async.programs import Workload, elementwise_xor, standard_workloads

@@ -4,7 +4,7 @@ Every import is read from the source with `ast` — module level, inside
 functions, and under ``if TYPE_CHECKING:`` alike. The only cycle allowed is
 the IR's ``program``/``wire`` pair (a program encodes itself; the wire format
 builds programs). The engine modules reach the backend through the structural
-types of `vyre_async.seams`, never by importing `vyre_async.backend`.
+types of `vyre_async._seams`, never by importing `vyre_async._backend`.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ ENGINE = (
     "vyre_async.calibration.probes",
     "vyre_async.calibration.record",
     "vyre_async.calibration.store",
-    "vyre_async.execution",
-    "vyre_async.frontend",
-    "vyre_async.pending",
-    "vyre_async.pipeline",
-    "vyre_async.prefetch",
-    "vyre_async.store",
+    "vyre_async._execution",
+    "vyre_async._frontend",
+    "vyre_async._pending",
+    "vyre_async._pipeline",
+    "vyre_async._prefetch",
+    "vyre_async._store",
     "vyre_async.telemetry",
 )
 
@@ -102,7 +102,7 @@ def later():
 def test_a_planted_cycle_is_found() -> None:
     edges = graph()
     assert find_cycle({k: v - {"vyre_async.ir.wire"} for k, v in edges.items()}) is None
-    edges["vyre_async.pending"] = {*edges["vyre_async.pending"], "vyre_async.backend"}
+    edges["vyre_async._pending"] = {*edges["vyre_async._pending"], "vyre_async._backend"}
     assert find_cycle({k: v - {"vyre_async.ir.wire"} for k, v in edges.items()}) is not None
 
 
@@ -119,7 +119,7 @@ def test_no_import_cycle_beyond_the_program_wire_pair() -> None:
 
 @pytest.mark.parametrize("module", ENGINE)
 def test_engine_modules_do_not_import_the_backend_base_class(module: str) -> None:
-    assert "vyre_async.backend" not in graph()[module]
+    assert "vyre_async._backend" not in graph()[module]
 
 
 # The backend authors' seam -------------------------------------------------------------------
@@ -158,25 +158,25 @@ def test_backends_import_only_the_seam(path: Path) -> None:
 
 def test_the_seam_reader_sees_every_kind_of_import() -> None:
     source = """
-import vyre_async.pending
+import vyre_async._pending
 from vyre_async import VyreBackend
 from vyre_async.abc import Executor
 from vyre_async.ir.walk import ops_used
 def later():
-    from vyre_async.frontend import Launch
+    from vyre_async._frontend import Launch
 """
     found = vyre_imports(source)
     assert found == {
-        "vyre_async.pending",
+        "vyre_async._pending",
         "vyre_async.VyreBackend",
         "vyre_async.abc",
         "vyre_async.ir.walk",
-        "vyre_async.frontend",
+        "vyre_async._frontend",
     }
     assert [m for m in sorted(found) if not within_the_seam(m)] == [
         "vyre_async.VyreBackend",
-        "vyre_async.frontend",
-        "vyre_async.pending",
+        "vyre_async._frontend",
+        "vyre_async._pending",
     ]
 
 

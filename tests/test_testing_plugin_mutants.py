@@ -25,7 +25,7 @@ import textwrap
 import pytest
 from _pytest._code.code import ExceptionRepr
 
-from vyre_async.registry import BackendRegistration, register_backend, registered_backends
+from vyre_async._registry import BackendRegistration, register_backend, registered_backends
 from vyre_async.testing.plugin import _register
 
 pytest_plugins = ["pytester"]

@@ -3,11 +3,28 @@
 Build a `Program`, then ``outputs = await backend.dispatch(program, inputs)``.
 """
 
+from vyre_async._backend import CORE_OPS, VyreBackend
+from vyre_async._capabilities import BackendCapabilities
+from vyre_async._config import DispatchConfig
+from vyre_async._lazy import lazy_exports as _lazy_exports
+from vyre_async._pending import (
+    DispatchCompleter,
+    DispatchTiming,
+    PendingDispatch,
+    ResultAlreadyTaken,
+)
+from vyre_async._pipeline import CompiledPipeline, Launch, compile
+from vyre_async._registry import (
+    BackendRegistration,
+    acquire_backend,
+    acquire_preferred_backend,
+    register_backend,
+    registered_backends,
+)
+from vyre_async._resident import ResidentBuffer
+from vyre_async._store import CacheStats, MemoryPipelineCache
 from vyre_async._version import __version__
-from vyre_async.backend import CORE_OPS, VyreBackend
 from vyre_async.cache import PipelineIdentity
-from vyre_async.capabilities import BackendCapabilities
-from vyre_async.config import DispatchConfig
 from vyre_async.errors import (
     BackendClosed,
     BackendError,
@@ -27,23 +44,6 @@ from vyre_async.errors import (
     UnsupportedFeature,
 )
 from vyre_async.ir import Access, BufferDecl, DType, Program
-from vyre_async.lazy import lazy_exports as _lazy_exports
-from vyre_async.pending import (
-    DispatchCompleter,
-    DispatchTiming,
-    PendingDispatch,
-    ResultAlreadyTaken,
-)
-from vyre_async.pipeline import CompiledPipeline, Launch, compile
-from vyre_async.registry import (
-    BackendRegistration,
-    acquire_backend,
-    acquire_preferred_backend,
-    register_backend,
-    registered_backends,
-)
-from vyre_async.resident import ResidentBuffer
-from vyre_async.store import CacheStats, MemoryPipelineCache
 
 __all__ = [
     "CORE_OPS",
@@ -97,9 +97,9 @@ __all__ = [
 # `import vyre_async`.
 __getattr__, __dir__ = _lazy_exports(
     __name__,
-    dict.fromkeys(("ConformanceCase", "Divergence", "ShadowBackend"), "shadow")
-    | {"assert_conformance": "shadow", "DiskPipelineCache": "cache"},
+    dict.fromkeys(("ConformanceCase", "Divergence", "ShadowBackend"), "_shadow")
+    | {"assert_conformance": "_shadow", "DiskPipelineCache": "cache"},
     __all__,
     # (imported with the package before they were deferred: still attributes)
-    submodules=("calibration", "execution", "policies", "prefetch"),
+    submodules=("calibration", "policies"),
 )

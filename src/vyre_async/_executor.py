@@ -16,20 +16,20 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from vyre_async._capabilities import BackendCapabilities
+from vyre_async._config import DispatchConfig
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.capabilities import BackendCapabilities
-from vyre_async.config import DispatchConfig
+from vyre_async._pending import DispatchCompleter, PendingDispatch
+from vyre_async._plan import BindingPlan
+from vyre_async._resident import ResidentBuffer
 from vyre_async.errors import UnsupportedFeature
 from vyre_async.ir.ops import CORE_OPS
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import DType
-from vyre_async.pending import DispatchCompleter, PendingDispatch
-from vyre_async.plan import BindingPlan
-from vyre_async.resident import ResidentBuffer
 
 if TYPE_CHECKING:
+    from vyre_async._execution import ExecutionDecision
     from vyre_async.calibration import Calibration
-    from vyre_async.execution import ExecutionDecision
 
 __all__ = ["Executor", "Launch", "LaunchTemplate", "poll_until"]
 __dir__ = _public_dir(__name__)
@@ -285,7 +285,7 @@ class Executor(abc.ABC):
         before starting it, and settles every completer exactly once, as
         `enqueue`. Default: plain launches, one `enqueue` each.
         """
-        from vyre_async.execution import annotate_mode  # (the policies load with a batch)
+        from vyre_async._execution import annotate_mode  # (the policies load with a batch)
 
         annotate_mode(launches, decision, "plain")
         for launch in launches:

@@ -48,28 +48,29 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from vyre_async._arguments import duration, whole_number
+from vyre_async._capabilities import FEATURES, BackendCapabilities
+from vyre_async._config import DispatchConfig
 from vyre_async._executor import Executor, Launch, poll_until
 from vyre_async._exports import public_dir
-from vyre_async._version import __version__
-from vyre_async.arguments import duration, whole_number
-from vyre_async.capabilities import FEATURES, BackendCapabilities
-from vyre_async.config import DispatchConfig
-from vyre_async.errors import InvalidArgument
-from vyre_async.ir.ops import CORE_OPS
-from vyre_async.lazy import lazy_exports
-from vyre_async.pending import DispatchCompleter, PendingDispatch, defer_to_callbacks, settle_hook
-from vyre_async.plan import (
+from vyre_async._lazy import lazy_exports
+from vyre_async._pending import DispatchCompleter, PendingDispatch, defer_to_callbacks, settle_hook
+from vyre_async._plan import (
     BindingPlan,
     HostInput,
     LaunchGeometry,
     normalize_inputs,
     plan_dispatch,
 )
-from vyre_async.registry import BackendRegistration, acquire_backend, acquire_preferred_backend
-from vyre_async.resident import ResidentBuffer, alloc_request, check_buffer, upload_request
+from vyre_async._registry import BackendRegistration, acquire_backend, acquire_preferred_backend
+from vyre_async._resident import ResidentBuffer, alloc_request, check_buffer, upload_request
+from vyre_async._version import __version__
+from vyre_async.errors import InvalidArgument
+from vyre_async.ir.ops import CORE_OPS
 
 if TYPE_CHECKING:  # (loaded on first use: `__getattr__` below)
-    from vyre_async.backend import VyreBackend
+    from vyre_async._backend import VyreBackend
+    from vyre_async._execution import ExecutionDecision, annotate_mode
     from vyre_async.cache.disk import DiskPipelineCache
     from vyre_async.calibration import (
         Calibration,
@@ -78,7 +79,6 @@ if TYPE_CHECKING:  # (loaded on first use: `__getattr__` below)
         measure_host_costs,
         measure_resident_gain,
     )
-    from vyre_async.execution import ExecutionDecision, annotate_mode
     from vyre_async.policies.arms import ArmSummary
     from vyre_async.policies.overlap import CopyVerdict, can_overlap_copy_with_kernel
     from vyre_async.programs import elementwise_xor
@@ -140,12 +140,12 @@ _LAZY = {
     "measure_batch_costs": "vyre_async.calibration",
     "measure_arm_overlap": "vyre_async.calibration",
     "measure_resident_gain": "vyre_async.calibration",
-    "ExecutionDecision": "vyre_async.execution",
-    "VyreBackend": "vyre_async.backend",
+    "ExecutionDecision": "vyre_async._execution",
+    "VyreBackend": "vyre_async._backend",
     "DiskPipelineCache": "vyre_async.cache.disk",
     "elementwise_xor": "vyre_async.programs",
     "configure_tracing": "vyre_async.tracing",
-    "annotate_mode": "vyre_async.execution",
+    "annotate_mode": "vyre_async._execution",
     "ArmSummary": "vyre_async.policies.arms",
     "CopyVerdict": "vyre_async.policies.overlap",
     "can_overlap_copy_with_kernel": "vyre_async.policies.overlap",

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async._registry import probe_backend, registered_backends
 from vyre_async._version import __version__
 from vyre_async.cache.disk import DiskPipelineCache
 from vyre_async.calibration import CalibrationStore, calibration_for, format_calibration
 from vyre_async.errors import BackendError
-from vyre_async.registry import probe_backend, registered_backends
 
 __all__ = ["main"]
 __dir__ = _public_dir(__name__)
@@ -37,7 +37,7 @@ def _at_least_one(text: str) -> int:
 
 def _info(args: argparse.Namespace) -> int:
     if args.calibrate:
-        from vyre_async.registry import acquire_backend
+        from vyre_async._registry import acquire_backend
 
         calibration_for(acquire_backend(args.calibrate), measure=True, refresh=True)
     calibrations = CalibrationStore().entries()

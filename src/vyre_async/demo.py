@@ -14,12 +14,12 @@ import time
 import anyio
 import numpy as np
 
+from vyre_async._backend import VyreBackend
+from vyre_async._config import DispatchConfig
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.backend import VyreBackend
-from vyre_async.config import DispatchConfig
+from vyre_async._registry import acquire_backend, acquire_preferred_backend
 from vyre_async.ir import validate
 from vyre_async.programs import Workload, standard_workloads
-from vyre_async.registry import acquire_backend, acquire_preferred_backend
 
 __all__ = ["run_demo"]
 __dir__ = _public_dir(__name__)

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
     from opentelemetry.util.types import AttributeValue
 
-    from vyre_async.pending import DispatchRecord, PendingDispatch
+    from vyre_async._pending import DispatchRecord, PendingDispatch
 
 __all__ = [
     "DispatchAttribute",
@@ -728,7 +728,7 @@ def attach(
 ) -> None:
     """Open the dispatch span with the launch's attributes; end it when the dispatch settles.
 
-    ``template`` is the launch shape's `vyre_async.frontend.LaunchTemplate`; what
+    ``template`` is the launch shape's `vyre_async._frontend.LaunchTemplate`; what
     telemetry derives from it is kept on it (``template.telemetry``). A span the
     sampler drops is let go at once: the dispatch then records nothing more
     unless metrics are collected.

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from vyre_async import telemetry
+from vyre_async._arguments import duration
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.arguments import duration
 from vyre_async.errors import InvalidArgument, UnsupportedFeature
 
 try:

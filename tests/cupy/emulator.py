@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from vyre_async._plan import BindingPlan, normalize_inputs, plan_dispatch
 from vyre_async.ir import Access, Program
-from vyre_async.plan import BindingPlan, normalize_inputs, plan_dispatch
 from vyre_cupy.codegen import KernelSource, generate
 
 __all__ = [

@@ -31,10 +31,10 @@ from vyre_async import (
     UnsupportedFeature,
     VyreBackend,
 )
+from vyre_async._pending import DispatchCompleter, PendingDispatch
+from vyre_async._shadow import compare_outputs
 from vyre_async.calibration import Calibration, CalibrationStore, calibration_for
-from vyre_async.pending import DispatchCompleter, PendingDispatch
 from vyre_async.programs import elementwise_xor
-from vyre_async.shadow import compare_outputs
 from vyre_cupy import create_backend
 from vyre_cupy.codegen import generate
 from vyre_cupy.layout import plan_layout

@@ -50,8 +50,8 @@ from vyre_async import (
     VyreBackend,
     telemetry,
 )
+from vyre_async._pending import DispatchCompleter, PendingDispatch
 from vyre_async.cache.disk import PipelineCacheWarning
-from vyre_async.pending import DispatchCompleter, PendingDispatch
 from vyre_async.programs import elementwise_xor, standard_workloads
 from vyre_cupy import create_backend
 from vyre_cupy.layout import Source, plan_layout
@@ -271,7 +271,7 @@ def test_corpus_with_every_input_resident_equals_the_expected_outputs(
     """Every (non-bool) input uploaded first: READ inputs bound in place, READ_WRITE ones
     written in place (and read back from there), WRITE outputs still start at zero."""
     from tests.conformance.corpus import cases
-    from vyre_async.shadow import compare_outputs
+    from vyre_async._shadow import compare_outputs
 
     ran = 0
     for case in cases():
@@ -547,8 +547,8 @@ def test_policy_benchmark_runs_on_the_fake_device(fake: FakeDevice) -> None:
 def test_calibrate_measures_launch_modes_compile_and_copies(
     fake: FakeDevice, tmp_path: Path
 ) -> None:
+    from vyre_async._execution import choose_execution_mode
     from vyre_async.calibration import CalibrationStore, calibration_for, format_calibration
-    from vyre_async.execution import choose_execution_mode
 
     def completion_threads() -> int:
         return sum(t.name == "vyre-cupy-completion" for t in threading.enumerate())

@@ -31,7 +31,7 @@ from tests.cupy.op_table import op_cases
 from tests.cupy.unit_programs import unit_cases
 from tests.strategies import programs, small_inputs_for
 from vyre_async import DispatchConfig, DType, InvalidProgram, UnsupportedFeature, VyreBackend
-from vyre_async.shadow import compare_outputs
+from vyre_async._shadow import compare_outputs
 from vyre_cupy import create_backend
 from vyre_reference import execute
 
@@ -107,7 +107,7 @@ def test_subnormals_survive(gpu: VyreBackend) -> None:
 def test_device_timing_phases_and_one_completion_thread(
     gpu: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vyre_async.pending import DispatchCompleter
+    from vyre_async._pending import DispatchCompleter
     from vyre_async.programs import elementwise_xor
 
     # Phases are taken for dispatches a span shows them on: as if one did.
@@ -218,7 +218,7 @@ def test_done_callbacks_and_shadow_comparisons_on_the_callback_thread(gpu: VyreB
     import anyio
 
     from vyre_async import ShadowBackend
-    from vyre_async.pending import PendingDispatch, wait_for_callbacks
+    from vyre_async._pending import PendingDispatch, wait_for_callbacks
     from vyre_async.programs import elementwise_xor
     from vyre_reference import reference_backend
 

@@ -40,10 +40,10 @@ import vyre_cupy.device
 from tests.cupy.device_programs import accumulate
 from tests.cupy.fake_cupy import FakeDevice
 from vyre_async import DiskPipelineCache, DispatchConfig, VyreBackend
-from vyre_async.execution import choose_execution_mode, requested_mode
+from vyre_async._execution import choose_execution_mode, requested_mode
+from vyre_async._pipeline import CompiledPipeline, Launch
+from vyre_async._plan import BindingPlan, LaunchGeometry
 from vyre_async.ir import Program
-from vyre_async.pipeline import CompiledPipeline, Launch
-from vyre_async.plan import BindingPlan, LaunchGeometry
 from vyre_async.programs import elementwise_xor
 from vyre_cupy import CupyExecutor, create_backend
 from vyre_cupy.batch import batch_obstacle, enqueue_replay, graph_for

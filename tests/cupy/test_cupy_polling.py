@@ -23,7 +23,7 @@ import pytest
 import vyre_cupy.launch as cuda_launch
 from tests.cupy.fake_cupy import FakeDevice
 from vyre_async import DispatchConfig, VyreBackend
-from vyre_async.pending import DispatchCompleter
+from vyre_async._pending import DispatchCompleter
 from vyre_async.programs import elementwise_xor
 from vyre_cupy import create_backend
 from vyre_cupy.completion import CompletionBridge

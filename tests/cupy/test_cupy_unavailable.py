@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from vyre_async import UnsupportedFeature, acquire_backend, acquire_preferred_backend
-from vyre_async import registry as registry_module
-from vyre_async.registry import registered_backends
+from vyre_async import _registry as registry_module
+from vyre_async._registry import registered_backends
 from vyre_cupy.registration import REGISTRATION
 
 
@@ -123,7 +123,7 @@ def test_preferred_backend_falls_back_to_the_reference_and_says_so(
 ) -> None:
     monkeypatch.setitem(sys.modules, "cupy", None)
     assert "cupy" in [r.id for r in registered_backends()]
-    with caplog.at_level(logging.WARNING, logger="vyre_async.registry"):
+    with caplog.at_level(logging.WARNING, logger="vyre_async._registry"):
         backend = acquire_preferred_backend(allow_reference=True)
     assert backend.id == "reference"
     (warning,) = [r.getMessage() for r in caplog.records if "cupy" in r.getMessage()]

@@ -13,8 +13,8 @@ import pytest
 from tests.conformance.corpus import cases
 from tests.cupy.conftest import Toolchain
 from tests.cupy.emulator import request_for
+from vyre_async._shadow import compare_outputs
 from vyre_async.errors import InvalidProgram
-from vyre_async.shadow import compare_outputs
 from vyre_reference import execute
 
 

@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 from tests.cupy.conftest import start_nvcc
 from tests.cupy.emulator import NVCC, Request, build_emulator, request_for
 from tests.strategies import programs, small_inputs_for
+from vyre_async._shadow import compare_outputs
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir import Program
-from vyre_async.shadow import compare_outputs
 from vyre_reference import execute
 
 BATCH = 16

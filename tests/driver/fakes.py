@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from vyre_async._capabilities import BackendCapabilities
+from vyre_async._config import DispatchConfig
+from vyre_async._pipeline import Launch
+from vyre_async._resident import ResidentBuffer
 from vyre_async.abc import Executor
-from vyre_async.capabilities import BackendCapabilities
-from vyre_async.config import DispatchConfig
 from vyre_async.ir import Access, Program
-from vyre_async.pipeline import Launch
-from vyre_async.resident import ResidentBuffer
 
 
 class BytesBackend(Executor):

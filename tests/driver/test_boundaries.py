@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from vyre_async import DispatchConfig, InvalidProgram
-from vyre_async.arguments import duration, to_seconds, whole_number
-from vyre_async.config import MAX_OUTPUT_BYTES_ENV, default_max_output_bytes
+from vyre_async._arguments import duration, to_seconds, whole_number
+from vyre_async._config import MAX_OUTPUT_BYTES_ENV, default_max_output_bytes
 from vyre_async.ir.limits import MAX_WORKGROUP_LANES
 
 

@@ -27,10 +27,10 @@ from vyre_async import (
     Launch,
     PendingDispatch,
 )
-from vyre_async.frontend import TEMPLATE_CAPACITY, LaunchTemplate
-from vyre_async.plan import plan_dispatch
+from vyre_async._frontend import TEMPLATE_CAPACITY, LaunchTemplate
+from vyre_async._plan import plan_dispatch
+from vyre_async._resident import ResidentBuffer
 from vyre_async.programs import elementwise_xor
-from vyre_async.resident import ResidentBuffer
 from vyre_reference import ReferenceExecutor
 
 
@@ -97,7 +97,7 @@ def test_one_launch_shape_is_planned_once_and_shares_one_template(
         plans.append(tuple(sizes))
         return plan_dispatch(program, sizes, **kwargs)
 
-    monkeypatch.setattr("vyre_async.frontend.plan_dispatch", counting)
+    monkeypatch.setattr("vyre_async._frontend.plan_dispatch", counting)
     program = elementwise_xor(16)
     config = DispatchConfig(timeout=30.0)
     backend.dispatch(program, xor_inputs(16), config).result()

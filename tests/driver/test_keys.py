@@ -40,9 +40,12 @@ from tests import otel_sdk
 from tests.driver.fakes import BytesBackend
 from tests.helpers import backend_of
 from vyre_async import DiskPipelineCache, DispatchConfig, InvalidProgram, UnsupportedFeature
+from vyre_async._frontend import DispatchFrontEnd, LaunchTemplate
+from vyre_async._pipeline import Launch
+from vyre_async._plan import LaunchGeometry, plan_dispatch
+from vyre_async._prefetch import Prefetcher
 from vyre_async.cache import identity as identity_module
 from vyre_async.cache.identity import PipelineIdentity, pipeline_identity
-from vyre_async.frontend import DispatchFrontEnd, LaunchTemplate
 from vyre_async.ir import (
     Access,
     BufferDecl,
@@ -57,9 +60,6 @@ from vyre_async.ir import (
     Var,
     gid,
 )
-from vyre_async.pipeline import Launch
-from vyre_async.plan import LaunchGeometry, plan_dispatch
-from vyre_async.prefetch import Prefetcher
 from vyre_reference import ReferenceExecutor, execute
 from vyre_reference.compile import compile_program
 
@@ -487,7 +487,8 @@ def template_of(backend: TemplateBackend) -> LaunchTemplate:
     return template
 
 
-# The parameters of DispatchFrontEnd.template and where each one's cases are.
+# The parameters of DispatchFrontEnd._new_template (what plans a template) and where
+# each one's cases are.
 TEMPLATE_PARAMETERS = {
     "pipeline": "test_a_template_input_changed_alone[pipeline...]",
     "program": "test_a_template_input_changed_alone[program...]",
@@ -512,7 +513,7 @@ TEMPLATE_CONFIG: dict[str, tuple[DispatchConfig, str, type[Exception] | None]] =
 
 
 def test_the_template_has_a_case_for_every_input() -> None:
-    parameters = set(inspect.signature(DispatchFrontEnd.template).parameters) - {"self"}
+    parameters = set(inspect.signature(DispatchFrontEnd._new_template).parameters) - {"self"}
     assert parameters == set(TEMPLATE_PARAMETERS)
     assert set(TEMPLATE_CONFIG) == _fields(DispatchConfig)
     assert len(BASE.inputs) == 2  # one size case each, below
@@ -669,7 +670,7 @@ FINGERPRINT_CASES: dict[str, tuple[Program, list[np.ndarray], DispatchConfig] | 
 
 
 def test_the_fingerprint_has_a_case_for_every_component() -> None:
-    from vyre_async import prefetch
+    from vyre_async import _prefetch as prefetch
 
     assert len(typing.get_args(prefetch.ShapeFingerprint)) == len(FINGERPRINT_CASES)
 

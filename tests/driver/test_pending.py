@@ -21,7 +21,7 @@ from vyre_async import (
     ErrorCode,
     Launch,
 )
-from vyre_async.pending import PendingDispatch, ResultAlreadyTaken, wait_for_callbacks
+from vyre_async._pending import PendingDispatch, ResultAlreadyTaken, wait_for_callbacks
 from vyre_async.programs import elementwise_xor
 
 pytestmark = pytest.mark.anyio

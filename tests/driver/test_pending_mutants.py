@@ -2,7 +2,7 @@
 
 Exact error texts and what a dispatch's hooks and callbacks are handed; the
 deadline at its exact instant and the polling backoff (both on an injected
-clock: ``time`` inside `vyre_async.pending` is replaced, nothing sleeps for
+clock: ``time`` inside `vyre_async._pending` is replaced, nothing sleeps for
 them); how asyncio and trio waiters are woken or left alone; where a broken
 error reporter's output goes; and the callback thread in a fresh interpreter,
 in a forked child and after it died (or could not start). Orders are made by
@@ -31,9 +31,9 @@ import pytest
 import trio
 import trio.testing
 
-import vyre_async.pending as pending_module
+import vyre_async._pending as pending_module
 from vyre_async import DispatchFailed, DispatchTimeout, InvalidProgram
-from vyre_async.pending import (
+from vyre_async._pending import (
     DispatchCompleter,
     DispatchRecord,
     DispatchTiming,
@@ -49,7 +49,7 @@ BOUND_S = 10.0  # an upper bound for what happens at once (reached only when a t
 
 
 class Clock:
-    """Stands in for the `time` module inside `vyre_async.pending`: a clock the test moves.
+    """Stands in for the `time` module inside `vyre_async._pending`: a clock the test moves.
 
     ``monotonic`` and ``perf_counter`` read the same value; the steps used are
     binary fractions, so sums land exactly on deadlines and budget marks.
@@ -599,7 +599,7 @@ def _run_fresh(source: str, *options: str) -> subprocess.CompletedProcess[str]:
 
 _FRESH_PROCESS = """
 import threading
-from vyre_async.pending import PendingDispatch, wait_for_callbacks
+from vyre_async._pending import PendingDispatch, wait_for_callbacks
 
 print(wait_for_callbacks(timeout=5.0))  # nothing was ever queued: True at once
 pending, completer = PendingDispatch.create()
@@ -928,7 +928,7 @@ def test_a_trio_awaiter_of_a_dispatch_the_give_up_settles_returns_at_once() -> N
 # A forked child ---------------------------------------------------------------------
 _FORK_IN_A_FRESH_PROCESS = """
 import os, sys, threading
-from vyre_async.pending import PendingDispatch, defer_to_callbacks, wait_for_callbacks
+from vyre_async._pending import PendingDispatch, defer_to_callbacks, wait_for_callbacks
 
 # The parent's callback thread runs when it forks; the child has none (only the
 # forking thread comes along), so it must start one of its own.

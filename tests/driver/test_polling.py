@@ -20,7 +20,7 @@ import anyio.to_thread
 import numpy as np
 import pytest
 
-from vyre_async.pending import DispatchCompleter, PendingDispatch
+from vyre_async._pending import DispatchCompleter, PendingDispatch
 
 pytestmark = pytest.mark.anyio
 

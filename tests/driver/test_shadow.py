@@ -22,9 +22,9 @@ from vyre_async import (
     ShadowBackend,
     assert_conformance,
 )
+from vyre_async._shadow import compare_outputs
 from vyre_async.ir import Access, BufferDecl, DType, Let, Load, Program, Store, Un, Var, gid
 from vyre_async.programs import elementwise_xor, saxpy
-from vyre_async.shadow import compare_outputs
 from vyre_reference import ReferenceExecutor, reference_backend
 
 U = np.uint32

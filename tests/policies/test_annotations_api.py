@@ -74,7 +74,7 @@ def test_policies_import_nothing_from_the_driver_core() -> None:
         "speculation",
     ):
         source = inspect.getsource(importlib.import_module(f"vyre_async.policies.{module}"))
-        assert "vyre_async.backend" not in source and "numpy" not in source
+        assert "vyre_async._backend" not in source and "numpy" not in source
 
 
 # dispatch_attributes --------------------------------------------------------------------

@@ -26,6 +26,9 @@ import pytest
 from tests.driver.fakes import BytesBackend
 from tests.helpers import backend_of
 from vyre_async import BackendCapabilities, DispatchConfig, compile
+from vyre_async._execution import choose_execution_mode
+from vyre_async._pending import PendingDispatch
+from vyre_async._pipeline import Launch
 from vyre_async.calibration import (
     Calibration,
     CalibrationStore,
@@ -34,9 +37,6 @@ from vyre_async.calibration import (
     default_calibration_root,
     format_calibration,
 )
-from vyre_async.execution import choose_execution_mode
-from vyre_async.pending import PendingDispatch
-from vyre_async.pipeline import Launch
 from vyre_async.programs import elementwise_xor
 from vyre_reference import ReferenceExecutor, reference_backend
 

@@ -24,15 +24,15 @@ from vyre_async import (
     UnsupportedFeature,
     VyreBackend,
 )
+from vyre_async._capabilities import BackendCapabilities
+from vyre_async._pipeline import Launch
+from vyre_async._resident import ResidentBuffer
 from vyre_async.abc import Executor
-from vyre_async.capabilities import BackendCapabilities
 from vyre_async.graph import ArmGraph, GraphResult, Residency, summarize_arm
 from vyre_async.ir import Access, Atomic, BufferDecl, DType, Let, Load, Program
 from vyre_async.ir import u32 as c32
-from vyre_async.pipeline import Launch
 from vyre_async.policies import ArmSummary
 from vyre_async.programs import saxpy
-from vyre_async.resident import ResidentBuffer
 from vyre_reference import ReferenceExecutor, reference_backend
 
 N = 64
@@ -853,7 +853,7 @@ async def test_uncalibrated_and_unsupported_residency_reasons(backend: VyreBacke
 async def test_a_backends_nan_or_negative_device_time_does_not_break_the_graph(
     backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vyre_async.pending import DispatchCompleter
+    from vyre_async._pending import DispatchCompleter
 
     graph, init = xor_graph()
     resolve = DispatchCompleter.resolve

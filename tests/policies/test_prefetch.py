@@ -17,9 +17,9 @@ from tests import otel_sdk
 from tests.helpers import backend_of
 from tests.policies.kernels import binop
 from vyre_async import DispatchConfig, KernelCompileFailed, VyreBackend
+from vyre_async._pending import PendingDispatch
+from vyre_async._prefetch import Prefetcher, PrefetchJob
 from vyre_async.ir import Program
-from vyre_async.pending import PendingDispatch
-from vyre_async.prefetch import Prefetcher, PrefetchJob
 from vyre_reference import ReferenceExecutor, reference_backend
 
 N = 64
@@ -426,7 +426,7 @@ def test_background_failures_are_logged_not_raised(caplog: pytest.LogCaptureFixt
     for program in (A, B, C):
         backend.dispatch_sync(program, INPUTS)
     backend.executor.fail_on.add(B.op_id)
-    with caplog.at_level(logging.WARNING, logger="vyre_async.prefetch"):
+    with caplog.at_level(logging.WARNING, logger="vyre_async._prefetch"):
         backend.dispatch_sync(A, INPUTS)  # predicts B; its background build fails
         assert backend.prefetcher is not None
         assert backend.prefetcher.drain(5)

@@ -40,8 +40,8 @@ from vyre_async import (
     DispatchConfig,
     PendingDispatch,
 )
-from vyre_async.backend import VyreBackend
-from vyre_async.capabilities import BackendCapabilities
+from vyre_async._backend import VyreBackend
+from vyre_async._capabilities import BackendCapabilities
 from vyre_async.programs import elementwise_xor
 from vyre_ray.backend import (
     AFFINITY_SLACK,

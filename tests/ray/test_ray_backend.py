@@ -38,7 +38,7 @@ from vyre_async import (
     acquire_preferred_backend,
     registered_backends,
 )
-from vyre_async.backend import VyreBackend, poll_until
+from vyre_async._backend import VyreBackend, poll_until
 from vyre_async.ir import (
     Access,
     Assign,

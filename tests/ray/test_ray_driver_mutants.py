@@ -90,11 +90,11 @@ from vyre_async import (
     acquire_backend,
     telemetry,
 )
-from vyre_async.backend import VyreBackend
-from vyre_async.capabilities import BackendCapabilities
-from vyre_async.pending import wait_for_callbacks
+from vyre_async._backend import VyreBackend
+from vyre_async._capabilities import BackendCapabilities
+from vyre_async._pending import wait_for_callbacks
+from vyre_async._registry import BackendProbe, probe_backend
 from vyre_async.programs import elementwise_xor
-from vyre_async.registry import BackendProbe, probe_backend
 from vyre_ray.backend import (
     AFFINITY_SLACK,
     OFF_THREAD_BYTES,

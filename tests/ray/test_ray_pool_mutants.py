@@ -32,7 +32,7 @@ pytest.importorskip("ray", reason="the ray extra is not installed")
 import ray.exceptions as rex
 from opentelemetry import trace as otel_trace
 
-import vyre_async.registry as registry
+import vyre_async._registry as registry
 import vyre_ray.backend as rb
 from tests.ray.fake_ray import (  # the fake ray and its fixtures
     ACTOR_OPTIONS,
@@ -49,8 +49,8 @@ from tests.ray.fake_ray import (  # the fake ray and its fixtures
     xor_of,
 )
 from vyre_async import BackendClosed, UnsupportedFeature, acquire_backend
-from vyre_async.backend import VyreBackend
-from vyre_async.capabilities import BackendCapabilities
+from vyre_async._backend import VyreBackend
+from vyre_async._capabilities import BackendCapabilities
 from vyre_ray.backend import create_backend
 from vyre_ray.worker import Worker
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from vyre_async._plan import normalize_inputs, plan_dispatch
 from vyre_async.ir import (
     Access,
     Assign,
@@ -64,7 +65,6 @@ from vyre_async.ir import (
     Var,
 )
 from vyre_async.ir.infer import expr_dtype
-from vyre_async.plan import normalize_inputs, plan_dispatch
 
 __all__ = ["BarrierDivergence", "f32_round", "fraction_to_f32", "run_slow"]
 

@@ -18,7 +18,8 @@ from vyre_async import (
     InvalidProgram,
     acquire_backend,
 )
-from vyre_async.backend import VyreBackend
+from vyre_async._backend import VyreBackend
+from vyre_async._pending import wait_for_callbacks
 from vyre_async.ir import (
     Access,
     Assign,
@@ -33,7 +34,6 @@ from vyre_async.ir import (
     gid,
     u32,
 )
-from vyre_async.pending import wait_for_callbacks
 from vyre_async.programs import elementwise_xor, histogram
 from vyre_reference import ReferenceExecutor, reference_backend
 

@@ -32,7 +32,8 @@ import vyre_reference
 import vyre_reference.backend as backend_module
 from tests import otel_sdk
 from vyre_async import DispatchConfig, DispatchTimeout, InvalidProgram
-from vyre_async.backend import VyreBackend
+from vyre_async._backend import VyreBackend
+from vyre_async._plan import plan_dispatch
 from vyre_async.ir import (
     Access,
     Assign,
@@ -53,7 +54,6 @@ from vyre_async.ir import (
     u32,
 )
 from vyre_async.ir.limits import MAX_WORKGROUP_BYTES, MAX_WORKGROUP_LANES
-from vyre_async.plan import plan_dispatch
 from vyre_reference import cache_clear, cache_info, reference_backend
 
 S = backend_module._STMT_NS

@@ -54,6 +54,9 @@ from vyre_async import (
     PendingDispatch,
     telemetry,
 )
+from vyre_async._pending import settle_hook
+from vyre_async._plan import BindingPlan
+from vyre_async._resident import ResidentBuffer
 from vyre_async.ir import (
     Access,
     Assign,
@@ -68,9 +71,6 @@ from vyre_async.ir import (
     gid,
     u32,
 )
-from vyre_async.pending import settle_hook
-from vyre_async.plan import BindingPlan
-from vyre_async.resident import ResidentBuffer
 from vyre_reference import ReferenceExecutor, reference_backend
 from vyre_reference.engine import run_plan
 

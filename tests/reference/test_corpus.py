@@ -11,6 +11,7 @@ import pytest
 
 import vyre_reference
 from tests.conformance.corpus import SEMANTIC_RULES, Case, cases
+from vyre_async._plan import normalize_inputs, plan_dispatch
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir import (
     Access,
@@ -27,7 +28,6 @@ from vyre_async.ir import (
     gid,
     u32,
 )
-from vyre_async.plan import normalize_inputs, plan_dispatch
 from vyre_reference import Cancelled, compile_program, execute, run_plan
 
 CASES = cases()

@@ -13,8 +13,8 @@ import pytest
 import vyre_reference
 from tests.cupy.device_programs import accumulate
 from vyre_async import InvalidProgram
+from vyre_async._plan import BindingPlan, plan_dispatch
 from vyre_async.ir import Access, BufferDecl, DType, If, Load, Program, Store, gid, u32
-from vyre_async.plan import BindingPlan, plan_dispatch
 from vyre_async.programs import elementwise_xor
 
 
@@ -37,7 +37,7 @@ def test_run_plan_says_what_it_got_instead_of_a_flat_array(value: object, descri
         vyre_reference.run_plan(plan, [value, good])  # type: ignore[list-item]
     message = str(info.value)
     assert "must be a flat uint32 array of 4 elements, " + described in message
-    assert "Fix: normalise inputs with vyre_async.plan.normalize_inputs" in message
+    assert "Fix: normalise inputs with vyre_async._plan.normalize_inputs" in message
 
 
 def test_cache_info_counts_the_programs_held() -> None:

@@ -5,7 +5,7 @@ The differential tests compare the reference engine with the slow interpreter
 interpreter itself to the corpus's independently computed expected outputs,
 case by case, so a corner the corpus gains (a rounding tie, a NaN operand, a
 loop with no trip) is checked on both sides of those comparisons. Outputs are
-compared as the contract suite compares a backend's (`vyre_async.shadow.compare_outputs`:
+compared as the contract suite compares a backend's (`vyre_async._shadow.compare_outputs`:
 bit for bit, transcendentals within the case's ULP budget).
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.reference.slow_interpreter import run_slow
-from vyre_async.shadow import compare_outputs
+from vyre_async._shadow import compare_outputs
 from vyre_async.testing.corpus import Case, cases
 
 CASES = [case for case in cases() if case.error is None]

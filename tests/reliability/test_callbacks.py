@@ -26,6 +26,7 @@ import pytest
 from tests.driver.fakes import BytesBackend
 from tests.helpers import backend_of
 from vyre_async import Launch, PendingDispatch, VyreBackend
+from vyre_async._pending import wait_for_callbacks
 from vyre_async.ir import (
     Access,
     BufferDecl,
@@ -36,7 +37,6 @@ from vyre_async.ir import (
     gid,
     u32,
 )
-from vyre_async.pending import wait_for_callbacks
 from vyre_async.programs import elementwise_xor
 from vyre_reference import ReferenceExecutor, reference_backend
 

@@ -22,7 +22,7 @@ from vyre_async import (
     acquire_backend,
     compile,
 )
-from vyre_async.config import default_max_output_bytes
+from vyre_async._config import default_max_output_bytes
 from vyre_async.ir import Access, BufferDecl, DType, Program, Store, gid, u32
 from vyre_async.programs import elementwise_xor
 

@@ -35,10 +35,10 @@ from vyre_async import (
     compile,
     telemetry,
 )
+from vyre_async._pending import PendingDispatch, wait_for_callbacks
 from vyre_async.calibration import Calibration, CalibrationStore, calibration_key
 from vyre_async.graph import ArmGraph
 from vyre_async.ir import Const, DType, i32, u32
-from vyre_async.pending import PendingDispatch, wait_for_callbacks
 from vyre_async.programs import elementwise_xor
 from vyre_reference import ReferenceExecutor, reference_backend
 
@@ -229,7 +229,7 @@ def test_a_failed_otlp_export_counts_its_spans_dropped() -> None:
 
 
 def test_the_prefetcher_checks_its_settings_and_never_keeps_a_dead_worker() -> None:
-    from vyre_async.prefetch import Prefetcher
+    from vyre_async._prefetch import Prefetcher
 
     store = reference_backend(prefetch=False).store
     for kwargs in ({"max_queue": None}, {"capacity": 0}, {"window": "x"}, {"idle_s": "x"},

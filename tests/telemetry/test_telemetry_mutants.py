@@ -60,8 +60,8 @@ from vyre_async import (
     Program,
     telemetry,
 )
+from vyre_async._pipeline import Launch
 from vyre_async._version import __version__
-from vyre_async.pipeline import Launch
 from vyre_async.programs import elementwise_xor
 from vyre_async.telemetry import SECONDS_BUCKETS, dispatch_attributes, prometheus_text
 

@@ -1,5 +1,6 @@
-"""Pipeline caches: identity and the on-disk store (the in-memory LRU is `vyre_async.store`'s)."""
+"""Pipeline caches: identity and the on-disk store (the in-memory LRU is `vyre_async._store`'s)."""
 
+from vyre_async._lazy import lazy_exports as _lazy_exports
 from vyre_async.cache.identity import (
     CACHE_KEY_VERSION,
     MISS_REASONS,
@@ -8,7 +9,6 @@ from vyre_async.cache.identity import (
     pipeline_identity,
     policy_digest,
 )
-from vyre_async.lazy import lazy_exports as _lazy_exports
 
 __all__ = [
     "CACHE_KEY_VERSION",
@@ -30,8 +30,8 @@ __getattr__, __dir__ = _lazy_exports(
     dict.fromkeys(
         ("DiskCacheInfo", "DiskPipelineCache", "PipelineCacheWarning", "default_cache_root"), "disk"
     )
-    # (the memory LRU is the pipeline store's: `vyre_async.store`)
-    | dict.fromkeys(("CacheStats", "MemoryPipelineCache"), "vyre_async.store"),
+    # (the memory LRU is the pipeline store's: `vyre_async._store`)
+    | dict.fromkeys(("CacheStats", "MemoryPipelineCache"), "vyre_async._store"),
     __all__,
     submodules=("files",),
 )

@@ -70,8 +70,8 @@ from typing import BinaryIO
 
 import blake3
 
+from vyre_async._arguments import whole_number
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.arguments import whole_number
 from vyre_async.cache.files import (
     STALE_TEMP_SECONDS,
     NotRegularFile,

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import blake3
 
+from vyre_async._config import DispatchConfig
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.config import DispatchConfig
 from vyre_async.ir.program import Program
 
 __all__ = [

@@ -19,8 +19,8 @@ from vyre_async.ir.stmt import Store
 from vyre_async.ir.types import Access, BufferDecl, DType
 
 if TYPE_CHECKING:
+    from vyre_async._seams import BackendLike, DeviceIdentity, PipelineLike
     from vyre_async.policies.launch import ModeKind
-    from vyre_async.seams import BackendLike, DeviceIdentity, PipelineLike
 
 __all__ = [
     "ARM_OVERLAP_PROBE_ELEMENTS",

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import blake3
 
+from vyre_async._arguments import real_number
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.arguments import real_number
 from vyre_async.errors import InvalidArgument
 
 if TYPE_CHECKING:

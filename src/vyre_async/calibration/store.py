@@ -57,7 +57,7 @@ from vyre_async.calibration.record import (
 from vyre_async.errors import InvalidProgram
 
 if TYPE_CHECKING:
-    from vyre_async.seams import BackendLike
+    from vyre_async._seams import BackendLike
 
 __all__ = [
     "MAX_RECORD_BYTES",

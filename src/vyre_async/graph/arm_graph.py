@@ -13,16 +13,18 @@ import numpy as np
 from opentelemetry import trace
 
 from vyre_async import telemetry
+from vyre_async._arguments import dtype_argument, whole_number
+from vyre_async._config import DispatchConfig
+from vyre_async._execution import choose_execution_mode
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async._plan import normalize_input
+from vyre_async._resident import ResidentBuffer
 from vyre_async._version import __version__
-from vyre_async.arguments import dtype_argument, whole_number
 from vyre_async.calibration import calibration_for
-from vyre_async.config import DispatchConfig
 from vyre_async.errors import (
     InvalidArgument,
     InvalidProgram,
 )
-from vyre_async.execution import choose_execution_mode
 from vyre_async.graph.model import Arm, GraphResource, Residency, _atomic_targets, summarize_arm
 from vyre_async.graph.report import ArmRun, GraphReport, GraphResult
 from vyre_async.graph.run import _Run, _settled_placement
@@ -31,14 +33,12 @@ from vyre_async.ir.limits import MAX_BUFFER_ELEMENTS
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.ir.validate import validate_or_raise
-from vyre_async.plan import normalize_input
 from vyre_async.policies.arms import ArmPlan, ArmSummary
 from vyre_async.policies.concurrency import decide_arm_concurrency
 from vyre_async.policies.residency import decide_residency
-from vyre_async.resident import ResidentBuffer
 
 if TYPE_CHECKING:
-    from vyre_async.backend import VyreBackend
+    from vyre_async._backend import VyreBackend
 
 __all__ = ["ArmGraph"]
 __dir__ = _public_dir(__name__)
@@ -347,7 +347,7 @@ class ArmGraph:
                 f"residency must be 'auto', 'resident' or 'host', got {residency!r}",
                 fix='pass residency="auto"',
             )
-        from vyre_async.backend import VyreBackend as _Backend
+        from vyre_async._backend import VyreBackend as _Backend
 
         if not isinstance(backend, _Backend):
             raise InvalidArgument(

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from vyre_async._config import DispatchConfig
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.config import DispatchConfig
 from vyre_async.errors import (
     host_out_of_memory,
 )

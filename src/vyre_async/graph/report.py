@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from vyre_async._execution import ExecutionDecision
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.execution import ExecutionDecision
 from vyre_async.policies.arms import ArmConflict
 from vyre_async.policies.concurrency import ArmConcurrencyVerdict
 from vyre_async.policies.residency import ResidencyVerdict

@@ -10,25 +10,25 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 import numpy as np
 
+from vyre_async._execution import ExecutionDecision
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async._pending import PendingDispatch
+from vyre_async._resident import ResidentBuffer
 from vyre_async.errors import (
     BackendError,
     UnsupportedFeature,
 )
-from vyre_async.execution import ExecutionDecision
 from vyre_async.graph.model import Residency
 from vyre_async.graph.report import ArmRun
 from vyre_async.graph.schedule import _Schedule, _settled_at, _Step
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import DType
-from vyre_async.pending import PendingDispatch
 from vyre_async.policies.concurrency import ArmConcurrencyVerdict
 from vyre_async.policies.residency import ResidencyVerdict, decide_residency
-from vyre_async.resident import ResidentBuffer
 from vyre_async.telemetry import DispatchAttribute, dispatch_attributes
 
 if TYPE_CHECKING:
-    from vyre_async.backend import VyreBackend
+    from vyre_async._backend import VyreBackend
 
 __all__ = []
 __dir__ = _public_dir(__name__)

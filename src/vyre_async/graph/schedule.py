@@ -6,12 +6,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from vyre_async._config import DispatchConfig
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.config import DispatchConfig
+from vyre_async._pending import PendingDispatch
 from vyre_async.graph.model import Arm, GraphResource
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import Access, BufferDecl, DType
-from vyre_async.pending import PendingDispatch
 from vyre_async.policies.arms import ArmConflict, ArmPlan, plan_arms
 from vyre_async.policies.residency import ResidencyVerdict
 from vyre_async.telemetry import DispatchAttribute

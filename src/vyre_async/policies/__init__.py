@@ -10,7 +10,7 @@ The names load from their submodules on first use (PEP 562): importing one
 policy module, as the driver's hot path does, does not import the others.
 """
 
-from vyre_async.lazy import lazy_exports as _lazy_exports
+from vyre_async._lazy import lazy_exports as _lazy_exports
 
 __all__ = [
     "ARM_CONCURRENCY_REASONS",

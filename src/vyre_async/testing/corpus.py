@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from vyre_async._config import DispatchConfig
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.config import DispatchConfig
 from vyre_async.errors import InvalidProgram
 from vyre_async.ir import (
     Access,

@@ -40,7 +40,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _register(spec: str) -> str:
-    from vyre_async.registry import BackendRegistration, register_backend
+    from vyre_async._registry import BackendRegistration, register_backend
 
     module_name, _, attribute = spec.partition(":")
     try:
@@ -82,7 +82,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     ids, explicit = metafunc.config.stash.get(_CHOSEN, ([], False))
     if not explicit:
-        from vyre_async.registry import registered_backends
+        from vyre_async._registry import registered_backends
 
         ids = [r.id for r in registered_backends() if r.dispatches]
     metafunc.parametrize("vyre_backend", ids, indirect=True, ids=ids)
@@ -91,8 +91,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture
 def vyre_backend(request: pytest.FixtureRequest) -> Any:
     """The backend under test (`acquire_backend` of the id the test is parametrised with)."""
+    from vyre_async._registry import acquire_backend
     from vyre_async.errors import BackendError
-    from vyre_async.registry import acquire_backend
 
     backend_id = str(request.param)
     try:

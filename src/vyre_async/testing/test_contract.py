@@ -39,12 +39,12 @@ from vyre_async import (
     VyreBackend,
     acquire_backend,
 )
-from vyre_async.backend import poll_until
+from vyre_async._backend import poll_until
+from vyre_async._pending import wait_for_callbacks
+from vyre_async._shadow import compare_outputs
 from vyre_async.ir import Assign, Expr, If, Let, Load, Loop, Stmt, Store, Var, gid, lid, u32
 from vyre_async.ir.limits import MAX_WORKGROUP_LANES
-from vyre_async.pending import wait_for_callbacks
 from vyre_async.programs import elementwise_xor, standard_workloads
-from vyre_async.shadow import compare_outputs
 from vyre_async.testing.corpus import Case, cases
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vyre_contract]

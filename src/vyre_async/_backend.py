@@ -1,10 +1,10 @@
 """`VyreBackend`: the one backend class users hold, over an `Executor` that runs the work.
 
 `VyreBackend(executor, ...)` is final. It owns what every backend shares — the
-pipeline store (`vyre_async.store`: cache identity, memory and disk caches,
-compile once), the dispatch front end (`vyre_async.frontend`: input checks,
+pipeline store (`vyre_async._store`: cache identity, memory and disk caches,
+compile once), the dispatch front end (`vyre_async._frontend`: input checks,
 launch templates, the `Launch` record), the shape-prediction prefetcher
-(`vyre_async.prefetch`), the lifecycle and every user-facing method — and
+(`vyre_async._prefetch`), the lifecycle and every user-facing method — and
 hands the executor (`vyre_async.abc.Executor`) only planned launches and its
 hooks. ``docs/architecture.md`` follows one dispatch through them;
 ``docs/backend-authors.md`` writes an executor.
@@ -18,28 +18,28 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
+from vyre_async._arguments import duration, whole_number
+from vyre_async._capabilities import BackendCapabilities
+from vyre_async._config import DispatchConfig
 from vyre_async._executor import Executor, poll_until
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.arguments import duration, whole_number
+from vyre_async._frontend import DEFAULT_CONFIG, DispatchFrontEnd, InputLike, as_config
+from vyre_async._pending import PendingDispatch, refuse_blocking_in_loop
+from vyre_async._pipeline import CompiledPipeline
+from vyre_async._resident import ResidentBuffer
+from vyre_async._store import CacheStats, MemoryPipelineCache, PipelineStore
 from vyre_async.cache.identity import PipelineIdentity
-from vyre_async.capabilities import BackendCapabilities
-from vyre_async.config import DispatchConfig
 from vyre_async.errors import InvalidArgument, InvalidProgram
-from vyre_async.frontend import DEFAULT_CONFIG, DispatchFrontEnd, InputLike, as_config
 from vyre_async.ir.ops import CORE_OPS
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import DType
 from vyre_async.ir.validate import validate_or_raise
 from vyre_async.ir.walk import ops_used
-from vyre_async.pending import PendingDispatch, refuse_blocking_in_loop
-from vyre_async.pipeline import CompiledPipeline
-from vyre_async.resident import ResidentBuffer
-from vyre_async.store import CacheStats, MemoryPipelineCache, PipelineStore
 
 if TYPE_CHECKING:
+    from vyre_async._prefetch import Prefetcher
     from vyre_async.cache.disk import DiskPipelineCache
     from vyre_async.calibration import Calibration
-    from vyre_async.prefetch import Prefetcher
 
 __all__ = ["CLOSE_TIMEOUT_S", "CORE_OPS", "VyreBackend", "ops_used", "poll_until"]
 __dir__ = _public_dir(__name__)
@@ -84,7 +84,7 @@ class VyreBackend:
         disk_cache: Where compiled pipeline bytes persist across processes; only
             used by executors whose ``serialize_pipeline`` returns bytes.
         prefetch: Record every dispatch's shape and compile the predicted next
-            pipeline in the background (`vyre_async.prefetch`); ``backend.prefetcher``
+            pipeline in the background (`vyre_async._prefetch`); ``backend.prefetcher``
             is None when False.
         close_timeout: Seconds `aclose` waits for work it cannot stop at once
             before giving up on it (failing its dispatches with `BackendClosed`).
@@ -150,9 +150,9 @@ class VyreBackend:
         self.executor = executor
         #: Shape-prediction prefetcher (None when built with ``prefetch=False``).
         self.prefetcher: Prefetcher | None = None
-        #: The dispatch front end (`vyre_async.frontend.DispatchFrontEnd`).
+        #: The dispatch front end (`vyre_async._frontend.DispatchFrontEnd`).
         self.front = DispatchFrontEnd(executor, None)
-        #: The pipeline store (`vyre_async.store.PipelineStore`).
+        #: The pipeline store (`vyre_async._store.PipelineStore`).
         self.store = PipelineStore(executor, self.front, capacity, disk_cache, owner=self)
         self.front.lookup = self.store.lookup
         #: The in-memory pipeline LRU (``store.memory``).
@@ -160,7 +160,7 @@ class VyreBackend:
         #: Where compiled pipelines persist across processes, or None.
         self.disk_cache = disk_cache
         if prefetch:
-            from vyre_async.prefetch import Prefetcher  # (with the first backend, not at import)
+            from vyre_async._prefetch import Prefetcher  # (with the first backend, not at import)
 
             self.prefetcher = self.front.prefetcher = Prefetcher(self.store)
 

@@ -32,11 +32,21 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from vyre_async import telemetry
+from vyre_async._capabilities import BackendCapabilities
+from vyre_async._config import MAX_OUTPUT_BYTES_ENV, DispatchConfig, default_max_output_bytes
 from vyre_async._executor import Launch, LaunchTemplate
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async._pending import PendingDispatch
+from vyre_async._plan import (
+    LaunchGeometry,
+    check_buffer_bytes,
+    check_input_count,
+    normalize_input,
+    plan_dispatch,
+)
+from vyre_async._resident import ResidentBuffer
+from vyre_async._seams import PipelineLike
 from vyre_async.cache.identity import policy_digest
-from vyre_async.capabilities import BackendCapabilities
-from vyre_async.config import MAX_OUTPUT_BYTES_ENV, DispatchConfig, default_max_output_bytes
 from vyre_async.errors import (
     BackendClosed,
     DeviceOutOfMemory,
@@ -46,20 +56,10 @@ from vyre_async.errors import (
     host_out_of_memory,
 )
 from vyre_async.ir.program import Program
-from vyre_async.pending import PendingDispatch
-from vyre_async.plan import (
-    LaunchGeometry,
-    check_buffer_bytes,
-    check_input_count,
-    normalize_input,
-    plan_dispatch,
-)
-from vyre_async.resident import ResidentBuffer
-from vyre_async.seams import PipelineLike
 
 if TYPE_CHECKING:
+    from vyre_async._execution import ExecutionDecision
     from vyre_async._executor import Executor
-    from vyre_async.execution import ExecutionDecision
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -107,7 +107,7 @@ def check_output_bytes(total: int, cfg: DispatchConfig, what: str) -> None:
 
 
 class PrefetchHook(Protocol):
-    """The prefetcher as the front end calls it (`vyre_async.prefetch.Prefetcher`)."""
+    """The prefetcher as the front end calls it (`vyre_async._prefetch.Prefetcher`)."""
 
     def observe(
         self,
@@ -146,7 +146,8 @@ class DispatchCall:
             in buffer counts only).
         inputs: The caller's inputs, as given.
         called: ``time.monotonic()`` when the call began (the timeout counts from it).
-        trace: The call's `telemetry.DispatchTrace`, or None when nothing records it.
+        trace: The call's `telemetry.DispatchTrace` (started here), or None when
+            nothing records it.
         pipeline: The compiled pipeline (set once it is known).
         config: The config given (None: the pipeline's).
         cache_hit: False when this call waited for a compile.
@@ -166,13 +167,12 @@ class DispatchCall:
         "trace",
     )
 
-    def __init__(
-        self, program: Program, inputs: Sequence[InputLike], called: float, trace: Any
-    ) -> None:
+    def __init__(self, program: Program, inputs: Sequence[InputLike], *, traced: bool) -> None:
         self.program = program
         self.inputs = inputs
-        self.called = called
-        self.trace = trace
+        self.called = time.monotonic()  # the timeout counts from here, compilation included
+        # The only place a dispatch trace starts (`DispatchFrontEnd._fail` reports it).
+        self.trace = telemetry.start_dispatch() if traced else None
         self.pipeline: Any = None
         self.config: DispatchConfig | None = None
         self.cache_hit = True
@@ -246,8 +246,8 @@ class DispatchFrontEnd:
 
     # The dispatch path -------------------------------------------------------------
     # Every dispatch enters through `dispatch`, `dispatch_pipeline` or `dispatch_batch`.
-    # Each opens its trace with `_open` and, when it raises before the launch,
-    # reports it with `_fail`: nowhere else starts or fails a dispatch trace.
+    # Each call's `DispatchCall` starts its trace and, when the call raises before its
+    # launch, `_fail` reports it: nowhere else starts or fails a dispatch trace.
     def dispatch(
         self, program: Program, inputs: Sequence[InputLike], config: DispatchConfig | None
     ) -> PendingDispatch:
@@ -263,11 +263,17 @@ class DispatchFrontEnd:
             KernelCompileFailed: the backend's compiler rejected the program.
             BackendClosed: the backend was closed.
         """
-        call = self._open(program, inputs)
+        call = DispatchCall(program, inputs, traced=True)
         try:
             if self.closed:
                 self.check_open()
-            cfg = call.config = as_config(config, DEFAULT_CONFIG)
+            if config is None:
+                cfg = DEFAULT_CONFIG
+            elif type(config) is DispatchConfig:
+                cfg = config
+            else:
+                cfg = as_config(config, DEFAULT_CONFIG)
+            call.config = cfg
             started_ns = time.time_ns()
             pipeline, hit = self.lookup(program, cfg)
             call.pipeline = pipeline
@@ -276,10 +282,14 @@ class DispatchFrontEnd:
                 call.cache_hit = False
                 call.compile_s = (compiled_ns - started_ns) / 1e9
                 call.compile_phase = (started_ns, compiled_ns)
-            return self._submit(call)
+            launch, job = self._plan(call)
+            self.executor.enqueue(launch)
         except BaseException as exc:
             self._fail(call, exc)
             raise
+        if job is not None and self.prefetcher is not None:
+            self.prefetcher.schedule(job)  # a predicted compile, after the enqueue
+        return launch.pending
 
     def dispatch_pipeline(
         self, pipeline: PipelineLike, inputs: Sequence[InputLike], config: DispatchConfig | None
@@ -291,14 +301,18 @@ class DispatchFrontEnd:
             UnsupportedFeature: the config asks for something the backend lacks.
             BackendClosed: the backend was closed.
         """
-        call = self._open(pipeline.program, inputs)
+        call = DispatchCall(pipeline.program, inputs, traced=True)
         call.pipeline = pipeline
         call.config = config
         try:
-            return self._submit(call)
+            launch, job = self._plan(call)
+            self.executor.enqueue(launch)
         except BaseException as exc:
             self._fail(call, exc)
             raise
+        if job is not None and self.prefetcher is not None:
+            self.prefetcher.schedule(job)  # a predicted compile, after the enqueue
+        return launch.pending
 
     def dispatch_batch(
         self,
@@ -324,7 +338,7 @@ class DispatchFrontEnd:
         with telemetry.dispatch_attributes(decision.span_attributes()):
             try:
                 for inputs in batch:
-                    call = self._open(pipeline.program, inputs)
+                    call = DispatchCall(pipeline.program, inputs, traced=True)
                     call.pipeline = pipeline
                     call.config = config
                     calls.append(call)
@@ -363,14 +377,10 @@ class DispatchFrontEnd:
             UnsupportedFeature: the config asks for something the backend lacks.
             BackendClosed: the backend was closed.
         """
-        call = DispatchCall(pipeline.program, inputs, time.monotonic(), None)
+        call = DispatchCall(pipeline.program, inputs, traced=False)
         call.pipeline = pipeline
         call.config = config
         return self._plan(call)[0]
-
-    def _open(self, program: Program, inputs: Sequence[InputLike]) -> DispatchCall:
-        """Start one call: its clock (the timeout counts from here) and its trace."""
-        return DispatchCall(program, inputs, time.monotonic(), telemetry.start_dispatch())
 
     def _fail(self, call: DispatchCall, exc: BaseException) -> None:
         """Report a call that raised before its launch (its span ends with ``exc``)."""
@@ -387,14 +397,6 @@ class DispatchFrontEnd:
             self._fail(call, exc)
         for launch, _ in planned:
             launch.completer.fail(exc)  # no-op for one already settled
-
-    def _submit(self, call: DispatchCall) -> PendingDispatch:
-        """Plan ``call``, enqueue it and start its predicted compile, if any."""
-        launch, job = self._plan(call)
-        self.executor.enqueue(launch)
-        if job is not None and self.prefetcher is not None:
-            self.prefetcher.schedule(job)
-        return launch.pending
 
     def _plan(self, call: DispatchCall) -> tuple[Launch, Any]:
         """Check and plan ``call``: its `Launch` and the prefetcher's job (or None)."""
@@ -445,7 +447,15 @@ class DispatchFrontEnd:
             else:
                 sizes.append(item.size)
             prepared.append(item)
-        template = self.template(pipeline, program, cfg, tuple(sizes))  # one lookup
+        identity = pipeline.identity
+        key = (id(program), id(cfg), id(identity), tuple(sizes))  # this launch shape
+        by_id = self._by_id
+        seen = by_id.get(key)  # the one template lookup of this dispatch
+        if seen is not None and seen[0] is program and seen[1] is cfg and seen[2] is identity:
+            template = seen[3]
+            by_id.move_to_end(key)  # least recently used is dropped first
+        else:
+            template = self._template_miss(pipeline, program, cfg, key)
         native = pipeline.native
         shape = template.shape
         if shape is None or shape[0] is not native:  # once per shape (and compiled artifact)
@@ -492,14 +502,17 @@ class DispatchFrontEnd:
             pipeline, plan.geometry, call.cache_hit, pending, fingerprint, recording
         )
 
-    def template(
+    def _template_miss(
         self,
         pipeline: PipelineLike,
         program: Program,
         config: DispatchConfig,
-        sizes: tuple[int, ...],
+        key: tuple[int, int, int, tuple[int, ...]],
     ) -> LaunchTemplate:
-        """Return the `LaunchTemplate` of this launch shape, checking and planning it once.
+        """Return the `LaunchTemplate` of a shape the id-keyed LRU lacks (``_plan`` looked).
+
+        Equal objects (another program or config object of the same value) share
+        one template; a new shape is checked and planned here, once.
 
         Raises:
             InvalidProgram: the config needs different code than ``pipeline``, a
@@ -507,12 +520,7 @@ class DispatchFrontEnd:
             UnsupportedFeature: the config forces a feature the backend lacks.
         """
         identity = pipeline.identity  # the policy check is against this pipeline's config
-        key = (id(program), id(config), id(identity), sizes)  # the same objects: no hashing
-        by_id = self._by_id
-        seen = by_id.get(key)
-        if seen is not None and seen[0] is program and seen[1] is config and seen[2] is identity:
-            by_id.move_to_end(key)
-            return seen[3]
+        sizes = key[3]
         by_value = self._by_value
         value_key = (program, config, identity.digest, sizes)  # equal objects
         found = by_value.get(value_key)
@@ -523,6 +531,7 @@ class DispatchFrontEnd:
             by_value[value_key] = found
             if len(by_value) > TEMPLATE_CAPACITY:
                 by_value.popitem(last=False)
+        by_id = self._by_id
         by_id[key] = (program, config, identity, found)  # holds them: ids stay theirs
         if len(by_id) > TEMPLATE_CAPACITY:
             by_id.popitem(last=False)
@@ -532,16 +541,18 @@ class DispatchFrontEnd:
         self,
         pipeline: PipelineLike,
         program: Program,
-        cfg: DispatchConfig,
+        config: DispatchConfig,
         sizes: tuple[int, ...],
     ) -> LaunchTemplate:
-        if cfg is not pipeline.config and policy_digest(cfg) != policy_digest(pipeline.config):
+        compiled_for = pipeline.config
+        if config is not compiled_for and policy_digest(config) != policy_digest(compiled_for):
             raise InvalidProgram(
                 "this pipeline was compiled for another ulp_budget/workgroup_override",
                 fix="compile a pipeline for this config: backend.compile(program, config)",
             )
-        if cfg.speculation == "force" or cfg.cooperative or cfg.persistent_thread == "force":
-            self._check_forced(cfg)
+        forced = config.speculation == "force" or config.persistent_thread == "force"
+        if forced or config.cooperative:
+            self._check_forced(config)
         caps = self.capabilities()
         limit = caps.max_storage_buffer_bytes
         if limit:
@@ -550,16 +561,16 @@ class DispatchFrontEnd:
         plan = plan_dispatch(
             program,
             sizes,
-            grid_override=cfg.grid_override,
-            workgroup_override=cfg.workgroup_override,
+            grid_override=config.grid_override,
+            workgroup_override=config.workgroup_override,
         )
-        if cfg.workgroup_override is not None:
+        if config.workgroup_override is not None:
             self._check_workgroup(plan.geometry.workgroup, caps)
         grid_limit = caps.max_grid_size
         if grid_limit is not None:
             self._check_grid(plan.geometry.grid, grid_limit)
-        check_output_bytes(plan.bytes_out, cfg, "the outputs")
-        return LaunchTemplate(program, cfg, plan)
+        check_output_bytes(plan.bytes_out, config, "the outputs")
+        return LaunchTemplate(program, config, plan)
 
     def _check_workgroup(self, workgroup: tuple[int, int, int], caps: BackendCapabilities) -> None:
         """Refuse a workgroup over the backend's reported limits (not reported: IR limits only)."""

@@ -7,11 +7,11 @@ import os
 from dataclasses import dataclass, fields
 from typing import Literal
 
+from vyre_async._arguments import real_number, whole_number
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.arguments import real_number, whole_number
+from vyre_async._plan import normalize_axes
 from vyre_async.errors import InvalidArgument
 from vyre_async.ir.limits import MAX_WORKGROUP_LANES
-from vyre_async.plan import normalize_axes
 
 __all__ = ["MAX_OUTPUT_BYTES_ENV", "DispatchConfig", "Mode", "default_max_output_bytes"]
 __dir__ = _public_dir(__name__)
@@ -87,7 +87,7 @@ class DispatchConfig:
         grid_override: Workgroups per axis; inferred when ``None``.
         fixpoint_iterations: Launch this many times back to back with buffers
             carried over (``None`` = 1; 0 is rejected).
-        speculation: Shape-prediction prefetch (`vyre_async.prefetch`) for this
+        speculation: Shape-prediction prefetch (`vyre_async._prefetch`) for this
             dispatch: ``"auto"`` records its shape and compiles the predicted next
             pipeline in the background when the backend has a prefetcher;
             ``"disable"`` does neither; ``"force"`` is ``"auto"`` but raises

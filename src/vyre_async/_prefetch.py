@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vyre_async import telemetry
+from vyre_async._arguments import duration, wait_seconds, whole_number
+from vyre_async._config import DispatchConfig
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.arguments import duration, wait_seconds, whole_number
+from vyre_async._plan import LaunchGeometry
 from vyre_async.cache.identity import PipelineIdentity
-from vyre_async.config import DispatchConfig
 from vyre_async.ir.program import Program
-from vyre_async.plan import LaunchGeometry
 from vyre_async.policies.shapes import (
     HIT_RATE_WINDOW,
     SHAPE_HISTORY_CAPACITY,
@@ -44,9 +44,9 @@ from vyre_async.policies.shapes import (
 if TYPE_CHECKING:
     import logging
 
-    from vyre_async.pending import PendingDispatch
-    from vyre_async.seams import PipelineLike
-    from vyre_async.store import PipelineStore
+    from vyre_async._pending import PendingDispatch
+    from vyre_async._seams import PipelineLike
+    from vyre_async._store import PipelineStore
 
 __all__ = ["PrefetchJob", "PrefetchStats", "Prefetcher"]
 __dir__ = _public_dir(__name__)
@@ -56,7 +56,7 @@ def _log() -> logging.Logger:
     """This module's logger (``logging`` is imported on the first message, not at import)."""
     import logging
 
-    return logging.getLogger("vyre_async.prefetch")
+    return logging.getLogger("vyre_async._prefetch")
 
 
 ShapeFingerprint = tuple[bytes, tuple[int, int, int], tuple[int, int, int]]

@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from vyre_async._arguments import to_seconds, wait_seconds
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.arguments import to_seconds, wait_seconds
 from vyre_async.errors import (
     BackendError,
     DispatchFailed,

@@ -21,17 +21,17 @@ from typing import Any
 
 import numpy as np
 
+from vyre_async._backend import VyreBackend
+from vyre_async._capabilities import BackendCapabilities
+from vyre_async._config import DispatchConfig
 from vyre_async._executor import Executor, poll_until
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.backend import VyreBackend
-from vyre_async.capabilities import BackendCapabilities
-from vyre_async.config import DispatchConfig
+from vyre_async._frontend import Launch
+from vyre_async._pending import PendingDispatch, defer_to_callbacks, settle_hook
 from vyre_async.errors import InvalidArgument
-from vyre_async.frontend import Launch
 from vyre_async.ir.ops import TRANSCENDENTAL, UnOp
 from vyre_async.ir.program import Program
 from vyre_async.ir.walk import ops_used
-from vyre_async.pending import PendingDispatch, defer_to_callbacks, settle_hook
 
 __all__ = [
     "ConformanceCase",
@@ -44,7 +44,7 @@ __all__ = [
 ]
 __dir__ = _public_dir(__name__)
 
-_log = logging.getLogger("vyre_async.shadow")
+_log = logging.getLogger("vyre_async._shadow")
 DEFAULT_ULP_BUDGET = 2
 
 
@@ -262,7 +262,7 @@ def ShadowBackend(
     counters are ``backend.executor.stats``. Requests are never failed or
     delayed by the shadow: the caller gets the primary's result as soon as it
     is ready; the comparison happens when both are done. Divergences are
-    logged on ``vyre_async.shadow``, counted in `ShadowStats`, and passed to
+    logged on ``vyre_async._shadow``, counted in `ShadowStats`, and passed to
     ``on_divergence``.
 
     Args:

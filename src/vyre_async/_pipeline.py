@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from vyre_async._config import DispatchConfig
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async._frontend import DispatchFrontEnd, InputLike, Launch
+from vyre_async._pending import PendingDispatch
+from vyre_async._seams import BackendLike
 from vyre_async.cache.identity import PipelineIdentity
-from vyre_async.config import DispatchConfig
 from vyre_async.errors import InvalidArgument, InvalidProgram
-from vyre_async.frontend import DispatchFrontEnd, InputLike, Launch
 from vyre_async.ir.program import Program
-from vyre_async.pending import PendingDispatch
-from vyre_async.seams import BackendLike
 
 if TYPE_CHECKING:
     from vyre_async.policies.launch import ModeKind
@@ -114,7 +114,7 @@ class CompiledPipeline:
         Every input set is checked and planned before anything starts, so a bad
         one raises with nothing launched. The primary execution mode for the
         batch (plain launches, graph replay or a persistent kernel) is chosen by
-        `vyre_async.execution.choose_execution_mode` from the backend's
+        `vyre_async._execution.choose_execution_mode` from the backend's
         capabilities and cached calibration, with ``B = R = len(batch)``, and the
         executor runs the batch that way where it can (`Executor.enqueue_batch`).
         Every dispatch span records the verdict (``vyre.policy.execution_mode``,
@@ -142,7 +142,7 @@ class CompiledPipeline:
             )
         items = list(batch)
         # (imported with the first batch: the policies stay out of `import vyre_async`)
-        from vyre_async.execution import choose_execution_mode, requested_mode
+        from vyre_async._execution import choose_execution_mode, requested_mode
 
         cfg = config or self.config
         decision = choose_execution_mode(

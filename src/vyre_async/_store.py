@@ -20,22 +20,22 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from vyre_async._arguments import whole_number
+from vyre_async._config import DispatchConfig
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.arguments import whole_number
+from vyre_async._frontend import DispatchFrontEnd
+from vyre_async._pipeline import CompiledPipeline
+from vyre_async._seams import BackendLike
 from vyre_async.cache.identity import (
     PipelineIdentity,
     classify_miss,
     pipeline_identity,
     policy_digest,
 )
-from vyre_async.config import DispatchConfig
 from vyre_async.errors import BackendError, InvalidProgram, KernelCompileFailed, UnsupportedFeature
-from vyre_async.frontend import DispatchFrontEnd
 from vyre_async.ir.program import Program
 from vyre_async.ir.validate import validate_or_raise
 from vyre_async.ir.walk import ops_used
-from vyre_async.pipeline import CompiledPipeline
-from vyre_async.seams import BackendLike
 
 if TYPE_CHECKING:
     from vyre_async._executor import Executor

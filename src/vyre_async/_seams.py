@@ -1,7 +1,7 @@
 """The backend and the compiled pipeline as the modules below `VyreBackend` name them.
 
-`VyreBackend` (``vyre_async.backend``) sits on top of the dispatch front end
-(``vyre_async.frontend``), the pipeline store (``vyre_async.store``), the
+`VyreBackend` (``vyre_async._backend``) sits on top of the dispatch front end
+(``vyre_async._frontend``), the pipeline store (``vyre_async._store``), the
 prefetcher and the policies. Those reach the executor through its hooks
 (`vyre_async.abc.Executor`); a few — a compiled pipeline's ``backend``, the
 calibration probes, the batch policy — hold the user-facing backend itself. So
@@ -20,20 +20,20 @@ from vyre_async._exports import public_dir as _public_dir
 if TYPE_CHECKING:
     import numpy as np
 
+    from vyre_async._capabilities import BackendCapabilities
+    from vyre_async._config import DispatchConfig
+    from vyre_async._pending import PendingDispatch
+    from vyre_async._resident import ResidentBuffer
     from vyre_async.cache.identity import PipelineIdentity
-    from vyre_async.capabilities import BackendCapabilities
-    from vyre_async.config import DispatchConfig
     from vyre_async.ir.program import Program
     from vyre_async.ir.types import DType
-    from vyre_async.pending import PendingDispatch
-    from vyre_async.resident import ResidentBuffer
 
 __all__ = ["BackendLike", "DeviceIdentity", "PipelineLike"]
 __dir__ = _public_dir(__name__)
 
 
 class PipelineLike(Protocol):
-    """A compiled pipeline (`vyre_async.pipeline.CompiledPipeline`)."""
+    """A compiled pipeline (`vyre_async._pipeline.CompiledPipeline`)."""
 
     @property
     def backend(self) -> BackendLike: ...
@@ -67,7 +67,7 @@ class DeviceIdentity(Protocol):
 
 
 class BackendLike(Protocol):
-    """The members of a backend (`vyre_async.backend.VyreBackend`) the modules below it use."""
+    """The members of a backend (`vyre_async._backend.VyreBackend`) the modules below it use."""
 
     @property
     def id(self) -> str: ...

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from vyre_async._arguments import dtype_argument, whole_number
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.arguments import dtype_argument, whole_number
+from vyre_async._plan import check_buffer_bytes, normalize_input
 from vyre_async.errors import InvalidArgument, InvalidProgram, host_out_of_memory
 from vyre_async.ir.types import Access, BufferDecl, DType
-from vyre_async.plan import check_buffer_bytes, normalize_input
 
 __all__ = ["ResidentBuffer", "alloc_request", "check_buffer", "upload_request"]
 __dir__ = _public_dir(__name__)
