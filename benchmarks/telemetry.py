@@ -100,9 +100,10 @@ if metering:
 
 from vyre_async import acquire_backend, telemetry
 from vyre_async.programs import elementwise_xor
+from vyre_async.telemetry._state import STATE
 
 if tracing or metering:
-    telemetry._load_api()  # (a dispatch would load it on first look; the stubs need it now)
+    STATE.load_api()  # (a dispatch would load it on first look; the stubs need it now)
 
 backend = acquire_backend("reference")
 program = elementwise_xor(64)
@@ -138,15 +139,15 @@ class StubHistogram:
     def record(self, value, attributes=None):
         pass
 
-real = (telemetry._tracer, telemetry._latency, telemetry._device)
+real = (STATE.tracer, STATE.latency, STATE.device)
 stubs = (StubTracer(mode != "tracer_always_off"), StubHistogram(), StubHistogram())
 
 def stubbed():
-    telemetry._tracer, telemetry._latency, telemetry._device = stubs
+    STATE.tracer, STATE.latency, STATE.device = stubs
     try:
         dispatch()
     finally:
-        telemetry._tracer, telemetry._latency, telemetry._device = real
+        STATE.tracer, STATE.latency, STATE.device = real
 
 cases = {}  # the SDK's own floors, timed alone
 beside = {}  # the same, each made beside a dispatch with vyre's telemetry off

@@ -99,7 +99,7 @@ def _check_choices() -> None:
     """
     chosen = os.environ.get("VYRE_BACKEND")
     if chosen:
-        from vyre_async._registry import probe_backend, registered_backends
+        from vyre_async import probe_backend, registered_backends
 
         found = {r.id: r for r in registered_backends()}
         if chosen not in found:

@@ -206,7 +206,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "timeout-from-enqueue",
         "src/vyre_async/_frontend.py",
-        "timeout=cfg.timeout, label=cfg.label, created=called",
+        "timeout=cfg.timeout, label=cfg.label, created=call.called",
         "timeout=cfg.timeout, label=cfg.label",
         (P + "test_the_deadline_counts_compilation_in_dispatch",),
         "the deadline starts after compilation, not at dispatch()",
@@ -227,7 +227,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # 5. A span attribute key that drifted from the docs.
     Mutant(
         "span-key-misspelt-in-code",
-        "src/vyre_async/telemetry.py",
+        "src/vyre_async/telemetry/_spans.py",
         'final["vyre.queue.time_s"] = queue_s',
         'final["vyre.queue_time_s"] = queue_s',
         (TABLE,),
@@ -319,9 +319,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "prefetch-never-scheduled",
         "src/vyre_async/_frontend.py",
-        "        if job is not None and self.prefetcher is not None:\n"
-        "            self.prefetcher.schedule(job)\n",
-        "",
+        "            prefetcher.schedule(job)\n",
+        "            pass\n",
         (
             PF + "test_cyclic_workload_prefetches_every_pipeline_after_warm_up[asyncio]",
             PF + "test_cyclic_workload_prefetches_every_pipeline_after_warm_up[trio]",
@@ -483,7 +482,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # 9. Formats read back by real parsers (issue 28): Prometheus text, OTLP/JSON, Perfetto.
     Mutant(
         "prometheus-buckets-not-cumulative",
-        "src/vyre_async/telemetry.py",
+        "src/vyre_async/telemetry/_prometheus.py",
         "running += count",
         "running = count",
         (PROM + "test_dispatch_metrics_parse_with_several_metrics_and_label_sets[asyncio]",),
@@ -491,7 +490,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "prometheus-backslash-unescaped",
-        "src/vyre_async/telemetry.py",
+        "src/vyre_async/telemetry/_prometheus.py",
         'return value.replace("\\\\", "\\\\\\\\")',
         "return value",
         (PROM + "test_dispatch_metrics_parse_with_several_metrics_and_label_sets[asyncio]",),
@@ -499,7 +498,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "prometheus-colliding-labels-repeated",
-        "src/vyre_async/telemetry.py",
+        "src/vyre_async/telemetry/_prometheus.py",
         'items = [(k, ";".join(v)) for k, v in merged.items()]',
         "items = [(k, x) for k, v in merged.items() for x in v]",
         (PROM + "test_label_names_that_collide_or_are_reserved_give_valid_text",),

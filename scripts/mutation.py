@@ -155,7 +155,7 @@ PACKAGES: dict[str, Package] = {
         ),
         Package(
             "telemetry",
-            ("vyre_async/telemetry.py", "vyre_async/tracing.py"),
+            ("vyre_async/telemetry/*", "vyre_async/tracing.py"),
             (
                 "tests/telemetry",
                 "tests/policies/test_spans.py",

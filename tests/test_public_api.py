@@ -153,9 +153,7 @@ def test_the_public_surface_is_curated() -> None:
     # A new public module is a decision: add it here (and to docs/architecture.md) or
     # name it with a leading underscore.
     top = {
-        ".".join(name.split(".")[:2])
-        for name in PUBLIC_MODULES
-        if name.startswith("vyre_async")
+        ".".join(name.split(".")[:2]) for name in PUBLIC_MODULES if name.startswith("vyre_async")
     }
     assert top == PUBLIC_SURFACE
 

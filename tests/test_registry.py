@@ -51,7 +51,7 @@ def test_broken_and_foreign_entries_are_skipped_with_a_warning(
         _FakeEP("a", A),
     ]
     _patch(monkeypatch, eps)
-    with caplog.at_level(logging.WARNING, logger="vyre_async._registry"):
+    with caplog.at_level(logging.WARNING, logger="vyre_async.registry"):
         assert [r.id for r in registered_backends()] == ["zeta"]
     text = caplog.text
     assert "boom" in text and "odd" in text and "duplicate" in text
@@ -190,7 +190,7 @@ def test_preferred_without_a_usable_backend_lists_every_failure(
         "Fix: apply the Fix listed above for the GPU backend you want, or pass "
         "allow_reference=True to run on the numpy reference backend (CPU)"
     )
-    with caplog.at_level(logging.WARNING, logger="vyre_async._registry"):
+    with caplog.at_level(logging.WARNING, logger="vyre_async.registry"):
         backend = acquire_preferred_backend(allow_reference=True)
     assert backend.id == "ref-like"
     warning = caplog.text

@@ -38,7 +38,7 @@ from vyre_async._registry import (
 
 pytestmark = pytest.mark.usefixtures("isolated")
 
-LOGGER = "vyre_async._registry"
+LOGGER = "vyre_async.registry"
 
 
 def _parts(err: BaseException) -> tuple[str, str]:

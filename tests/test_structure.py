@@ -30,7 +30,11 @@ ENGINE = (
     "vyre_async._pipeline",
     "vyre_async._prefetch",
     "vyre_async._store",
-    "vyre_async.telemetry",
+    "vyre_async.telemetry._metrics",
+    "vyre_async.telemetry._otel_compat",
+    "vyre_async.telemetry._prometheus",
+    "vyre_async.telemetry._spans",
+    "vyre_async.telemetry._state",
 )
 
 

@@ -12,12 +12,14 @@ from vyre_async._pending import (
     DispatchTiming,
     PendingDispatch,
     ResultAlreadyTaken,
+    wait_for_callbacks,
 )
 from vyre_async._pipeline import CompiledPipeline, Launch, compile
 from vyre_async._registry import (
     BackendRegistration,
     acquire_backend,
     acquire_preferred_backend,
+    probe_backend,
     register_backend,
     registered_backends,
 )
@@ -90,8 +92,10 @@ __all__ = [
     "acquire_preferred_backend",
     "assert_conformance",
     "compile",
+    "probe_backend",
     "register_backend",
     "registered_backends",
+    "wait_for_callbacks",
 ]
 # Conformance checking and the disk cache load on first use (PEP 562), not with every
 # `import vyre_async`.

@@ -287,8 +287,8 @@ class DispatchFrontEnd:
         except BaseException as exc:
             self._fail(call, exc)
             raise
-        if job is not None and self.prefetcher is not None:
-            self.prefetcher.schedule(job)  # a predicted compile, after the enqueue
+        if job is not None:  # (only with a prefetcher)
+            self._schedule(job)
         return launch.pending
 
     def dispatch_pipeline(
@@ -310,8 +310,8 @@ class DispatchFrontEnd:
         except BaseException as exc:
             self._fail(call, exc)
             raise
-        if job is not None and self.prefetcher is not None:
-            self.prefetcher.schedule(job)  # a predicted compile, after the enqueue
+        if job is not None:  # (only with a prefetcher)
+            self._schedule(job)
         return launch.pending
 
     def dispatch_batch(
@@ -358,11 +358,9 @@ class DispatchFrontEnd:
         except BaseException as exc:  # e.g. a shut-down backend: nobody gets these results
             self._reject(calls, planned, exc)
             raise
-        prefetcher = self.prefetcher
-        if prefetcher is not None:
-            for _, job in planned:
-                if job is not None:
-                    prefetcher.schedule(job)  # deduplicated by the prefetcher
+        for _, job in planned:
+            if job is not None:
+                self._schedule(job)  # deduplicated by the prefetcher
         return [launch.pending for launch in launches]
 
     def plan(
@@ -381,6 +379,12 @@ class DispatchFrontEnd:
         call.pipeline = pipeline
         call.config = config
         return self._plan(call)[0]
+
+    def _schedule(self, job: Any) -> None:
+        """Start a predicted compile on the prefetcher's thread (after the enqueue)."""
+        prefetcher = self.prefetcher
+        if prefetcher is not None:
+            prefetcher.schedule(job)
 
     def _fail(self, call: DispatchCall, exc: BaseException) -> None:
         """Report a call that raised before its launch (its span ends with ``exc``)."""
@@ -484,7 +488,7 @@ class DispatchFrontEnd:
         trace = call.trace
         if trace is not None:
             telemetry.attach(trace, pending, template, executor.id)
-            if call.compile_phase is not None and record.span is not None:  # phases of spans
+            if call.compile_phase is not None and trace.span is not None:  # phases of spans
                 completer.record_phase("vyre.compile", *call.compile_phase)
         prefetcher = self.prefetcher
         if prefetcher is None or cfg.speculation == "disable":
@@ -497,7 +501,7 @@ class DispatchFrontEnd:
             fingerprint = (pipeline.identity.digest, geometry.grid, geometry.workgroup)
             template.fingerprint = fingerprint
         # Scored predictions go on a recorded span and into the metrics, if either is kept.
-        recording = trace is not None and (record.span is not None or trace.metered)
+        recording = trace is not None and (trace.span is not None or trace.metered)
         return launch, prefetcher.observe(
             pipeline, plan.geometry, call.cache_hit, pending, fingerprint, recording
         )

@@ -120,30 +120,26 @@ class DispatchRecord:
         attributes: Span attributes set since launch (policy verdicts, backend
             annotations such as ``vyre.stream``), or None.
         phases: ``(name, start_ns, end_ns)`` intervals (``time.time_ns`` clock), or None.
-        span: The open ``vyre.dispatch`` span while telemetry records one.
-        claimed: True while the span's outcome is still to be counted (once only).
-        trace: Telemetry's per-launch-shape facts (labels, byte counts), or None.
-        sent: The attributes already given to the span when it opened.
+        prefetch: The shape prediction's outcome, ``(hit, rolling hit rate)``,
+            when the prefetcher scored the dispatch and telemetry records it; or None.
+        trace: Telemetry's own record of the dispatch while it records one (a
+            `vyre_async.telemetry.DispatchTrace`: its span, the once-only claim
+            of its outcome), else None.
         on_await_cancelled: Called with the pending dispatch when an awaiting task
             is cancelled while the dispatch still runs.
         on_settled: Called as ``on_settled(pending, wall_s, queue_s, device_s)``
             when the dispatch settles, in the settling thread, before its
             done-callbacks and waiters (telemetry ends the span and counts the
             outcome here), or None. The times are those of `PendingDispatch.timing`.
-        prefetch: The shape prediction's outcome, ``(hit, rolling hit rate)``,
-            when the prefetcher scored the dispatch and telemetry records it; or None.
     """
 
     __slots__ = (
         "attributes",
         "cache_hit",
-        "claimed",
         "on_await_cancelled",
         "on_settled",
         "phases",
         "prefetch",
-        "sent",
-        "span",
         "trace",
     )
 
@@ -151,15 +147,12 @@ class DispatchRecord:
         self.cache_hit = cache_hit
         self.attributes: dict[str, str | bool | int | float] | None = None
         self.phases: list[tuple[str, int, int]] | None = None
-        self.span: Any = None
-        self.claimed = False
+        self.prefetch: tuple[bool, float] | None = None
         self.trace: Any = None
-        self.sent: Mapping[str, object] | None = None
         self.on_await_cancelled: Callable[[PendingDispatch], None] | None = None
         self.on_settled: (
             Callable[[PendingDispatch, float, float | None, float | None], None] | None
         ) = None
-        self.prefetch: tuple[bool, float] | None = None
 
     def __repr__(self) -> str:
         return f"<DispatchRecord cache_hit={self.cache_hit} attributes={self.attributes!r}>"
@@ -728,7 +721,18 @@ class DispatchCompleter:
 
         A backend may skip taking the timestamps for phases when this is False.
         """
-        return self._core.record.span is not None
+        trace = self._core.record.trace
+        return trace is not None and trace.span is not None
+
+    @property
+    def span(self) -> Any:
+        """The open ``vyre.dispatch`` span while telemetry records one, else None.
+
+        For a backend that carries the trace context on (a remote worker's spans
+        as its children); the span itself is telemetry's to end.
+        """
+        trace = self._core.record.trace
+        return None if trace is None else trace.span
 
     def mark_started(self) -> None:
         """Record that execution started (ends the queueing time)."""

@@ -56,7 +56,7 @@ def _log() -> logging.Logger:
     """This module's logger (``logging`` is imported on the first message, not at import)."""
     import logging
 
-    return logging.getLogger("vyre_async._prefetch")
+    return logging.getLogger("vyre_async.prefetch")
 
 
 ShapeFingerprint = tuple[bytes, tuple[int, int, int], tuple[int, int, int]]

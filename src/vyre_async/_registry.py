@@ -41,7 +41,7 @@ def _log() -> logging.Logger:
     """This module's logger (``logging`` is imported on the first message, not at import)."""
     import logging
 
-    return logging.getLogger("vyre_async._registry")
+    return logging.getLogger("vyre_async.registry")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -218,7 +218,7 @@ def registered_backends() -> list[BackendRegistration]:
     Sources: the ``vyre_async.backends`` entry points, then `register_backend`
     calls (which win on a shared id). Entry points that fail to load or do not
     name a `BackendRegistration` are skipped with a warning in the
-    ``vyre_async._registry`` log. Nothing is instantiated.
+    ``vyre_async.registry`` log. Nothing is instantiated.
     """
     found: dict[str, BackendRegistration] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
@@ -316,7 +316,7 @@ def acquire_preferred_backend(*, allow_reference: bool = False) -> VyreBackend:
 
     Args:
         allow_reference: When no other backend starts, return the reference
-            backend instead of raising (a log line on ``vyre_async._registry`` says so).
+            backend instead of raising (a log line on the ``vyre_async.registry`` logger says so).
 
     Raises:
         UnsupportedFeature: no backend could start; the message lists each

@@ -44,7 +44,7 @@ __all__ = [
 ]
 __dir__ = _public_dir(__name__)
 
-_log = logging.getLogger("vyre_async._shadow")
+_log = logging.getLogger("vyre_async.shadow")
 DEFAULT_ULP_BUDGET = 2
 
 
@@ -262,7 +262,7 @@ def ShadowBackend(
     counters are ``backend.executor.stats``. Requests are never failed or
     delayed by the shadow: the caller gets the primary's result as soon as it
     is ready; the comparison happens when both are done. Divergences are
-    logged on ``vyre_async._shadow``, counted in `ShadowStats`, and passed to
+    logged on the ``vyre_async.shadow`` logger, counted in `ShadowStats`, and passed to
     ``on_divergence``.
 
     Args:

@@ -45,7 +45,6 @@ What this module exports besides `Executor`:
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from vyre_async._arguments import duration, whole_number
@@ -152,14 +151,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    """Import and return one of the names loaded on first use."""
-    source = _LAZY.get(name)
-    if source is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(source), name)
-    globals()[name] = value  # later lookups skip this hook
-    return value
-
-
-__dir__ = public_dir(__name__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -123,7 +123,7 @@ def test_preferred_backend_falls_back_to_the_reference_and_says_so(
 ) -> None:
     monkeypatch.setitem(sys.modules, "cupy", None)
     assert "cupy" in [r.id for r in registered_backends()]
-    with caplog.at_level(logging.WARNING, logger="vyre_async._registry"):
+    with caplog.at_level(logging.WARNING, logger="vyre_async.registry"):
         backend = acquire_preferred_backend(allow_reference=True)
     assert backend.id == "reference"
     (warning,) = [r.getMessage() for r in caplog.records if "cupy" in r.getMessage()]

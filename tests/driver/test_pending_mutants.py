@@ -702,17 +702,16 @@ def test_a_completer_comes_only_with_its_pending_dispatch_with_the_way_to_make_o
     assert completer.pending is pending
 
 
-def test_a_dispatch_record_starts_empty_and_unclaimed() -> None:
-    # Kills xǁDispatchRecordǁ__init____mutmut_1, 2, 6, 7, 8, 9.
+def test_a_dispatch_record_starts_empty_and_untraced() -> None:
     record = DispatchRecord()
-    assert record.cache_hit is False and record.claimed is False
-    fields = (record.attributes, record.phases, record.span, record.trace, record.sent)
-    assert fields == (None,) * 5
+    assert record.cache_hit is False
+    assert (record.attributes, record.phases, record.trace) == (None,) * 3
     assert (record.on_await_cancelled, record.on_settled, record.prefetch) == (None,) * 3
     assert repr(record) == "<DispatchRecord cache_hit=False attributes=None>"
     assert DispatchRecord(cache_hit=True).cache_hit is True
-    pending, _ = PendingDispatch.create()
-    assert pending.record.cache_hit is False and pending.record.claimed is False
+    pending, completer = PendingDispatch.create()
+    assert pending.record.cache_hit is False and pending.record.trace is None
+    assert completer.span is None
 
 
 # Settling: once, with the backend's times ------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import types
 
 import anyio
 import anyio.to_thread
@@ -296,8 +297,11 @@ def test_should_stop_after_the_dispatch_timed_out() -> None:
 def test_wants_phases_only_while_a_span_records_the_dispatch() -> None:
     _, completer = PendingDispatch.create()
     assert completer.wants_phases is False
-    completer.record.span = object()  # what telemetry sets while a span is open
-    assert completer.wants_phases is True
+    trace = types.SimpleNamespace(span=None)  # telemetry's record of the dispatch
+    completer.record.trace = trace
+    assert completer.wants_phases is False and completer.span is None
+    trace.span = span = object()  # what telemetry sets while a span is open
+    assert completer.wants_phases is True and completer.span is span
 
 
 def test_a_stop_flag_made_after_the_timeout_is_set_and_wakes_waiters() -> None:

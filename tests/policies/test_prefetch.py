@@ -426,7 +426,7 @@ def test_background_failures_are_logged_not_raised(caplog: pytest.LogCaptureFixt
     for program in (A, B, C):
         backend.dispatch_sync(program, INPUTS)
     backend.executor.fail_on.add(B.op_id)
-    with caplog.at_level(logging.WARNING, logger="vyre_async._prefetch"):
+    with caplog.at_level(logging.WARNING, logger="vyre_async.prefetch"):
         backend.dispatch_sync(A, INPUTS)  # predicts B; its background build fails
         assert backend.prefetcher is not None
         assert backend.prefetcher.drain(5)

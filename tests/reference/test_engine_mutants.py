@@ -37,7 +37,7 @@ def test_run_plan_says_what_it_got_instead_of_a_flat_array(value: object, descri
         vyre_reference.run_plan(plan, [value, good])  # type: ignore[list-item]
     message = str(info.value)
     assert "must be a flat uint32 array of 4 elements, " + described in message
-    assert "Fix: normalise inputs with vyre_async._plan.normalize_inputs" in message
+    assert "Fix: normalise inputs with vyre_async.abc.normalize_inputs" in message
 
 
 def test_cache_info_counts_the_programs_held() -> None:

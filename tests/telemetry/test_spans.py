@@ -43,7 +43,8 @@ from vyre_async import (
     telemetry,
 )
 from vyre_async.programs import elementwise_xor
-from vyre_async.telemetry import SECONDS_BUCKETS, dispatch_attributes, prometheus_text
+from vyre_async.telemetry import SECONDS_BUCKETS, _spans, dispatch_attributes, prometheus_text
+from vyre_async.telemetry._state import STATE, TelemetryState
 from vyre_reference import ReferenceExecutor, reference_backend
 
 pytestmark = pytest.mark.anyio
@@ -390,20 +391,20 @@ async def test_a_sampled_out_dispatch_builds_nothing_yet_is_counted(
 ) -> None:
     """A span the sampler drops: no attributes, no phases, no end-time work; metrics stay."""
     dropping = TracerProvider(sampler=ALWAYS_OFF).get_tracer("sampled-out")
-    monkeypatch.setattr(telemetry, "_tracer", dropping)
+    monkeypatch.setattr(STATE, "tracer", dropping)
 
     def never(*args: object) -> None:
         raise AssertionError("end-time attributes built for a span nobody records")
 
-    monkeypatch.setattr(telemetry, "_end_span", never)
+    monkeypatch.setattr(_spans, "_end_span", never)
     shapes: list[object] = []
-    facts = telemetry._ShapeFacts
+    facts = _spans._ShapeFacts
 
     def counted(*args: Any) -> Any:
         shapes.append(args)
         return facts(*args)
 
-    monkeypatch.setattr(telemetry, "_ShapeFacts", counted)
+    monkeypatch.setattr(_spans, "_ShapeFacts", counted)
     labels = {"vyre.backend.id": "reference", "vyre.program.op_id": "std.xor"}
     before = _count(reader, "vyre.dispatch.count", **labels, **{"vyre.status": "ok"})
     backend = reference_backend(inline_ns=0)  # worker threads: a wait phase, if it were kept
@@ -412,7 +413,8 @@ async def test_a_sampled_out_dispatch_builds_nothing_yet_is_counted(
             pending = backend.dispatch(XOR, INPUTS)
             await pending
             record = pending.record
-            assert record.span is None and record.phases is None
+            assert record.trace is None or record.trace.span is None
+            assert record.phases is None
             assert not any(k.startswith("vyre.prefetch") for k in record.attributes or {})
     finally:
         await backend.aclose()
@@ -425,13 +427,13 @@ async def test_a_sampled_out_dispatch_builds_nothing_yet_is_counted(
 async def test_a_sampled_out_dispatch_without_metrics_is_let_go_at_attach(
     spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(telemetry, "_tracer", TracerProvider(sampler=ALWAYS_OFF).get_tracer("x"))
-    monkeypatch.setattr(telemetry, "_sdk_installed", lambda: (True, False))  # tracer only
+    monkeypatch.setattr(STATE, "tracer", TracerProvider(sampler=ALWAYS_OFF).get_tracer("x"))
+    monkeypatch.setattr(TelemetryState, "sdk_installed", lambda _: (True, False))  # tracer only
     backend = reference_backend()
     pending = backend.dispatch(XOR, INPUTS)
     await pending
     record = pending.record
-    assert record.span is None and record.trace is None and not record.claimed
+    assert record.trace is None  # let go: no span, no claim
     assert record.on_await_cancelled is None  # no done-callback, no claim: nothing to end
     await backend.aclose()
 
@@ -464,7 +466,7 @@ async def test_a_failure_in_telemetry_is_reported_and_the_dispatch_still_settles
     def broken(*args: object) -> None:
         raise RuntimeError("telemetry bug")
 
-    monkeypatch.setattr(telemetry, "_end_span", broken)
+    monkeypatch.setattr(_spans, "_end_span", broken)
     backend = reference_backend()
     outputs = await backend.dispatch(XOR, INPUTS)
     assert outputs[0].tolist() == (INPUTS[0] ^ INPUTS[1]).tolist()
@@ -561,8 +563,8 @@ def test_a_span_the_sampler_is_known_to_drop_is_not_made(
     tracer = types.SimpleNamespace(
         _real_tracer=None, **({} if sampler is None else {"sampler": sampler})
     )
-    monkeypatch.setattr(telemetry, "_tracer", tracer)
-    monkeypatch.setattr(telemetry, "_sdk_installed", lambda: (True, False))  # tracer only
+    monkeypatch.setattr(STATE, "tracer", tracer)
+    monkeypatch.setattr(TelemetryState, "sdk_installed", lambda _: (True, False))  # tracer only
     if parent is None:
         started = telemetry.start_dispatch()
     else:
@@ -581,8 +583,8 @@ def test_a_span_the_sampler_is_known_to_drop_is_not_made(
 def test_with_metrics_a_dropped_span_still_leaves_the_dispatch_counted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(telemetry, "_tracer", types.SimpleNamespace(sampler=ALWAYS_OFF))
-    monkeypatch.setattr(telemetry, "_sdk_installed", lambda: (True, True))
+    monkeypatch.setattr(STATE, "tracer", types.SimpleNamespace(sampler=ALWAYS_OFF))
+    monkeypatch.setattr(TelemetryState, "sdk_installed", lambda _: (True, True))
     started = telemetry.start_dispatch()
     assert started is not None and not started.traced and started.metered
 
@@ -606,13 +608,13 @@ async def test_under_an_unsampled_request_no_sdk_span_is_made_and_metrics_count(
 ) -> None:
     """The in-memory SDK's default sampler follows the parent: an unsampled parent drops it."""
     opened: list[str] = []
-    start_span = telemetry._tracer.start_span
+    start_span = STATE.tracer.start_span
 
     def counted(name: str, *args: Any, **kwargs: Any) -> Any:
         opened.append(name)
         return start_span(name, *args, **kwargs)
 
-    monkeypatch.setattr(telemetry._tracer, "start_span", counted)
+    monkeypatch.setattr(STATE.tracer, "start_span", counted)
     labels = {"vyre.backend.id": "reference", "vyre.program.op_id": "std.xor"}
     before = _count(reader, "vyre.dispatch.count", **labels, **{"vyre.status": "ok"})
     backend = reference_backend()
@@ -700,7 +702,7 @@ async def test_a_span_end_that_fails_still_leaves_the_dispatch_counted(
     def broken(*args: object) -> None:
         raise RuntimeError("a span processor's bug")
 
-    monkeypatch.setattr(telemetry, "_end_span", broken)
+    monkeypatch.setattr(_spans, "_end_span", broken)
     before = _statuses(reader, "std.xor")
     points = _points(reader, "vyre.dispatch.duration", **{"vyre.backend.id": "reference"})
     backend = reference_backend()

@@ -11,17 +11,17 @@ set (nothing is added to ``sys.modules``).
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import sys
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
 import numpy as np
+import opentelemetry.metrics as otel_metrics
 import opentelemetry.metrics._internal as metrics_internal
 import pytest
 from opentelemetry import context as otel_context
@@ -63,56 +63,34 @@ from vyre_async import (
 from vyre_async._pipeline import Launch
 from vyre_async._version import __version__
 from vyre_async.programs import elementwise_xor
-from vyre_async.telemetry import SECONDS_BUCKETS, dispatch_attributes, prometheus_text
+from vyre_async.telemetry import (
+    SECONDS_BUCKETS,
+    _otel_compat,
+    _spans,
+    dispatch_attributes,
+    prometheus_text,
+)
+from vyre_async.telemetry._metrics import COUNTERS
+from vyre_async.telemetry._state import STATE, TelemetryState
 
 XOR = elementwise_xor(64)
 UNNAMED = Program(list(XOR.buffers), XOR.workgroup_size, list(XOR.body))
 INPUTS = [np.zeros(64, np.uint32), np.ones(64, np.uint32)]
 LABELS = {"vyre.backend.id": "scripted", "vyre.program.op_id": "std.xor"}
 
-# telemetry's module state: saved and restored around every test that touches it.
-_STATE = (
-    "trace",
-    "metrics",
-    "_trace_api",
-    "_metrics_api",
-    "get_current",
-    "Status",
-    "StatusCode",
-    "_tracer",
-    "_meter",
-    "_latency",
-    "_device",
-    "_INERT_TRACER_PROVIDERS",
-    "_INERT_METER_PROVIDERS",
-    "_api_loaded",
-    "_tracing",
-    "_metering",
-    "_seen",
-    "_verdict",
-    "_tallies",
-    "_enabled",
-    "_detail",
-    "_PROVIDERS_FROM_ENV",
-)
-
 
 def _isolate(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Save telemetry's and the API's globals; start with nothing known about the SDK."""
-    for name in _STATE:
-        monkeypatch.setattr(telemetry, name, getattr(telemetry, name))
+    """Save telemetry's state and the API's globals; start with nothing known about the SDK."""
+    for name in TelemetryState.__slots__:
+        if name != "_lock":
+            monkeypatch.setattr(STATE, name, getattr(STATE, name))
+    monkeypatch.setattr(_otel_compat, "PROVIDERS_FROM_ENV", _otel_compat.PROVIDERS_FROM_ENV)
     monkeypatch.setattr(trace_api, "_TRACER_PROVIDER", trace_api._TRACER_PROVIDER)
     monkeypatch.setattr(metrics_internal, "_METER_PROVIDER", metrics_internal._METER_PROVIDER)
     monkeypatch.setattr(
         metrics_internal, "_PROXY_METER_PROVIDER", type(metrics_internal._PROXY_METER_PROVIDER)()
     )
-    monkeypatch.setattr(telemetry, "_tracing", False)
-    monkeypatch.setattr(telemetry, "_metering", False)
-    monkeypatch.setattr(telemetry, "_seen", (telemetry._UNKNOWN, telemetry._UNKNOWN))
-    monkeypatch.setattr(telemetry, "_verdict", (telemetry._UNKNOWN, "ask"))
-    monkeypatch.setattr(telemetry, "_tallies", telemetry._Tallies())
-    monkeypatch.setattr(telemetry, "_enabled", True)
-    monkeypatch.setattr(telemetry, "_detail", "span")
+    STATE.reset({})  # on, one span per dispatch, nothing counted, no SDK seen yet
 
 
 @dataclass
@@ -148,7 +126,7 @@ class Sdk:
     def counts(self) -> dict[tuple[str, Any, Any], Any]:
         """Every counter's series, as ``(name, op_id, status or '')`` -> value."""
         out: dict[tuple[str, Any, Any], Any] = {}
-        for name in telemetry._COUNTERS:
+        for name in COUNTERS:
             for labels, point in self.series(name).items():
                 d = dict(labels)
                 key = (name, d.get("vyre.program.op_id"), d.get("vyre.status", ""))
@@ -166,7 +144,7 @@ def _install(
 ) -> Sdk:
     """Install a fresh in-memory SDK as the API's providers, with the API loaded afresh."""
     _isolate(monkeypatch)
-    monkeypatch.setattr(telemetry, "_api_loaded", False)
+    monkeypatch.setattr(STATE, "api", None)  # loaded afresh, on these providers
     exporter = InMemorySpanExporter()
     tracer_provider = TracerProvider(sampler=sampler, shutdown_on_exit=False)
     for processor in processors:
@@ -254,7 +232,7 @@ def test_the_api_loaded_afresh_gives_vyres_scope_and_instruments(
     metrics = sdk.metrics()
     described = {name: (m.unit, m.description) for name, m in metrics.items()}
     assert described == {
-        **{name: spec for name, spec in telemetry._COUNTERS.items() if name in metrics},
+        **{name: spec for name, spec in COUNTERS.items() if name in metrics},
         "vyre.dispatch.duration": ("s", "dispatch() to result ready, host clock"),
         "vyre.dispatch.device_time": ("s", "Execution time measured by the backend"),
     }
@@ -625,12 +603,12 @@ def test_one_object_that_provides_both_is_picked_up_for_traces_too(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _install(monkeypatch, traces=False, metrics=False)
-    assert telemetry._sdk_installed() == (False, False)  # loads the API
+    assert STATE.sdk_installed() == (False, False)  # loads the API
     both = SimpleNamespace()  # a provider of both kinds (neither of the API's stand-ins)
     monkeypatch.setattr(metrics_internal, "_METER_PROVIDER", both)
-    assert telemetry._sdk_installed() == (False, True)
+    assert STATE.sdk_installed() == (False, True)
     monkeypatch.setattr(trace_api, "_TRACER_PROVIDER", both)
-    assert telemetry._sdk_installed() == (True, True)
+    assert STATE.sdk_installed() == (True, True)
 
 
 def test_with_the_apis_globals_moved_the_public_getters_are_asked(
@@ -644,13 +622,13 @@ def test_with_the_apis_globals_moved_the_public_getters_are_asked(
     monkeypatch.delattr(trace_api, "_TRACER_PROVIDER")
     monkeypatch.delattr(metrics_internal, "_METER_PROVIDER")
     monkeypatch.setattr(trace_api, "get_tracer_provider", lambda: tracer_now[0])
-    monkeypatch.setattr(telemetry.metrics, "get_meter_provider", lambda: meter_now[0])
-    assert telemetry._sdk_installed() == (False, False)
-    assert telemetry._sdk_installed() == (False, False)
+    monkeypatch.setattr(otel_metrics, "get_meter_provider", lambda: meter_now[0])
+    assert STATE.sdk_installed() == (False, False)
+    assert STATE.sdk_installed() == (False, False)
     meter_now[0] = sdk.meter_provider
-    assert telemetry._sdk_installed() == (False, True)
+    assert STATE.sdk_installed() == (False, True)
     tracer_now[0] = sdk.tracer_provider
-    assert telemetry._sdk_installed() == (True, True)
+    assert STATE.sdk_installed() == (True, True)
 
 
 @pytest.mark.parametrize("moved", ["tracer", "meter"])
@@ -670,16 +648,16 @@ def test_with_one_global_moved_a_change_behind_its_getter_is_seen(
     else:
         monkeypatch.delattr(metrics_internal, "_METER_PROVIDER")
         monkeypatch.setattr(
-            telemetry.metrics,
+            otel_metrics,
             "get_meter_provider",
             lambda: now[0] or metrics_internal._PROXY_METER_PROVIDER,
         )
         provider = sdk.meter_provider
         expected = (False, True)
-    assert telemetry._sdk_installed() == (False, False)
-    assert telemetry._sdk_installed() == (False, False)
+    assert STATE.sdk_installed() == (False, False)
+    assert STATE.sdk_installed() == (False, False)
     now[0] = provider
-    assert telemetry._sdk_installed() == expected
+    assert STATE.sdk_installed() == expected
 
 
 def test_without_the_apis_proxy_meter_provider_the_api_still_loads(
@@ -780,7 +758,7 @@ def test_a_provider_named_in_the_environment_later_is_not_installed_by_vyre(
     monkeypatch.setenv("OTEL_PYTHON_METER_PROVIDER", "sdk_meter_provider")
     monkeypatch.setattr(trace_api, "_TRACER_PROVIDER", None)
     monkeypatch.setattr(metrics_internal, "_METER_PROVIDER", None)
-    assert telemetry._sdk_installed() == (False, False)
+    assert STATE.sdk_installed() == (False, False)
     assert trace_api._TRACER_PROVIDER is None
     assert metrics_internal._METER_PROVIDER is None
 
@@ -788,21 +766,21 @@ def test_a_provider_named_in_the_environment_later_is_not_installed_by_vyre(
 def test_no_api_import_when_nobody_imported_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
     _install(monkeypatch)
     assert telemetry.is_recording()  # the API loaded (afresh, for this test)
-    monkeypatch.setattr(telemetry, "_tracing", False)
-    monkeypatch.setattr(telemetry, "_metering", False)
+    api = STATE.api
     loads: list[int] = []
 
-    def load() -> None:
+    def load(state: TelemetryState) -> Any:
         loads.append(1)
-        telemetry._api_loaded = True  # it was loaded for real already
+        state.api = api  # it was loaded for real already
+        return api
 
-    monkeypatch.setattr(telemetry, "_load_api", load)
-    monkeypatch.setattr(telemetry, "_PROVIDERS_FROM_ENV", False)
+    monkeypatch.setattr(TelemetryState, "load_api", load)
+    monkeypatch.setattr(_otel_compat, "PROVIDERS_FROM_ENV", False)
     for present in ((), ("opentelemetry.trace",), ("opentelemetry.metrics",)):
-        monkeypatch.setattr(telemetry, "_api_loaded", False)
-        monkeypatch.setattr(telemetry, "_tracing", False)
-        monkeypatch.setattr(telemetry, "_metering", False)
-        monkeypatch.setattr(telemetry, "_seen", (telemetry._UNKNOWN, telemetry._UNKNOWN))
+        monkeypatch.setattr(STATE, "api", None)
+        monkeypatch.setattr(STATE, "tracing", False)
+        monkeypatch.setattr(STATE, "metering", False)
+        monkeypatch.setattr(STATE, "seen", (_otel_compat.UNKNOWN, _otel_compat.UNKNOWN))
         with monkeypatch.context() as m:
             for name in ("opentelemetry.trace", "opentelemetry.metrics"):
                 if name not in present:
@@ -817,12 +795,12 @@ def test_no_api_import_when_nobody_imported_the_api(monkeypatch: pytest.MonkeyPa
                 assert loads == []
                 telemetry.DispatchTrace(True, False)
                 assert loads == [1]
-                telemetry._api_loaded = False
+                STATE.api = None
                 telemetry.DispatchTrace(False, True)
                 assert loads == [1, 1]
-    monkeypatch.setattr(telemetry, "_api_loaded", False)
-    monkeypatch.setattr(telemetry, "_tracing", False)
-    monkeypatch.setattr(telemetry, "_PROVIDERS_FROM_ENV", True)
+    monkeypatch.setattr(STATE, "api", None)
+    monkeypatch.setattr(STATE, "tracing", False)
+    monkeypatch.setattr(_otel_compat, "PROVIDERS_FROM_ENV", True)
     with monkeypatch.context() as m:
         m.delitem(sys.modules, "opentelemetry.trace")
         m.delitem(sys.modules, "opentelemetry.metrics")
@@ -909,24 +887,19 @@ def test_set_trace_detail_normalises_and_refuses_with_a_fix(
 # The environment, read at import -------------------------------------------------------------
 
 
-def _import_copy(
+def _fresh_state(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, **env: str | None
-) -> tuple[ModuleType, list[logging.LogRecord]]:
-    """Import a private copy of vyre_async.telemetry with ``env``; its log records."""
+) -> tuple[TelemetryState, list[logging.LogRecord]]:
+    """A telemetry state made with ``env`` in the environment (as at import); its log records."""
     for key, value in env.items():
         if value is None:
             monkeypatch.delenv(key, raising=False)
         else:
             monkeypatch.setenv(key, value)
-    monkeypatch.delenv("OTEL_PYTHON_TRACER_PROVIDER", raising=False)
-    monkeypatch.delenv("OTEL_PYTHON_METER_PROVIDER", raising=False)
-    spec = importlib.util.spec_from_file_location("vyre_async.telemetry", telemetry.__file__)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        spec.loader.exec_module(module)
-    return module, list(caplog.records)
+        state = TelemetryState()
+    return state, list(caplog.records)
 
 
 @pytest.mark.parametrize(
@@ -952,21 +925,19 @@ def test_vyre_telemetry_values(
     value: str | None,
     enabled: bool,
 ) -> None:
-    module, records = _import_copy(
-        monkeypatch, caplog, VYRE_TELEMETRY=value, VYRE_TRACE_DETAIL=None
-    )
-    assert module.is_enabled() is enabled
-    assert module.trace_detail() == "span"
+    state, records = _fresh_state(monkeypatch, caplog, VYRE_TELEMETRY=value, VYRE_TRACE_DETAIL=None)
+    assert state.enabled is enabled
+    assert state.detail == "span"
     assert records == []
 
 
 def test_an_unknown_vyre_telemetry_value_is_logged_and_keeps_it_on(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    module, records = _import_copy(
+    state, records = _fresh_state(
         monkeypatch, caplog, VYRE_TELEMETRY=" Maybe ", VYRE_TRACE_DETAIL=None
     )
-    assert module.is_enabled() is True
+    assert state.enabled is True
     (record,) = records
     assert record.name == "vyre_async.telemetry"
     assert record.levelno == logging.WARNING
@@ -979,12 +950,12 @@ def test_an_unknown_vyre_telemetry_value_is_logged_and_keeps_it_on(
 def test_the_trace_detail_from_the_environment(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    module, records = _import_copy(
+    state, records = _fresh_state(
         monkeypatch, caplog, VYRE_TELEMETRY=None, VYRE_TRACE_DETAIL=" Phases "
     )
-    assert module.trace_detail() == "phases" and records == []
-    module, records = _import_copy(monkeypatch, caplog, VYRE_TRACE_DETAIL="50% more")
-    assert module.trace_detail() == "span"
+    assert state.detail == "phases" and records == []
+    state, records = _fresh_state(monkeypatch, caplog, VYRE_TRACE_DETAIL="50% more")
+    assert state.detail == "span"
     (record,) = records
     assert record.name == "vyre_async.telemetry"
     assert record.getMessage() == (
@@ -1137,7 +1108,7 @@ def test_a_rejection_that_telemetry_fails_to_record_is_reported_never_raised(
         raise bug
 
     reported: list[threading.ExceptHookArgs] = []
-    monkeypatch.setattr(telemetry, "_record_rejection", broken)
+    monkeypatch.setattr(_spans, "_record_rejection", broken)
     monkeypatch.setattr(threading, "excepthook", reported.append)
     started: Any = SimpleNamespace(record=None)
     telemetry.fail_before_launch(started, InvalidProgram("bad"), "scripted", XOR)

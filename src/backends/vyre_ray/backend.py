@@ -601,7 +601,7 @@ class RayExecutor(Executor):
     def _carrier(launch: Launch) -> dict[str, str]:
         """The caller's trace context (its dispatch span, if one records) for the worker."""
         carrier: dict[str, str] = {}
-        span = launch.pending.record.span
+        span = launch.completer.span
         context = trace.set_span_in_context(span) if span is not None else None
         propagate.inject(carrier, context=context)
         return carrier

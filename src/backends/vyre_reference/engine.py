@@ -2,7 +2,7 @@
 
 `execute` is the whole pipeline (check inputs, plan the launch, run);
 `run_plan` runs a launch a caller has already planned with
-`vyre_async._plan.plan_dispatch`. Both are synchronous and free of driver
+`vyre_async.abc.plan_dispatch`. Both are synchronous and free of driver
 policy: no threads, no timeouts (only a cooperative ``cancel`` event).
 """
 
@@ -43,7 +43,7 @@ def execute(
     Args:
         program: The program (validated on first use, then cached compiled).
         inputs: One numpy array or bytes-like object per READ, UNIFORM and
-            READ_WRITE buffer, in binding order (see `vyre_async._plan.normalize_inputs`).
+            READ_WRITE buffer, in binding order (see `vyre_async.abc.normalize_inputs`).
         grid_override: Workgroups per axis; inferred from the buffer sizes when None.
         workgroup_override: Replaces the program's workgroup shape.
         fixpoint_iterations: Number of back-to-back launches; buffers carry over.
@@ -157,7 +157,7 @@ def _bind(
             raise InvalidProgram(
                 f"input for buffer {decl.name!r} must be a flat {decl.dtype.numpy} array of "
                 f"{count} elements, got {_describe(array)}",
-                fix="normalise inputs with vyre_async._plan.normalize_inputs before planning",
+                fix="normalise inputs with vyre_async.abc.normalize_inputs before planning",
             )
         storage[decl.name] = array.copy() if decl.access is Access.READ_WRITE else array
     return storage, lengths
