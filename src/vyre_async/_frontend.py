@@ -151,8 +151,10 @@ class DispatchCall:
         pipeline: The compiled pipeline (set once it is known).
         config: The config given (None: the pipeline's).
         cache_hit: False when this call waited for a compile.
-        compile_s: Seconds this call waited for the compile.
-        compile_phase: ``(start_ns, end_ns)`` of that compile, or None.
+        compile_s: Seconds this call waited for its pipeline (validation, lookup,
+            compile), from the start of the call; 0.0 on a cache hit.
+        compile_phase: ``(start_ns, end_ns)`` of that wait on the trace's clock
+            (from the span's start), or None.
     """
 
     __slots__ = (
@@ -274,14 +276,13 @@ class DispatchFrontEnd:
             else:
                 cfg = as_config(config, DEFAULT_CONFIG)
             call.config = cfg
-            started_ns = time.time_ns()
             pipeline, hit = self.lookup(program, cfg)
             call.pipeline = pipeline
-            if not hit:
-                compiled_ns = time.time_ns()
+            if not hit:  # it waited for a compile since the call began (no clock read on a hit)
                 call.cache_hit = False
-                call.compile_s = (compiled_ns - started_ns) / 1e9
-                call.compile_phase = (started_ns, compiled_ns)
+                call.compile_s = time.monotonic() - call.called
+                if call.trace is not None:  # the phase: from the span's start to now
+                    call.compile_phase = (call.trace.start_ns, time.time_ns())
             launch, job = self._plan(call)
             self.executor.enqueue(launch)
         except BaseException as exc:
@@ -417,7 +418,10 @@ class DispatchFrontEnd:
             cfg = as_config(config, pipeline.config)
         program = call.program
         inputs = call.inputs
-        specs = self._input_specs(program)
+        known = self._specs.get(id(program))  # (`_input_specs`, its hit inlined)
+        specs = known[1] if known is not None and known[0] is program else None
+        if specs is None:
+            specs = self._input_specs(program)
         if (type(inputs) is not list and type(inputs) is not tuple) or len(inputs) != len(specs):
             check_input_count(program, inputs)
         limit = self._limit
