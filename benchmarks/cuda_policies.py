@@ -40,7 +40,7 @@ import anyio
 import numpy as np
 
 from vyre_async import DispatchConfig
-from vyre_async.graph import ArmGraph
+from vyre_async._graph import ArmGraph
 from vyre_async.ir import (
     Access,
     Assign,
@@ -112,7 +112,7 @@ def consume() -> Program:
 
 def benchmark_programs() -> list[Program]:
     """Every program this benchmark dispatches (the fake-device test builds them)."""
-    from vyre_async.graph.schedule import _resident_variant
+    from vyre_async._graph.schedule import _resident_variant
 
     arms = [spin_arm(tag) for tag in range(4)]
     cycle = [spin_arm(tag) for tag in PREFETCH_TAGS]
@@ -288,8 +288,8 @@ def dispatch_batch_modes(repeats: int) -> dict[str, Any]:
     import tempfile
 
     from vyre_async import compile
+    from vyre_async._calibration import CalibrationStore, calibration_for
     from vyre_async._execution import choose_execution_mode
-    from vyre_async.calibration import CalibrationStore, calibration_for
     from vyre_async.programs import elementwise_xor
     from vyre_cupy import create_backend
 

@@ -34,9 +34,7 @@ import time
 import anyio
 import numpy as np
 
-from vyre_async import VyreBackend, acquire_backend
-from vyre_async.calibration import calibration_for
-from vyre_async.graph import ArmGraph, GraphResult
+from vyre_async import ArmGraph, GraphResult, VyreBackend, acquire_backend, calibration_for
 from vyre_async.programs import elementwise_xor, histogram, saxpy
 
 

@@ -118,7 +118,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # 2. Cache identity: an input left out of the key.
     Mutant(
         "identity-without-compiler",
-        "src/vyre_async/cache/identity.py",
+        "src/vyre_async/_cache/identity.py",
         "            device_fingerprint.encode(),\n            compiler.encode(),\n",
         "            device_fingerprint.encode(),\n",
         (
@@ -146,7 +146,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "identity-without-backend-version",
-        "src/vyre_async/cache/identity.py",
+        "src/vyre_async/_cache/identity.py",
         "            backend_version.encode(),\n",
         "",
         (
@@ -157,7 +157,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "identity-without-options",
-        "src/vyre_async/cache/identity.py",
+        "src/vyre_async/_cache/identity.py",
         "program_digest = program.kernel_digest(compile_options)",
         "program_digest = program.kernel_digest()",
         (
@@ -168,7 +168,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "identity-fixed-key-version",
-        "src/vyre_async/cache/identity.py",
+        "src/vyre_async/_cache/identity.py",
         'b"vyre-pipeline-v%d" % CACHE_KEY_VERSION',
         'b"vyre-pipeline-v1"',
         (ID + "test_the_key_version_changes_the_identity",),

@@ -109,7 +109,7 @@ PACKAGES: dict[str, Package] = {
         ),
         Package(
             "cache",
-            ("vyre_async/cache/*",),
+            ("vyre_async/_cache/*",),
             ("tests/driver", "tests/policies/test_calibration.py", "tests/reliability"),
         ),
         Package(

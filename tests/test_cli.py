@@ -17,7 +17,7 @@ from vyre_async import (
     UnsupportedFeature,
     register_backend,
 )
-from vyre_async.cache import DiskPipelineCache
+from vyre_async._cache import DiskPipelineCache
 from vyre_async.cli import main
 
 KEY = blake3.blake3(b"cli").hexdigest()

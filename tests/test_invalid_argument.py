@@ -27,10 +27,10 @@ from vyre_async import (
     acquire_backend,
     register_backend,
 )
+from vyre_async._graph import ArmGraph
 from vyre_async._prefetch import Prefetcher
 from vyre_async._shadow import ShadowBackend
 from vyre_async.errors import error_for_code
-from vyre_async.graph import ArmGraph
 from vyre_async.ir import Access, BufferDecl, DType, Program
 from vyre_async.programs import elementwise_xor
 from vyre_async.tracing import configure_tracing

@@ -63,7 +63,7 @@ from vyre_async import (
     ResidentBuffer,
 )
 from vyre_async._backend import VyreBackend
-from vyre_async.cache.disk import DiskPipelineCache, PipelineCacheWarning
+from vyre_async._cache.disk import DiskPipelineCache, PipelineCacheWarning
 from vyre_async.ir import Access, BufferDecl, DType, Load, Program, Store, gid, u32
 from vyre_async.programs import Workload, elementwise_xor, standard_workloads
 from vyre_async.testing.test_contract import spin

@@ -21,9 +21,9 @@ ROOT = Path(vyre_async.__file__).parent
 ALLOWED_CYCLE = {"vyre_async.ir.program", "vyre_async.ir.wire"}
 #: Modules below the backend base class: they must not import it.
 ENGINE = (
-    "vyre_async.calibration.probes",
-    "vyre_async.calibration.record",
-    "vyre_async.calibration.store",
+    "vyre_async._calibration.probes",
+    "vyre_async._calibration.record",
+    "vyre_async._calibration.store",
     "vyre_async._execution",
     "vyre_async._frontend",
     "vyre_async._pending",

@@ -4,6 +4,7 @@ Build a `Program`, then ``outputs = await backend.dispatch(program, inputs)``.
 """
 
 from vyre_async._backend import CORE_OPS, VyreBackend
+from vyre_async._cache import PipelineIdentity
 from vyre_async._capabilities import BackendCapabilities
 from vyre_async._config import DispatchConfig
 from vyre_async._lazy import lazy_exports as _lazy_exports
@@ -26,7 +27,6 @@ from vyre_async._registry import (
 from vyre_async._resident import ResidentBuffer
 from vyre_async._store import CacheStats, MemoryPipelineCache
 from vyre_async._version import __version__
-from vyre_async.cache import PipelineIdentity
 from vyre_async.errors import (
     BackendClosed,
     BackendError,
@@ -48,21 +48,27 @@ from vyre_async.errors import (
 from vyre_async.ir import Access, BufferDecl, DType, Program
 
 __all__ = [
-    "CORE_OPS",
     "Access",
+    "Arm",
+    "ArmGraph",
+    "ArmRun",
     "BackendCapabilities",
-    "BackendError",
     "BackendClosed",
+    "BackendError",
     "BackendNotFound",
     "BackendRegistration",
     "BufferDecl",
+    "CORE_OPS",
     "CacheStats",
+    "Calibration",
+    "CalibrationStore",
     "CompiledPipeline",
     "ConformanceCase",
     "CooperativeResidencyExceeded",
     "DType",
     "DeviceLost",
     "DeviceOutOfMemory",
+    "DiskCacheInfo",
     "DiskPipelineCache",
     "DispatchCompleter",
     "DispatchConfig",
@@ -71,15 +77,20 @@ __all__ = [
     "DispatchTiming",
     "Divergence",
     "ErrorCode",
+    "GraphReport",
+    "GraphResource",
+    "GraphResult",
     "InvalidArgument",
     "InvalidProgram",
     "KernelCompileFailed",
     "Launch",
     "MemoryPipelineCache",
     "PendingDispatch",
+    "PipelineCacheWarning",
     "PipelineIdentity",
     "PoisonedLock",
     "Program",
+    "Residency",
     "ResidentBuffer",
     "ResultAlreadyTaken",
     "ShadowBackend",
@@ -91,19 +102,35 @@ __all__ = [
     "acquire_backend",
     "acquire_preferred_backend",
     "assert_conformance",
+    "calibration_for",
     "compile",
+    "default_cache_root",
+    "format_calibration",
     "probe_backend",
     "register_backend",
     "registered_backends",
     "wait_for_callbacks",
 ]
-# Conformance checking and the disk cache load on first use (PEP 562), not with every
-# `import vyre_async`.
+# Conformance checking, arm graphs, calibration and the disk cache load on first use
+# (PEP 562), not with every `import vyre_async`.
 __getattr__, __dir__ = _lazy_exports(
     __name__,
-    dict.fromkeys(("ConformanceCase", "Divergence", "ShadowBackend"), "_shadow")
-    | {"assert_conformance": "_shadow", "DiskPipelineCache": "cache"},
+    dict.fromkeys(
+        ("ConformanceCase", "Divergence", "ShadowBackend", "assert_conformance"), "_shadow"
+    )
+    | dict.fromkeys(
+        ("Arm", "ArmGraph", "ArmRun", "GraphReport", "GraphResource", "GraphResult", "Residency"),
+        "_graph",
+    )
+    | dict.fromkeys(
+        ("Calibration", "CalibrationStore", "calibration_for", "format_calibration"),
+        "_calibration",
+    )
+    | dict.fromkeys(
+        ("DiskCacheInfo", "DiskPipelineCache", "PipelineCacheWarning", "default_cache_root"),
+        "_cache",
+    ),
     __all__,
-    # (imported with the package before they were deferred: still attributes)
-    submodules=("calibration", "policies"),
+    # (imported with the package before they were deferred: still an attribute)
+    submodules=("policies",),
 )

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from vyre_async._arguments import duration, whole_number
+from vyre_async._cache.identity import PipelineIdentity
 from vyre_async._capabilities import BackendCapabilities
 from vyre_async._config import DispatchConfig
 from vyre_async._executor import Executor, poll_until
@@ -28,7 +29,6 @@ from vyre_async._pending import PendingDispatch, refuse_blocking_in_loop
 from vyre_async._pipeline import CompiledPipeline
 from vyre_async._resident import ResidentBuffer
 from vyre_async._store import CacheStats, MemoryPipelineCache, PipelineStore
-from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.errors import InvalidArgument, InvalidProgram
 from vyre_async.ir.ops import CORE_OPS
 from vyre_async.ir.program import Program
@@ -37,9 +37,9 @@ from vyre_async.ir.validate import validate_or_raise
 from vyre_async.ir.walk import ops_used
 
 if TYPE_CHECKING:
+    from vyre_async._cache.disk import DiskPipelineCache
+    from vyre_async._calibration import Calibration
     from vyre_async._prefetch import Prefetcher
-    from vyre_async.cache.disk import DiskPipelineCache
-    from vyre_async.calibration import Calibration
 
 __all__ = ["CLOSE_TIMEOUT_S", "CORE_OPS", "VyreBackend", "ops_used", "poll_until"]
 __dir__ = _public_dir(__name__)
@@ -55,7 +55,7 @@ def _anyio() -> Any:
 
 def _is_disk_cache(value: object) -> bool:
     """``isinstance(value, DiskPipelineCache)``, importing the disk cache only when one is given."""
-    from vyre_async.cache.disk import DiskPipelineCache
+    from vyre_async._cache.disk import DiskPipelineCache
 
     return isinstance(value, DiskPipelineCache)
 
@@ -197,7 +197,7 @@ class VyreBackend:
 
     def calibrate(self) -> Calibration | None:
         """Measure the costs the launch policies need on this device, now (see
-        `vyre_async.calibration.calibration_for`, which measures once and caches).
+        `vyre_async.calibration_for`, which measures once and caches).
 
         Returns:
             The measured record, or None where the executor measures nothing.

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
+from vyre_async._calibration import Calibration, calibration_for
 from vyre_async._config import DispatchConfig
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.calibration import Calibration, calibration_for
 from vyre_async.errors import InvalidArgument, UnsupportedFeature
 from vyre_async.policies._checks import non_negative_int
 from vyre_async.policies.launch import (

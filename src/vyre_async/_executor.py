@@ -28,8 +28,8 @@ from vyre_async.ir.program import Program
 from vyre_async.ir.types import DType
 
 if TYPE_CHECKING:
+    from vyre_async._calibration import Calibration
     from vyre_async._execution import ExecutionDecision
-    from vyre_async.calibration import Calibration
 
 __all__ = ["Executor", "Launch", "LaunchTemplate", "poll_until"]
 __dir__ = _public_dir(__name__)
@@ -211,7 +211,7 @@ class Executor(abc.ABC):
         setup costs where the executor has those paths, transfer bandwidth,
         compile cost); `measure_host_costs` measures the part every backend has
         on a private probe backend. Users call
-        ``vyre_async.calibration.calibration_for(backend, measure=True)``, which
+        ``vyre_async.calibration_for(backend, measure=True)``, which
         measures once per device and caches the record on disk. Default: None
         (nothing measured; policies that need costs choose plain launches).
         """

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from vyre_async import telemetry
+from vyre_async._cache.identity import policy_digest
 from vyre_async._capabilities import BackendCapabilities
 from vyre_async._config import MAX_OUTPUT_BYTES_ENV, DispatchConfig, default_max_output_bytes
 from vyre_async._executor import Launch, LaunchTemplate
@@ -46,7 +47,6 @@ from vyre_async._plan import (
 )
 from vyre_async._resident import ResidentBuffer
 from vyre_async._seams import PipelineLike
-from vyre_async.cache.identity import policy_digest
 from vyre_async.errors import (
     BackendClosed,
     DeviceOutOfMemory,

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from vyre_async._cache.identity import PipelineIdentity
 from vyre_async._config import DispatchConfig
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async._frontend import DispatchFrontEnd, InputLike, Launch
 from vyre_async._pending import PendingDispatch
 from vyre_async._seams import BackendLike
-from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.errors import InvalidArgument, InvalidProgram
 from vyre_async.ir.program import Program
 

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 
 from vyre_async import telemetry
 from vyre_async._arguments import duration, wait_seconds, whole_number
+from vyre_async._cache.identity import PipelineIdentity
 from vyre_async._config import DispatchConfig
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async._plan import LaunchGeometry
-from vyre_async.cache.identity import PipelineIdentity
 from vyre_async.ir.program import Program
 from vyre_async.policies.shapes import (
     HIT_RATE_WINDOW,

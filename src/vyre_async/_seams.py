@@ -20,11 +20,11 @@ from vyre_async._exports import public_dir as _public_dir
 if TYPE_CHECKING:
     import numpy as np
 
+    from vyre_async._cache.identity import PipelineIdentity
     from vyre_async._capabilities import BackendCapabilities
     from vyre_async._config import DispatchConfig
     from vyre_async._pending import PendingDispatch
     from vyre_async._resident import ResidentBuffer
-    from vyre_async.cache.identity import PipelineIdentity
     from vyre_async.ir.program import Program
     from vyre_async.ir.types import DType
 

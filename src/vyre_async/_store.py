@@ -21,17 +21,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from vyre_async._arguments import whole_number
-from vyre_async._config import DispatchConfig
-from vyre_async._exports import public_dir as _public_dir
-from vyre_async._frontend import DispatchFrontEnd
-from vyre_async._pipeline import CompiledPipeline
-from vyre_async._seams import BackendLike
-from vyre_async.cache.identity import (
+from vyre_async._cache.identity import (
     PipelineIdentity,
     classify_miss,
     pipeline_identity,
     policy_digest,
 )
+from vyre_async._config import DispatchConfig
+from vyre_async._exports import public_dir as _public_dir
+from vyre_async._frontend import DispatchFrontEnd
+from vyre_async._pipeline import CompiledPipeline
+from vyre_async._seams import BackendLike
 from vyre_async.errors import BackendError, InvalidProgram, KernelCompileFailed, UnsupportedFeature
 from vyre_async.ir.program import Program
 from vyre_async.ir.validate import validate_or_raise
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
-    from vyre_async.cache.disk import DiskPipelineCache
+    from vyre_async._cache.disk import DiskPipelineCache
 
 __all__ = ["CacheStats", "MemoryPipelineCache", "PipelineStore"]
 __dir__ = _public_dir(__name__)
@@ -309,7 +309,7 @@ class PipelineStore:
                 try:
                     return make(backend.load_pipeline(payload, program, config), 0.0, "disk")
                 except Exception as exc:  # a bad entry is a miss, then overwritten
-                    from vyre_async.cache.disk import PipelineCacheWarning
+                    from vyre_async._cache.disk import PipelineCacheWarning
 
                     warnings.warn(
                         f"pipeline cache entry {identity.hex} could not be loaded by backend "

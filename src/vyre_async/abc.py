@@ -69,15 +69,15 @@ from vyre_async.ir.ops import CORE_OPS
 
 if TYPE_CHECKING:  # (loaded on first use: `__getattr__` below)
     from vyre_async._backend import VyreBackend
-    from vyre_async._execution import ExecutionDecision, annotate_mode
-    from vyre_async.cache.disk import DiskPipelineCache
-    from vyre_async.calibration import (
+    from vyre_async._cache.disk import DiskPipelineCache
+    from vyre_async._calibration import (
         Calibration,
         measure_arm_overlap,
         measure_batch_costs,
         measure_host_costs,
         measure_resident_gain,
     )
+    from vyre_async._execution import ExecutionDecision, annotate_mode
     from vyre_async.policies.arms import ArmSummary
     from vyre_async.policies.overlap import CopyVerdict, can_overlap_copy_with_kernel
     from vyre_async.programs import elementwise_xor
@@ -134,14 +134,14 @@ DRIVER_VERSION = __version__
 
 # Loaded on first use: each pulls in a policy module or numpy-heavy probes.
 _LAZY = {
-    "Calibration": "vyre_async.calibration",
-    "measure_host_costs": "vyre_async.calibration",
-    "measure_batch_costs": "vyre_async.calibration",
-    "measure_arm_overlap": "vyre_async.calibration",
-    "measure_resident_gain": "vyre_async.calibration",
+    "Calibration": "vyre_async._calibration",
+    "measure_host_costs": "vyre_async._calibration",
+    "measure_batch_costs": "vyre_async._calibration",
+    "measure_arm_overlap": "vyre_async._calibration",
+    "measure_resident_gain": "vyre_async._calibration",
     "ExecutionDecision": "vyre_async._execution",
     "VyreBackend": "vyre_async._backend",
-    "DiskPipelineCache": "vyre_async.cache.disk",
+    "DiskPipelineCache": "vyre_async._cache.disk",
     "elementwise_xor": "vyre_async.programs",
     "configure_tracing": "vyre_async.tracing",
     "annotate_mode": "vyre_async._execution",

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from vyre_async._cache.disk import DiskPipelineCache
+from vyre_async._calibration import CalibrationStore, calibration_for, format_calibration
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async._registry import probe_backend, registered_backends
 from vyre_async._version import __version__
-from vyre_async.cache.disk import DiskPipelineCache
-from vyre_async.calibration import CalibrationStore, calibration_for, format_calibration
 from vyre_async.errors import BackendError
 
 __all__ = ["main"]

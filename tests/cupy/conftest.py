@@ -145,7 +145,7 @@ def fake_device_programs() -> list[Program]:
 
     from tests.contract.test_contract import lane_ids, resident_order_programs, spin
     from tests.cupy.device_programs import extra_programs
-    from vyre_async.calibration import (
+    from vyre_async._calibration import (
         RESIDENT_GAIN_PROBE_ELEMENTS,
         launch_probe_program,
         resident_gain_probe_program,

@@ -65,7 +65,7 @@ def gate() -> Program:
 def graph_programs() -> list[Program]:
     """The arm-graph test's kernels, as the graph dispatches them (resident variants)."""
     from tests.policies.kernels import binop
-    from vyre_async.graph.schedule import _resident_variant
+    from vyre_async._graph.schedule import _resident_variant
 
     return [_resident_variant(binop("xor", 64)), _resident_variant(binop("add", 64))]
 

@@ -31,9 +31,9 @@ from vyre_async import (
     UnsupportedFeature,
     VyreBackend,
 )
+from vyre_async._calibration import Calibration, CalibrationStore, calibration_for
 from vyre_async._pending import DispatchCompleter, PendingDispatch
 from vyre_async._shadow import compare_outputs
-from vyre_async.calibration import Calibration, CalibrationStore, calibration_for
 from vyre_async.programs import elementwise_xor
 from vyre_cupy import create_backend
 from vyre_cupy.codegen import generate
@@ -278,7 +278,7 @@ def test_the_policy_picks_the_mode_from_calibration(
 
 
 def _forget_calibration(backend: VyreBackend) -> None:
-    from vyre_async.calibration import store
+    from vyre_async._calibration import store
 
     with store._memo_lock:
         store._memo.pop(backend, None)

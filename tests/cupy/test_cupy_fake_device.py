@@ -50,8 +50,8 @@ from vyre_async import (
     VyreBackend,
     telemetry,
 )
+from vyre_async._cache.disk import PipelineCacheWarning
 from vyre_async._pending import DispatchCompleter, PendingDispatch
-from vyre_async.cache.disk import PipelineCacheWarning
 from vyre_async.programs import elementwise_xor, standard_workloads
 from vyre_cupy import create_backend
 from vyre_cupy.layout import Source, plan_layout
@@ -496,7 +496,7 @@ def test_factory_uses_the_default_disk_cache(
 async def test_arm_graph_joins_layers_on_the_device(backend: VyreBackend) -> None:
     """Every arm submitted at once; stream events order them on their resident buffers."""
     from tests.policies.kernels import binop
-    from vyre_async.graph import ArmGraph
+    from vyre_async._graph import ArmGraph
     from vyre_reference import reference_backend
 
     rng = np.random.default_rng(11)
@@ -547,8 +547,8 @@ def test_policy_benchmark_runs_on_the_fake_device(fake: FakeDevice) -> None:
 def test_calibrate_measures_launch_modes_compile_and_copies(
     fake: FakeDevice, tmp_path: Path
 ) -> None:
+    from vyre_async._calibration import CalibrationStore, calibration_for, format_calibration
     from vyre_async._execution import choose_execution_mode
-    from vyre_async.calibration import CalibrationStore, calibration_for, format_calibration
 
     def completion_threads() -> int:
         return sum(t.name == "vyre-cupy-completion" for t in threading.enumerate())

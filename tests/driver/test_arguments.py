@@ -29,11 +29,11 @@ from vyre_async import (
 )
 from vyre_async._arguments import real_number, wait_seconds
 from vyre_async._backend import VyreBackend
+from vyre_async._cache.disk import DiskPipelineCache
+from vyre_async._calibration import CalibrationStore
 from vyre_async._capabilities import BackendCapabilities
+from vyre_async._graph import ArmGraph
 from vyre_async._store import MemoryPipelineCache
-from vyre_async.cache.disk import DiskPipelineCache
-from vyre_async.calibration import CalibrationStore
-from vyre_async.graph import ArmGraph
 from vyre_async.ir import Access, Assign, BufferDecl, DType, Let, Load, Loop, Program, Var, u32
 from vyre_async.programs import elementwise_xor, sum_reduction
 from vyre_async.tracing import configure_tracing

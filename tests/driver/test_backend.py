@@ -19,10 +19,10 @@ from vyre_async import (
     UnsupportedFeature,
 )
 from vyre_async._backend import CORE_OPS, VyreBackend, ops_used
+from vyre_async._cache import DiskPipelineCache, PipelineCacheWarning
 from vyre_async._config import DispatchConfig
 from vyre_async._pipeline import compile
 from vyre_async.abc import Executor
-from vyre_async.cache import DiskPipelineCache, PipelineCacheWarning
 from vyre_async.ir import Access, BufferDecl, DType, Program, Store, f32, gid
 from vyre_async.programs import elementwise_xor, histogram, saxpy
 

@@ -1,4 +1,4 @@
-"""`vyre_async.cache.files`: the file-system rules the disk caches share (issue 28).
+"""`vyre_async._cache.files`: the file-system rules the disk caches share (issue 28).
 
 These are the pieces a store (the pipeline cache, the calibration store, a
 backend's own) builds on, so their contracts are tested as such: the names of
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from vyre_async.cache.files import (
+from vyre_async._cache.files import (
     STALE_TEMP_SECONDS,
     NotRegularFile,
     create_temp,

@@ -15,14 +15,14 @@ import blake3
 import pytest
 
 from vyre_async import DispatchConfig
-from vyre_async.cache import (
+from vyre_async._cache import (
     MISS_REASONS,
     MemoryPipelineCache,
     PipelineIdentity,
     classify_miss,
     pipeline_identity,
 )
-from vyre_async.cache import identity as identity_module
+from vyre_async._cache import identity as identity_module
 from vyre_async.errors import InvalidProgram
 from vyre_async.programs import elementwise_xor
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import blake3
 import pytest
 
-from vyre_async.cache import DiskPipelineCache, PipelineCacheWarning, default_cache_root
+from vyre_async._cache import DiskPipelineCache, PipelineCacheWarning, default_cache_root
 from vyre_async.cli import main
 from vyre_async.errors import ErrorCode, InvalidProgram
 
@@ -178,7 +178,7 @@ WRITER = textwrap.dedent(
     """
     import sys, warnings
     warnings.simplefilter("error")
-    from vyre_async.cache import DiskPipelineCache
+    from vyre_async._cache import DiskPipelineCache
     root, tag, rounds = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3])
     cache = DiskPipelineCache(root)
     keys = [bytes([i]) * 32 for i in range(4)]
@@ -433,7 +433,7 @@ STALLED_WRITER = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from vyre_async.cache import DiskPipelineCache
+    from vyre_async._cache import DiskPipelineCache
 
     root, ready, size = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 

@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 import blake3
 import pytest
 
-import vyre_async.cache.disk as disk
-import vyre_async.cache.files as files
-from vyre_async.cache import DiskPipelineCache, PipelineCacheWarning, default_cache_root
+import vyre_async._cache.disk as disk
+import vyre_async._cache.files as files
+from vyre_async._cache import DiskPipelineCache, PipelineCacheWarning, default_cache_root
 from vyre_async.errors import InvalidProgram
 
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="POSIX file types and modes")

@@ -19,8 +19,8 @@ import pytest
 from tests.driver.fakes import BytesBackend
 from tests.helpers import backend_of
 from vyre_async import DiskPipelineCache, DispatchConfig
-from vyre_async.cache import identity as identity_module
-from vyre_async.cache.identity import PipelineIdentity, classify_miss, pipeline_identity
+from vyre_async._cache import identity as identity_module
+from vyre_async._cache.identity import PipelineIdentity, classify_miss, pipeline_identity
 from vyre_async.ir import Access, BufferDecl, DType, Program, Store, gid, u32
 from vyre_async.programs import elementwise_xor, histogram, saxpy
 

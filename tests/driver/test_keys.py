@@ -12,7 +12,7 @@ fails ``test_*_has_a_case_for_every_*``.
 
 The keys:
 
-1. the pipeline identity (`vyre_async.cache.identity.pipeline_identity`, as
+1. the pipeline identity (`vyre_async._cache.identity.pipeline_identity`, as
    `PipelineStore` uses it: its identity memo, the memory LRU, the disk cache);
 2. the launch template (`DispatchFrontEnd.template`: program, config, pipeline
    identity, input sizes);
@@ -40,12 +40,12 @@ from tests import otel_sdk
 from tests.driver.fakes import BytesBackend
 from tests.helpers import backend_of
 from vyre_async import DiskPipelineCache, DispatchConfig, InvalidProgram, UnsupportedFeature
+from vyre_async._cache import identity as identity_module
+from vyre_async._cache.identity import PipelineIdentity, pipeline_identity
 from vyre_async._frontend import DispatchFrontEnd, LaunchTemplate
 from vyre_async._pipeline import Launch
 from vyre_async._plan import LaunchGeometry, plan_dispatch
 from vyre_async._prefetch import Prefetcher
-from vyre_async.cache import identity as identity_module
-from vyre_async.cache.identity import PipelineIdentity, pipeline_identity
 from vyre_async.ir import (
     Access,
     BufferDecl,

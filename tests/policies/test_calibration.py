@@ -26,10 +26,7 @@ import pytest
 from tests.driver.fakes import BytesBackend
 from tests.helpers import backend_of
 from vyre_async import BackendCapabilities, DispatchConfig, compile
-from vyre_async._execution import choose_execution_mode
-from vyre_async._pending import PendingDispatch
-from vyre_async._pipeline import Launch
-from vyre_async.calibration import (
+from vyre_async._calibration import (
     Calibration,
     CalibrationStore,
     calibration_for,
@@ -37,6 +34,9 @@ from vyre_async.calibration import (
     default_calibration_root,
     format_calibration,
 )
+from vyre_async._execution import choose_execution_mode
+from vyre_async._pending import PendingDispatch
+from vyre_async._pipeline import Launch
 from vyre_async.programs import elementwise_xor
 from vyre_reference import ReferenceExecutor, reference_backend
 
@@ -573,7 +573,7 @@ STALLED_SAVE = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from vyre_async.calibration import Calibration, CalibrationStore
+    from vyre_async._calibration import Calibration, CalibrationStore
 
     root, ready = Path(sys.argv[1]), Path(sys.argv[2])
 
@@ -653,7 +653,7 @@ def test_old_temp_files_are_reclaimed_and_foreign_ones_kept(tmp_path: Path) -> N
 
 
 def test_arm_overlap_is_measured_and_filled_in(tmp_path: Path) -> None:
-    from vyre_async.calibration import measure_arm_overlap
+    from vyre_async._calibration import measure_arm_overlap
 
     backend = reference_backend()
     overlap = measure_arm_overlap(backend, rounds=2, elements=1 << 14)
@@ -688,7 +688,7 @@ def test_a_record_without_the_overlap_gets_it_when_measuring(tmp_path: Path) -> 
 
 
 def test_arm_overlap_unmeasurable_stays_none(caplog: pytest.LogCaptureFixture) -> None:
-    from vyre_async.calibration import measure_arm_overlap
+    from vyre_async._calibration import measure_arm_overlap
 
     class Broken(ReferenceExecutor):
         def enqueue(self, launch: Launch) -> None:
@@ -710,7 +710,7 @@ def test_arm_overlap_is_validated(bad: Any) -> None:
 
 
 def test_resident_gain_is_measured_and_filled_in(tmp_path: Path) -> None:
-    from vyre_async.calibration import measure_resident_gain
+    from vyre_async._calibration import measure_resident_gain
 
     backend = reference_backend()
     gain = measure_resident_gain(backend, rounds=2, elements=1 << 14)
@@ -748,8 +748,8 @@ def test_a_record_written_before_the_resident_gain_loads_and_gets_it(tmp_path: P
 
 
 def test_resident_gain_of_a_backend_without_resident_buffers_is_none(tmp_path: Path) -> None:
+    from vyre_async._calibration import measure_resident_gain
     from vyre_async.abc import Executor
-    from vyre_async.calibration import measure_resident_gain
 
     class HostOnly(ReferenceExecutor):
         upload = Executor.upload
@@ -761,7 +761,7 @@ def test_resident_gain_of_a_backend_without_resident_buffers_is_none(tmp_path: P
 
 
 def test_resident_gain_unmeasurable_stays_none(caplog: pytest.LogCaptureFixture) -> None:
-    from vyre_async.calibration import measure_resident_gain
+    from vyre_async._calibration import measure_resident_gain
 
     class Broken(ReferenceExecutor):
         def enqueue(self, launch: Launch) -> None:
@@ -784,7 +784,7 @@ def test_resident_gain_is_validated(bad: Any) -> None:
 def test_records_with_the_policy_fields_still_begin_like_temp_files_do(tmp_path: Path) -> None:
     # The store recognises its temp files by how every record it writes begins
     # (sorted keys: "backend_id" first); the basis-point fields sort after it.
-    from vyre_async.calibration.store import _RECORD_HEAD, _encode
+    from vyre_async._calibration.store import _RECORD_HEAD, _encode
 
     record = replace(GPU_LIKE, concurrent_overlap_bps=-5, resident_gain_bps=-1_500)
     assert _encode(record).startswith(_RECORD_HEAD)

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-import vyre_async.calibration.record as calibration_module
+import vyre_async._calibration.record as calibration_module
 from tests.driver.fakes import BytesBackend
 from tests.helpers import backend_of
-from vyre_async.calibration import (
+from vyre_async._calibration import (
     Calibration,
     CalibrationStore,
     calibration_for,

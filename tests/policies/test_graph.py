@@ -25,10 +25,10 @@ from vyre_async import (
     VyreBackend,
 )
 from vyre_async._capabilities import BackendCapabilities
+from vyre_async._graph import ArmGraph, GraphResult, Residency, summarize_arm
 from vyre_async._pipeline import Launch
 from vyre_async._resident import ResidentBuffer
 from vyre_async.abc import Executor
-from vyre_async.graph import ArmGraph, GraphResult, Residency, summarize_arm
 from vyre_async.ir import Access, Atomic, BufferDecl, DType, Let, Load, Program
 from vyre_async.ir import u32 as c32
 from vyre_async.policies import ArmSummary
@@ -699,7 +699,7 @@ def _calibrated(
     backend: VyreBackend, overlap_bps: int | None, *, gain_bps: int | None = None
 ) -> VyreBackend:
     """Give ``backend`` a cached calibration with ``concurrent_overlap_bps`` (no measuring)."""
-    from vyre_async import calibration
+    from vyre_async import _calibration as calibration
 
     record = calibration.Calibration(
         backend_id=backend.id,

@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent(
     trace.set_tracer_provider(provider)
 
     from vyre_async import compile
-    from vyre_async.graph import ArmGraph
+    from vyre_async._graph import ArmGraph
     from vyre_async.programs import elementwise_xor
     from vyre_reference import reference_backend
 

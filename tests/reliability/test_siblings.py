@@ -35,9 +35,9 @@ from vyre_async import (
     compile,
     telemetry,
 )
+from vyre_async._calibration import Calibration, CalibrationStore, calibration_key
+from vyre_async._graph import ArmGraph
 from vyre_async._pending import PendingDispatch, wait_for_callbacks
-from vyre_async.calibration import Calibration, CalibrationStore, calibration_key
-from vyre_async.graph import ArmGraph
 from vyre_async.ir import Const, DType, i32, u32
 from vyre_async.programs import elementwise_xor
 from vyre_reference import ReferenceExecutor, reference_backend
@@ -135,7 +135,7 @@ def test_the_calibration_store_refuses_keys_without_utf8_and_skips_damaged_recor
         '{"format_version": 2, "backend_id": "reference", "backend_version": "1", '
         '"device_fingerprint": "cpu", "launch_ns": 1, "measured_at": 1' + "0" * 400 + "}"
     )
-    with caplog.at_level(logging.WARNING, logger="vyre_async.calibration"):
+    with caplog.at_level(logging.WARNING, logger="vyre_async._calibration"):
         assert store.load("reference", "1", "cpu") is None
         assert store.entries() == []
     assert "unreadable" in caplog.text

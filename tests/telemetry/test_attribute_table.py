@@ -25,7 +25,7 @@ from tests.driver.fakes import DelayBackend
 from tests.helpers import backend_of
 from tests.policies.kernels import binop
 from vyre_async import DispatchConfig, DispatchTimeout
-from vyre_async.graph import ArmGraph
+from vyre_async._graph import ArmGraph
 from vyre_async.programs import elementwise_xor
 from vyre_reference import reference_backend
 

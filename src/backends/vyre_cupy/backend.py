@@ -205,16 +205,16 @@ class CupyExecutor(Executor):
 
         Runs on a private probe backend on the same device (its own streams and
         completion thread, no prefetching), in a few seconds:
-        `vyre_async.calibration.measure_host_costs` (compile cost, pinned copy
-        bandwidth), then `vyre_async.calibration.measure_batch_costs` on
+        `vyre_async.abc.measure_host_costs` (compile cost, pinned copy
+        bandwidth), then `vyre_async.abc.measure_batch_costs` on
         ``elementwise_xor(1024)``: ``launch_ns`` per launch of a plain batch,
         ``record_ns`` (capture and instantiation of its graph), ``replay_ns`` per
         replayed launch, and the persistent batch's fixed (``persistent_setup_ns``)
         and per-item (``persistent_item_ns``) host cost; then how much two
-        concurrent dispatches overlap (`vyre_async.calibration.measure_arm_overlap`,
+        concurrent dispatches overlap (`vyre_async.abc.measure_arm_overlap`,
         ``concurrent_overlap_bps``) and what resident buffers save
-        (`vyre_async.calibration.measure_resident_gain`, ``resident_gain_bps``). Use
-        `vyre_async.calibration.calibration_for(backend, measure=True)` (or
+        (`vyre_async.abc.measure_resident_gain`, ``resident_gain_bps``). Use
+        `vyre_async.calibration_for(backend, measure=True)` (or
         ``vyre-async info --calibrate cupy``) to measure once and cache the record.
         If the batch modes fail to run, the record keeps the other figures and
         leaves theirs None (a warning is logged).

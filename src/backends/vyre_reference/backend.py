@@ -169,7 +169,7 @@ class ReferenceExecutor(Executor):
 
         Takes well under a second. The engine has no graph replay and no
         persistent kernels, so those costs are not measured (None). Use
-        `vyre_async.calibration.calibration_for(backend, measure=True)` to
+        `vyre_async.calibration_for(backend, measure=True)` to
         measure once and cache the record on disk.
         """
         from vyre_async.abc import elementwise_xor, measure_host_costs

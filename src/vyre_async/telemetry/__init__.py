@@ -27,7 +27,7 @@ SDK can only be installed by code that imports ``opentelemetry`` first, so until
 ``opentelemetry.trace`` or ``opentelemetry.metrics`` is in ``sys.modules`` (or
 ``OTEL_PYTHON_TRACER_PROVIDER``/``OTEL_PYTHON_METER_PROVIDER`` names a provider)
 no dispatch can be recorded, and a process that never traces never pays the
-import for its dispatches. The arm graph (`vyre_async.graph`) and the ``ray``
+import for its dispatches. The arm graph (`vyre_async.ArmGraph`) and the ``ray``
 backend still import the API when they load.
 
 The package's parts: ``_spans`` (the dispatch span, start to end, and the

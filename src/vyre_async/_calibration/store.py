@@ -15,7 +15,7 @@ files it wrote (see `CalibrationStore`): listing and clearing open only regular
 files named like those, and delete only the store's own; an existing directory
 keeps its mode (only a directory the store creates gets 0700); temp files left
 by killed writers are reclaimed. The file-system rules are shared with the
-pipeline disk cache (`vyre_async.cache.files`).
+pipeline disk cache (`vyre_async._cache.files`).
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vyre_async._exports import public_dir as _public_dir
-from vyre_async.cache.disk import default_cache_root
-from vyre_async.cache.files import (
+from vyre_async._cache.disk import default_cache_root
+from vyre_async._cache.files import (
     NotRegularFile,
     create_temp,
     make_private_dirs,
@@ -46,14 +45,17 @@ from vyre_async.cache.files import (
     temp_name_pattern,
     unlink_unchanged,
 )
-from vyre_async.calibration import record as record_module  # (its format version, read at each use)
-from vyre_async.calibration.probes import measure_arm_overlap, measure_resident_gain
-from vyre_async.calibration.record import (
+from vyre_async._calibration import (
+    record as record_module,  # (its format version, read at each use)
+)
+from vyre_async._calibration.probes import measure_arm_overlap, measure_resident_gain
+from vyre_async._calibration.record import (
     _IDENTITY_FIELDS,
     Calibration,
     _json,
     calibration_key,
 )
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidProgram
 
 if TYPE_CHECKING:
@@ -192,7 +194,7 @@ class CalibrationStore:
         """Return the stored record of that device, or None.
 
         None when nothing is there, and, with a warning on the
-        ``vyre_async.calibration`` logger, when the file there is not a
+        ``vyre_async._calibration`` logger, when the file there is not a
         regular file (a symlink is not followed, a FIFO not waited on), is
         larger than `MAX_RECORD_BYTES`, cannot be read, is corrupt or of
         another format version, or holds another device's record.
@@ -258,7 +260,7 @@ class CalibrationStore:
         Records of older format versions, and damaged ones that still carry
         the record fields under their own key, are deleted too. Temp files
         whose writer process no longer exists, or that are older than
-        `vyre_async.cache.files.STALE_TEMP_SECONDS`, are reclaimed (not
+        `vyre_async._cache.files.STALE_TEMP_SECONDS`, are reclaimed (not
         counted); those of live writers stay. Nothing else is deleted.
         """
         removed = 0

@@ -14,21 +14,21 @@ from opentelemetry import trace
 
 from vyre_async import telemetry
 from vyre_async._arguments import dtype_argument, whole_number
+from vyre_async._calibration import calibration_for
 from vyre_async._config import DispatchConfig
 from vyre_async._execution import choose_execution_mode
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async._graph.model import Arm, GraphResource, Residency, _atomic_targets, summarize_arm
+from vyre_async._graph.report import ArmRun, GraphReport, GraphResult
+from vyre_async._graph.run import _Run, _settled_placement
+from vyre_async._graph.schedule import _residency_attributes, _Schedule
 from vyre_async._plan import normalize_input
 from vyre_async._resident import ResidentBuffer
 from vyre_async._version import __version__
-from vyre_async.calibration import calibration_for
 from vyre_async.errors import (
     InvalidArgument,
     InvalidProgram,
 )
-from vyre_async.graph.model import Arm, GraphResource, Residency, _atomic_targets, summarize_arm
-from vyre_async.graph.report import ArmRun, GraphReport, GraphResult
-from vyre_async.graph.run import _Run, _settled_placement
-from vyre_async.graph.schedule import _residency_attributes, _Schedule
 from vyre_async.ir.limits import MAX_BUFFER_ELEMENTS
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import Access, BufferDecl, DType

@@ -49,7 +49,7 @@ reclaims temp files there. A writer in another pid namespace looks dead: if
 its temp file is reclaimed mid-write, its put fails with a warning.
 
 The file-system rules above (regular files only, private directories, temp
-files named with the writer's pid) are `vyre_async.cache.files`, shared with
+files named with the writer's pid) are `vyre_async._cache.files`, shared with
 the calibration store.
 """
 
@@ -71,8 +71,7 @@ from typing import BinaryIO
 import blake3
 
 from vyre_async._arguments import whole_number
-from vyre_async._exports import public_dir as _public_dir
-from vyre_async.cache.files import (
+from vyre_async._cache.files import (
     STALE_TEMP_SECONDS,
     NotRegularFile,
     create_temp,
@@ -85,6 +84,7 @@ from vyre_async.cache.files import (
     temp_name_pattern,
     unlink_unchanged,
 )
+from vyre_async._exports import public_dir as _public_dir
 from vyre_async.errors import InvalidArgument
 
 __all__ = [

@@ -46,9 +46,9 @@ arm it waited for), plus the ``vyre.policy.execution_mode`` verdict.
 """
 
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.graph.arm_graph import ArmGraph
-from vyre_async.graph.model import Arm, GraphResource, Residency, summarize_arm
-from vyre_async.graph.report import ArmRun, GraphReport, GraphResult
+from vyre_async._graph.arm_graph import ArmGraph
+from vyre_async._graph.model import Arm, GraphResource, Residency, summarize_arm
+from vyre_async._graph.report import ArmRun, GraphReport, GraphResult
 
 __all__ = [
     "Arm",

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Literal
 
 from vyre_async._config import DispatchConfig
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async._graph.model import Arm, GraphResource
 from vyre_async._pending import PendingDispatch
-from vyre_async.graph.model import Arm, GraphResource
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.policies.arms import ArmConflict, ArmPlan, plan_arms

@@ -12,15 +12,15 @@ import numpy as np
 
 from vyre_async._execution import ExecutionDecision
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async._graph.model import Residency
+from vyre_async._graph.report import ArmRun
+from vyre_async._graph.schedule import _Schedule, _settled_at, _Step
 from vyre_async._pending import PendingDispatch
 from vyre_async._resident import ResidentBuffer
 from vyre_async.errors import (
     BackendError,
     UnsupportedFeature,
 )
-from vyre_async.graph.model import Residency
-from vyre_async.graph.report import ArmRun
-from vyre_async.graph.schedule import _Schedule, _settled_at, _Step
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import DType
 from vyre_async.policies.concurrency import ArmConcurrencyVerdict

@@ -1,7 +1,6 @@
 """Pipeline caches: identity and the on-disk store (the in-memory LRU is `vyre_async._store`'s)."""
 
-from vyre_async._lazy import lazy_exports as _lazy_exports
-from vyre_async.cache.identity import (
+from vyre_async._cache.identity import (
     CACHE_KEY_VERSION,
     MISS_REASONS,
     PipelineIdentity,
@@ -9,6 +8,7 @@ from vyre_async.cache.identity import (
     pipeline_identity,
     policy_digest,
 )
+from vyre_async._lazy import lazy_exports as _lazy_exports
 
 __all__ = [
     "CACHE_KEY_VERSION",

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from vyre_async._calibration.record import Calibration, _median
 from vyre_async._exports import public_dir as _public_dir
-from vyre_async.calibration.record import Calibration, _median
 from vyre_async.errors import UnsupportedFeature
 from vyre_async.ir.expr import u32
 from vyre_async.ir.program import Program
@@ -66,7 +66,7 @@ def measure_arm_overlap(
 
     Returns:
         Basis points in -10000..10000, or None when the probes could not run
-        (logged on the ``vyre_async.calibration`` logger).
+        (logged on the ``vyre_async._calibration`` logger).
     """
     from vyre_async.programs import elementwise_xor, histogram
 
@@ -126,7 +126,7 @@ def measure_resident_gain(
     """Measure how much faster a dispatch runs on resident buffers than on host arrays.
 
     The probe is an elementwise xor over ``elements`` words, run the two ways
-    the arm graph can run it (`vyre_async.graph.ArmGraph.run`): on host arrays
+    the arm graph can run it (`vyre_async._graph.ArmGraph.run`): on host arrays
     (``dispatch(xor, [a, b])``), and on resident buffers: both inputs uploaded
     once, the output a fresh zero-filled resident buffer (``alloc``) passed to
     the same kernel with that buffer READ_WRITE, freed afterwards. Every
@@ -147,7 +147,7 @@ def measure_resident_gain(
     Returns:
         Basis points in -10000..10000, or None when the backend has no resident
         buffers (its ``upload`` raised `UnsupportedFeature`) or the probe could
-        not run (logged on the ``vyre_async.calibration`` logger).
+        not run (logged on the ``vyre_async._calibration`` logger).
     """
     from vyre_async.programs import elementwise_xor
 

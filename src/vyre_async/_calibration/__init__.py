@@ -5,18 +5,17 @@ record/replay cost, persistent-kernel setup, host↔device bandwidth and compile
 cost (`VyreBackend.calibrate`, which asks its executor). The package holds, in
 three modules:
 
-- `vyre_async.calibration.record`: the `Calibration` record and its cache key;
-- `vyre_async.calibration.store`: where records live — `CalibrationStore` on
+- `vyre_async._calibration.record`: the `Calibration` record and its cache key;
+- `vyre_async._calibration.store`: where records live — `CalibrationStore` on
   disk, and `calibration_for`, which returns the cached record (in memory,
   then on disk keyed by backend id, version and device fingerprint) and
   measures only when asked to;
-- `vyre_async.calibration.probes`: the measurements a backend's ``calibrate``
+- `vyre_async._calibration.probes`: the measurements a backend's ``calibrate``
   runs (`measure_host_costs`, `measure_batch_costs`, `measure_arm_overlap`,
   `measure_resident_gain`) and their probe programs.
 """
 
-from vyre_async._exports import public_dir as _public_dir
-from vyre_async.calibration.probes import (
+from vyre_async._calibration.probes import (
     ARM_OVERLAP_PROBE_ELEMENTS,
     RESIDENT_GAIN_PROBE_ELEMENTS,
     launch_probe_program,
@@ -26,14 +25,15 @@ from vyre_async.calibration.probes import (
     measure_resident_gain,
     resident_gain_probe_program,
 )
-from vyre_async.calibration.record import CALIBRATION_FORMAT_VERSION, Calibration, calibration_key
-from vyre_async.calibration.store import (
+from vyre_async._calibration.record import CALIBRATION_FORMAT_VERSION, Calibration, calibration_key
+from vyre_async._calibration.store import (
     MAX_RECORD_BYTES,
     CalibrationStore,
     calibration_for,
     default_calibration_root,
     format_calibration,
 )
+from vyre_async._exports import public_dir as _public_dir
 
 __all__ = [
     "ARM_OVERLAP_PROBE_ELEMENTS",
