@@ -39,8 +39,7 @@ from typing import Any
 import anyio
 import numpy as np
 
-from vyre_async import DispatchConfig
-from vyre_async._graph import ArmGraph
+from vyre_async import ArmGraph, DispatchConfig
 from vyre_async.ir import (
     Access,
     Assign,
@@ -287,8 +286,7 @@ def dispatch_batch_modes(repeats: int) -> dict[str, Any]:
     """
     import tempfile
 
-    from vyre_async import compile
-    from vyre_async._calibration import CalibrationStore, calibration_for
+    from vyre_async import CalibrationStore, calibration_for, compile
     from vyre_async._execution import choose_execution_mode
     from vyre_async.programs import elementwise_xor
     from vyre_cupy import create_backend

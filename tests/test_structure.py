@@ -186,6 +186,6 @@ def later():
 
 def test_nothing_in_the_core_imports_the_authors_kit() -> None:
     # `vyre_async.abc` re-exports the engine's records for backend authors; the engine
-    # itself imports `vyre_async._executor` and `vyre_async._launch`, below it.
+    # itself imports them from `vyre_async._executor` and the modules below it.
     importers = sorted(name for name, edges in graph().items() if "vyre_async.abc" in edges)
     assert importers == []

@@ -84,8 +84,7 @@ class VyreBackend:
         disk_cache: Where compiled pipeline bytes persist across processes; only
             used by executors whose ``serialize_pipeline`` returns bytes.
         prefetch: Record every dispatch's shape and compile the predicted next
-            pipeline in the background (`vyre_async._prefetch`); ``backend.prefetcher``
-            is None when False.
+            pipeline in the background (``backend.prefetcher``, None when False).
         close_timeout: Seconds `aclose` waits for work it cannot stop at once
             before giving up on it (failing its dispatches with `BackendClosed`).
 

@@ -87,7 +87,7 @@ class DispatchConfig:
         grid_override: Workgroups per axis; inferred when ``None``.
         fixpoint_iterations: Launch this many times back to back with buffers
             carried over (``None`` = 1; 0 is rejected).
-        speculation: Shape-prediction prefetch (`vyre_async._prefetch`) for this
+        speculation: Shape-prediction prefetch (``backend.prefetcher``) for this
             dispatch: ``"auto"`` records its shape and compiles the predicted next
             pipeline in the background when the backend has a prefetcher;
             ``"disable"`` does neither; ``"force"`` is ``"auto"`` but raises

@@ -56,6 +56,7 @@ from vyre_async.errors import (
     host_out_of_memory,
 )
 from vyre_async.ir.program import Program
+from vyre_async.telemetry import _spans
 
 if TYPE_CHECKING:
     from vyre_async._execution import ExecutionDecision
@@ -389,7 +390,7 @@ class DispatchFrontEnd:
 
     def _fail(self, call: DispatchCall, exc: BaseException) -> None:
         """Report a call that raised before its launch (its span ends with ``exc``)."""
-        telemetry.fail_before_launch(call.trace, exc, self.executor.id, call.program)
+        _spans.fail_before_launch(call.trace, exc, self.executor.id, call.program)
 
     def _reject(
         self,
@@ -491,7 +492,7 @@ class DispatchFrontEnd:
         )
         trace = call.trace
         if trace is not None:
-            telemetry.attach(trace, pending, template, executor.id)
+            _spans.attach(trace, pending, template, executor.id)
             if call.compile_phase is not None and trace.span is not None:  # phases of spans
                 completer.record_phase("vyre.compile", *call.compile_phase)
         prefetcher = self.prefetcher

@@ -114,7 +114,7 @@ class CompiledPipeline:
         Every input set is checked and planned before anything starts, so a bad
         one raises with nothing launched. The primary execution mode for the
         batch (plain launches, graph replay or a persistent kernel) is chosen by
-        `vyre_async._execution.choose_execution_mode` from the backend's
+        the execution-mode policy (``docs/policies.md``) from the backend's
         capabilities and cached calibration, with ``B = R = len(batch)``, and the
         executor runs the batch that way where it can (`Executor.enqueue_batch`).
         Every dispatch span records the verdict (``vyre.policy.execution_mode``,

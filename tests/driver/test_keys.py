@@ -14,7 +14,7 @@ The keys:
 
 1. the pipeline identity (`vyre_async._cache.identity.pipeline_identity`, as
    `PipelineStore` uses it: its identity memo, the memory LRU, the disk cache);
-2. the launch template (`DispatchFrontEnd.template`: program, config, pipeline
+2. the launch template (`DispatchFrontEnd._plan` and `_new_template`: program, config, pipeline
    identity, input sizes);
 3. the prefetcher's shape fingerprint (identity digest, grid, workgroup).
 

@@ -413,7 +413,7 @@ async def test_a_sampled_out_dispatch_builds_nothing_yet_is_counted(
             pending = backend.dispatch(XOR, INPUTS)
             await pending
             record = pending.record
-            assert record.trace is None or record.trace.span is None
+            assert record.trace is not None and record.trace.span is None  # metered only
             assert record.phases is None
             assert not any(k.startswith("vyre.prefetch") for k in record.attributes or {})
     finally:

@@ -481,6 +481,44 @@ def test_a_backend_refusing_the_launch_is_a_rejection(
     assert reported == []
 
 
+class StartsThenRaises(Scripted):
+    """Settles the launch, then raises from ``enqueue`` (a backend that fails late)."""
+
+    id = "scripted"
+
+    def enqueue(self, launch: Launch) -> None:
+        super().enqueue(launch)
+        raise RuntimeError("raised after the work settled")
+
+
+def test_a_rejection_that_wins_the_claim_from_the_settling_counts_it_once(
+    monkeypatch: pytest.MonkeyPatch, reported: list[Any]
+) -> None:
+    """The settling dispatch read its trace, then the front end's rejection claimed it first.
+
+    Forced interleaving: the rejection runs between ``finish_dispatch`` reading the
+    record's trace and its claim. The dispatch is counted once, as rejected: no
+    cache, byte or duration points of a dispatch that ran.
+    """
+    sdk = _install(monkeypatch)
+    claim = _spans._claim
+    raced: list[Any] = []
+
+    def rejection_first(started: Any) -> Any:
+        if started is not None and not raced:
+            raced.append(started)
+            _spans.fail_before_launch(started, RuntimeError("first"), "scripted", XOR)
+        return claim(started)
+
+    monkeypatch.setattr(_spans, "_claim", rejection_first)
+    with pytest.raises(RuntimeError, match="raised after the work settled"):
+        backend_of(StartsThenRaises).dispatch(XOR, INPUTS)
+    assert len(raced) == 1
+    assert sdk.counts() == {("vyre.dispatch.count", "std.xor", "rejected"): 1}
+    assert sdk.series("vyre.dispatch.duration") == {}
+    assert reported == []
+
+
 def test_a_dispatch_refused_before_launch_opens_its_span_with_the_programs_attributes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -1111,7 +1149,7 @@ def test_a_rejection_that_telemetry_fails_to_record_is_reported_never_raised(
     monkeypatch.setattr(_spans, "_record_rejection", broken)
     monkeypatch.setattr(threading, "excepthook", reported.append)
     started: Any = SimpleNamespace(record=None)
-    telemetry.fail_before_launch(started, InvalidProgram("bad"), "scripted", XOR)
+    _spans.fail_before_launch(started, InvalidProgram("bad"), "scripted", XOR)
     assert [(r.exc_type, r.exc_value) for r in reported] == [(RuntimeError, bug)]
 
 

@@ -66,7 +66,7 @@ def measure_arm_overlap(
 
     Returns:
         Basis points in -10000..10000, or None when the probes could not run
-        (logged on the ``vyre_async._calibration`` logger).
+        (logged on the ``vyre_async.calibration`` logger).
     """
     from vyre_async.programs import elementwise_xor, histogram
 
@@ -147,7 +147,7 @@ def measure_resident_gain(
     Returns:
         Basis points in -10000..10000, or None when the backend has no resident
         buffers (its ``upload`` raised `UnsupportedFeature`) or the probe could
-        not run (logged on the ``vyre_async._calibration`` logger).
+        not run (logged on the ``vyre_async.calibration`` logger).
     """
     from vyre_async.programs import elementwise_xor
 

@@ -194,7 +194,7 @@ class CalibrationStore:
         """Return the stored record of that device, or None.
 
         None when nothing is there, and, with a warning on the
-        ``vyre_async._calibration`` logger, when the file there is not a
+        ``vyre_async.calibration`` logger, when the file there is not a
         regular file (a symlink is not followed, a FIFO not waited on), is
         larger than `MAX_RECORD_BYTES`, cannot be read, is corrupt or of
         another format version, or holds another device's record.

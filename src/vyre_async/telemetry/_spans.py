@@ -402,7 +402,9 @@ def _record_rejection(
                 return  # settled and counted already, or nothing of it is recorded
             started.claimed = False
             span, started.span = started.span, None
-            # Counted here as rejected: its settling (never launched) counts nothing more.
+            # Counted here as rejected: its settling (never launched) counts nothing more,
+            # even when it already holds this trace (it reads the facts after its claim).
+            started.facts = None
             record.on_settled = None
             record.on_await_cancelled = None
             record.trace = None
