@@ -1,0 +1,589 @@
+"""The WebGPU executor: WGSL on Vulkan, Metal or D3D12 through wgpu-py.
+
+One device per executor, and one **device thread** per device that does
+everything that can block: writing inputs, submitting, and mapping the
+read-back buffer. On lavapipe a submit waits for the previous submission and
+a read map submits first, so any of them on the event loop could stall it for
+the length of a kernel; here the loop only hands a job to the thread.
+
+A dispatch is one job: fresh storage buffers (WebGPU zero-fills them: the
+IR's WRITE buffers start at zero), the inputs written with
+``queue.write_buffer``, one compute pass, one copy of every output into one
+read-back buffer, one submit, one map. ``dispatch_batch`` records all its
+launches in one command buffer and submits once. A grid wider than the
+adapter's ``max-compute-workgroups-per-dimension`` is refused before launch
+(the driver checks ``max_grid_size``).
+
+Lavapipe (Mesa's CPU Vulkan driver) ends every loop of an invocation after
+65 535 iterations in all. On that adapter the shaders carry a loop guard
+(`vyre_wgpu.codegen`) and a dispatch whose loop was cut fails with
+`UnsupportedFeature` instead of returning wrong outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from vyre_async.abc import (
+    BackendCapabilities,
+    BindingPlan,
+    DispatchConfig,
+    Executor,
+    Launch,
+    poll_until,
+)
+from vyre_async.abc import public_dir as _public_dir
+from vyre_async.errors import (
+    BackendClosed,
+    BackendError,
+    DeviceOutOfMemory,
+    DispatchFailed,
+    DispatchTimeout,
+    KernelCompileFailed,
+    UnsupportedFeature,
+)
+from vyre_async.ir.program import Program
+from vyre_async.ir.types import Access
+from vyre_wgpu.codegen import CODEGEN_VERSION, ENTRY, ShaderSource, generate
+from vyre_wgpu.prelude import PRELUDE_DIGEST
+
+if TYPE_CHECKING:
+    from vyre_async.abc import ExecutionDecision, VyreBackend
+
+__all__ = [
+    "ADAPTER_ENV",
+    "LAVAPIPE_LOOP_CAP",
+    "WgpuExecutor",
+    "create_backend",
+    "probe",
+    "select_adapter",
+]
+__dir__ = _public_dir(__name__)
+
+_log = logging.getLogger("vyre_async.wgpu")
+
+#: The executor's version (part of every cache identity).
+VERSION = "0.1.0"
+#: Environment setting that picks the adapter: ``gpu`` (hardware only), ``cpu``
+#: (a CPU adapter such as lavapipe only) or ``any`` (hardware first, then CPU).
+ADAPTER_ENV = "VYRE_WGPU_ADAPTER"
+#: Loop iterations lavapipe runs per invocation, all loops together, before it
+#: silently ends them (Mesa's ``LP_MAX_TGSI_LOOP_ITERATIONS``).
+LAVAPIPE_LOOP_CAP = 65_535
+#: GPU APIs whose integer semantics the generated WGSL relies on. OpenGL/GLES
+#: (wgpu's fallback) is left out: Mesa's GL gets integer remainders wrong.
+_BACKENDS = ("Vulkan", "Metal", "D3D12")
+_HARDWARE = ("DiscreteGPU", "IntegratedGPU", "VirtualGPU")
+_DRIVER_FIX = (
+    "install a Vulkan driver: your GPU vendor's, or Mesa's CPU driver lavapipe for tests "
+    "(Debian/Ubuntu: apt-get install mesa-vulkan-drivers libvulkan1); on macOS and Windows "
+    "wgpu uses Metal and D3D12"
+)
+_INSTALL_FIX = "pip install 'vyre-async[wgpu]' (wgpu-py, which bundles wgpu-native)"
+
+#: Limits requested from the adapter (its own maxima, not WebGPU's defaults).
+_LIMITS = (
+    "max-storage-buffer-binding-size",
+    "max-buffer-size",
+    "max-storage-buffers-per-shader-stage",
+    "max-compute-workgroup-storage-size",
+    "max-compute-invocations-per-workgroup",
+    "max-compute-workgroup-size-x",
+    "max-compute-workgroup-size-y",
+    "max-compute-workgroup-size-z",
+    "max-compute-workgroups-per-dimension",
+    "max-bindings-per-bind-group",
+)
+
+
+def _import_wgpu() -> Any:
+    try:
+        import wgpu
+    except ImportError as exc:
+        raise UnsupportedFeature(
+            f"the wgpu backend needs wgpu-py, which is not installed ({exc})",
+            fix=_INSTALL_FIX,
+            feature="wgpu",
+        ) from exc
+    return wgpu
+
+
+def _adapter_choice(adapter: str | None) -> str:
+    choice = (adapter or os.environ.get(ADAPTER_ENV) or "any").strip().lower()
+    if choice not in ("gpu", "cpu", "any"):
+        raise UnsupportedFeature(
+            f"{ADAPTER_ENV}={choice!r} is not an adapter choice",
+            fix=f"set {ADAPTER_ENV} to gpu, cpu or any (or leave it unset: any)",
+            feature="wgpu adapter",
+        )
+    return choice
+
+
+def select_adapter(adapter: str | None = None) -> Any:
+    """Return the wgpu adapter this machine offers for compute, best first.
+
+    Hardware adapters (discrete, then integrated) come before CPU ones; a CPU
+    adapter is taken only when ``adapter`` (or `ADAPTER_ENV`) is ``cpu`` or
+    ``any``. Only Vulkan, Metal and D3D12 adapters are considered.
+
+    Raises:
+        UnsupportedFeature: wgpu-py is missing, or no adapter qualifies (the Fix
+            names the driver package).
+    """
+    wgpu = _import_wgpu()
+    choice = _adapter_choice(adapter)
+    _runtime_dir()
+    try:
+        found = list(wgpu.gpu.enumerate_adapters_sync())
+    except Exception as exc:
+        raise UnsupportedFeature(
+            f"wgpu could not list adapters: {type(exc).__name__}: {exc}",
+            fix=_DRIVER_FIX,
+            feature="wgpu adapter",
+        ) from exc
+    seen = [f"{a.info.get('device', '?')} ({a.info.get('backend_type', '?')}, "
+            f"{a.info.get('adapter_type', '?')})" for a in found]
+    usable = [a for a in found if a.info.get("backend_type") in _BACKENDS]
+    hardware = [a for a in usable if a.info.get("adapter_type") in _HARDWARE]
+    cpu = [a for a in usable if a.info.get("adapter_type") not in _HARDWARE]
+    hardware.sort(key=lambda a: _HARDWARE.index(a.info.get("adapter_type")))
+    ranked = {"gpu": hardware, "cpu": cpu, "any": hardware + cpu}[choice]
+    if ranked:
+        return ranked[0]
+    what = {"gpu": "hardware GPU", "cpu": "CPU", "any": "Vulkan, Metal or D3D12"}[choice]
+    fix = _DRIVER_FIX
+    if choice == "gpu" and cpu:
+        fix = f"set {ADAPTER_ENV}=cpu to run on the CPU adapter, or {_DRIVER_FIX}"
+    raise UnsupportedFeature(
+        f"no {what} adapter found (adapters seen: {', '.join(seen) or 'none'})",
+        fix=fix,
+        feature="wgpu adapter",
+    )
+
+
+def _runtime_dir() -> None:
+    """Give Mesa's drivers a runtime and shader-cache directory when the user set none."""
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        import tempfile
+
+        path = os.path.join(tempfile.gettempdir(), f"vyre-xdg-{os.getuid()}")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.environ["XDG_RUNTIME_DIR"] = path
+    if not os.environ.get("MESA_SHADER_CACHE_DIR"):
+        from vyre_async.abc import default_cache_root
+
+        path = default_cache_root() / "mesa"
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError:  # a read-only home: Mesa then keeps its own default
+            return
+        os.environ["MESA_SHADER_CACHE_DIR"] = str(path)
+
+
+def probe() -> dict[str, str]:
+    """Return the adapter `create_backend` would use, without creating a device.
+
+    Raises:
+        UnsupportedFeature: see `select_adapter`.
+    """
+    return dict(select_adapter().info)
+
+
+def create_backend(*, adapter: str | None = None, **kwargs: Any) -> VyreBackend:
+    """Build the ``wgpu`` backend: ``VyreBackend(WgpuExecutor(adapter=adapter), **kwargs)``.
+
+    The registry's factory.
+
+    Args:
+        adapter: ``gpu``, ``cpu`` or ``any`` (default: `ADAPTER_ENV`, else ``any``).
+        **kwargs: Passed to `VyreBackend`.
+
+    Raises:
+        UnsupportedFeature: no wgpu-py or no adapter (the Fix says what to install).
+    """
+    from vyre_async.abc import VyreBackend
+
+    return VyreBackend(WgpuExecutor(adapter=adapter), **kwargs)
+
+
+@dataclass(slots=True)
+class _Native:
+    """A compiled program: its shader, module and bind group layout; pipelines by workgroup."""
+
+    shader: ShaderSource
+    module: Any
+    group_layout: Any
+    layout: Any
+    pipelines: dict[tuple[int, int, int], Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Shape:
+    """What one launch shape fixes: pipeline, sizes, the info block, the read-back layout."""
+
+    pipeline: Any
+    grid: tuple[int, int, int]
+    sizes: tuple[int, ...]  # bytes of each storage binding (>= 4)
+    info: bytes
+    outputs: tuple[tuple[int, int, int, Any], ...]  # (binding, offset, nbytes, dtype)
+    readback_bytes: int
+    status_offset: int | None
+    info_buffer: Any = None
+
+
+class WgpuExecutor(Executor):
+    """Runs programs as WGSL compute shaders on one wgpu device.
+
+    Args:
+        adapter: ``gpu``, ``cpu`` or ``any`` (see `select_adapter`).
+    """
+
+    id = "wgpu"
+    version = VERSION
+
+    def __init__(self, *, adapter: str | None = None) -> None:
+        self._wgpu = _import_wgpu()
+        wgpu = self._wgpu
+        self._adapter = select_adapter(adapter)
+        info = dict(self._adapter.info)
+        self.adapter_info = info
+        self.cpu_adapter = info.get("adapter_type") not in _HARDWARE
+        self.loop_cap = LAVAPIPE_LOOP_CAP if "llvmpipe" in str(info.get("device", "")) else None
+        limits = dict(self._adapter.limits)
+        required = {k: limits[k] for k in _LIMITS if k in limits}
+        try:
+            self._device = self._adapter.request_device_sync(required_limits=required)
+        except Exception as exc:
+            raise UnsupportedFeature(
+                f"wgpu could not open a device on {info.get('device')!r}: {exc}",
+                fix=_DRIVER_FIX,
+                feature="wgpu device",
+            ) from exc
+        self._limits = dict(self._device.limits)
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._closed = False
+        self._lost = False
+        self._in_flight = 0
+        self._count_lock = threading.Lock()
+        self._usage_storage = (
+            wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+        )
+        self._usage_readback = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+        self._usage_uniform = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
+        self._thread = threading.Thread(target=self._run, name="vyre-wgpu-device", daemon=True)
+        self._thread.start()
+
+    # Identity and description ------------------------------------------------------
+    def capabilities(self) -> BackendCapabilities:
+        lim = self._limits
+        per_axis = int(lim.get("max-compute-workgroups-per-dimension", 65_535))
+        kind = "CPU adapter" if self.cpu_adapter else str(self.adapter_info.get("adapter_type"))
+        return BackendCapabilities(
+            async_compute=False,  # one queue: dispatches run one after another
+            max_workgroup_size=(
+                int(lim["max-compute-workgroup-size-x"]),
+                int(lim["max-compute-workgroup-size-y"]),
+                int(lim["max-compute-workgroup-size-z"]),
+            ),
+            max_workgroup_lanes=int(lim["max-compute-invocations-per-workgroup"]),
+            max_storage_buffer_bytes=int(lim["max-storage-buffer-binding-size"]),
+            max_workgroup_memory_bytes=int(lim["max-compute-workgroup-storage-size"]),
+            max_grid_size=(per_axis, per_axis, per_axis),
+            device_name=f"{self.adapter_info.get('device', '?')} "
+            f"({self.adapter_info.get('backend_type', '?')}, {kind})",
+            cpu_device=self.cpu_adapter,
+        )
+
+    def device_fingerprint(self) -> str:
+        info = self.adapter_info
+        return "|".join(
+            str(info.get(k, ""))
+            for k in ("vendor", "device", "description", "backend_type", "adapter_type")
+        )
+
+    def compiler_fingerprint(self) -> str:
+        return (
+            f"wgpu-py {self._wgpu.__version__}; codegen {CODEGEN_VERSION}; "
+            f"prelude {PRELUDE_DIGEST}; loop guard {self.loop_cap is not None}"
+        )
+
+    # Pipelines ---------------------------------------------------------------------
+    def build_pipeline(self, program: Program, config: DispatchConfig) -> _Native:
+        shader = generate(program, loop_guard=self.loop_cap is not None)
+        return self._compile(shader)
+
+    def _compile(self, shader: ShaderSource) -> _Native:
+        wgpu = self._wgpu
+        device = self._device
+        try:
+            module = device.create_shader_module(code=shader.source)
+        except Exception as exc:
+            raise KernelCompileFailed(
+                f"wgpu rejected the generated WGSL: {exc}",
+                fix="report the program's wire bytes to the vyre-async maintainers: "
+                "generated code must always compile",
+                source=shader.source,
+            ) from exc
+        entries = []
+        for binding in shader.bindings:
+            kind = (
+                wgpu.BufferBindingType.read_only_storage
+                if binding.decl.access in (Access.READ, Access.UNIFORM)
+                else wgpu.BufferBindingType.storage
+            )
+            entries.append(
+                {"binding": binding.index, "visibility": wgpu.ShaderStage.COMPUTE,
+                 "buffer": {"type": kind}}
+            )
+        entries.append(
+            {"binding": shader.info_binding, "visibility": wgpu.ShaderStage.COMPUTE,
+             "buffer": {"type": wgpu.BufferBindingType.uniform}}
+        )
+        if shader.status_binding is not None:
+            entries.append(
+                {"binding": shader.status_binding, "visibility": wgpu.ShaderStage.COMPUTE,
+                 "buffer": {"type": wgpu.BufferBindingType.storage}}
+            )
+        group_layout = device.create_bind_group_layout(entries=entries)
+        layout = device.create_pipeline_layout(bind_group_layouts=[group_layout])
+        return _Native(shader=shader, module=module, group_layout=group_layout, layout=layout)
+
+    def serialize_pipeline(self, native: Any) -> bytes | None:
+        return None
+
+    # Dispatch ----------------------------------------------------------------------
+    def plan_shape(self, native: Any, plan: BindingPlan, config: DispatchConfig) -> _Shape:
+        shader: ShaderSource = native.shader
+        workgroup = plan.geometry.workgroup
+        pipeline = native.pipelines.get(workgroup)
+        if pipeline is None:
+            constants = {"vy_wx": workgroup[0], "vy_wy": workgroup[1], "vy_wz": workgroup[2]}
+            try:
+                pipeline = self._device.create_compute_pipeline(
+                    layout=native.layout,
+                    compute={"module": native.module, "entry_point": ENTRY, "constants": constants},
+                )
+            except Exception as exc:
+                raise KernelCompileFailed(
+                    f"wgpu could not build the compute pipeline for workgroup {workgroup}: {exc}",
+                    fix="report the program's wire bytes to the vyre-async maintainers",
+                ) from exc
+            native.pipelines[workgroup] = pipeline
+        counts = dict(zip((d.name for d in plan.program.buffers), plan.counts, strict=True))
+        lens = [counts[b.name] for b in shader.bindings]
+        words = np.zeros(shader.info_words, np.uint32)
+        words[: len(lens)] = lens
+        grid = plan.geometry.grid
+        words[shader.info_words - 4 : shader.info_words - 1] = grid
+        sizes = tuple(max(4, 4 * n) for n in lens)
+        outputs = []
+        offset = 0
+        by_name = {b.name: b for b in shader.bindings}
+        for decl in plan.outputs:
+            binding = by_name[decl.name]
+            nbytes = 4 * counts[decl.name]
+            outputs.append((binding.index, offset, nbytes, decl.dtype.numpy))
+            offset += (nbytes + 3) // 4 * 4
+        status_offset = None
+        if shader.status_binding is not None:
+            status_offset = offset
+            offset += 4
+        return _Shape(
+            pipeline=pipeline,
+            grid=grid,
+            sizes=sizes,
+            info=words.tobytes(),
+            outputs=tuple(outputs),
+            readback_bytes=max(4, offset),
+            status_offset=status_offset,
+        )
+
+    def enqueue(self, launch: Launch) -> None:
+        self._submit([launch])
+
+    def enqueue_batch(self, launches: Sequence[Launch], decision: ExecutionDecision) -> None:
+        from vyre_async.abc import annotate_mode
+
+        annotate_mode(launches, decision, "plain")
+        self._submit(list(launches))
+
+    def _submit(self, launches: list[Launch]) -> None:
+        if self._closed:
+            raise BackendClosed("the wgpu backend is closed", fix="acquire a new backend")
+        with self._count_lock:
+            self._in_flight += len(launches)
+        self._queue.put(launches)
+
+    # The device thread -------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            launches = self._queue.get()
+            if launches is None:
+                return
+            try:
+                self._run_job(launches)
+            except BaseException as exc:  # a bug here must not end the device thread
+                for launch in launches:
+                    launch.completer.fail(self._failure(exc))
+            finally:
+                with self._count_lock:
+                    self._in_flight -= len(launches)
+
+    def _run_job(self, launches: list[Launch]) -> None:
+        live = []
+        for launch in launches:
+            completer = launch.completer
+            if self._closed:
+                completer.fail(_closed_error())
+            elif completer.should_stop():
+                completer.fail(_stopped(launch))
+            else:
+                live.append(launch)
+        if not live:
+            return
+        device = self._device
+        encoder = device.create_command_encoder()
+        readbacks = []
+        for launch in live:
+            launch.completer.mark_started()
+            readbacks.append(self._record(encoder, launch))
+        start = time.perf_counter()
+        device.queue.submit([encoder.finish()])
+        for launch, readback in zip(live, readbacks, strict=True):
+            shape: _Shape = launch.shape
+            readback.map_sync(self._wgpu.MapMode.READ)
+            data = readback.read_mapped(copy=True)
+            readback.unmap()
+            readback.destroy()
+            device_s = time.perf_counter() - start
+            raw = np.frombuffer(data, np.uint8)
+            if shape.status_offset is not None:
+                status = int(raw[shape.status_offset : shape.status_offset + 4].view(np.uint32)[0])
+                if status:
+                    launch.completer.fail(_loop_cut(launch, self.loop_cap))
+                    continue
+            outputs = [
+                raw[offset : offset + nbytes].view(dtype).copy()
+                for _, offset, nbytes, dtype in shape.outputs
+            ]
+            launch.completer.resolve(outputs, device_s=device_s)
+
+    def _record(self, encoder: Any, launch: Launch) -> Any:
+        device = self._device
+        native: _Native = launch.pipeline.native
+        shape: _Shape = launch.shape
+        shader = native.shader
+        if shape.info_buffer is None:
+            shape.info_buffer = device.create_buffer_with_data(
+                data=shape.info, usage=self._usage_uniform
+            )
+        inputs = dict(zip((d.name for d in launch.plan.inputs), launch.inputs, strict=True))
+        buffers = []
+        entries = []
+        for binding, size in zip(shader.bindings, shape.sizes, strict=True):
+            host = inputs.get(binding.name)
+            if host is not None and host.nbytes:
+                buffer = device.create_buffer_with_data(
+                    data=np.ascontiguousarray(host).view(np.uint8), usage=self._usage_storage
+                )
+            else:
+                buffer = device.create_buffer(size=size, usage=self._usage_storage)
+            buffers.append(buffer)
+            entries.append({"binding": binding.index, "resource": {"buffer": buffer}})
+        entries.append(
+            {"binding": shader.info_binding, "resource": {"buffer": shape.info_buffer}}
+        )
+        status = None
+        if shader.status_binding is not None:
+            status = device.create_buffer(size=4, usage=self._usage_storage)
+            entries.append({"binding": shader.status_binding, "resource": {"buffer": status}})
+        group = device.create_bind_group(layout=native.group_layout, entries=entries)
+        compute = encoder.begin_compute_pass()
+        compute.set_pipeline(shape.pipeline)
+        compute.set_bind_group(0, group)
+        for _ in range(launch.config.iterations):  # fixpoint: buffers carry over
+            compute.dispatch_workgroups(*shape.grid)
+        compute.end()
+        readback = device.create_buffer(size=shape.readback_bytes, usage=self._usage_readback)
+        for index, offset, nbytes, _ in shape.outputs:
+            if nbytes:
+                encoder.copy_buffer_to_buffer(buffers[index], 0, readback, offset, nbytes)
+        if status is not None and shape.status_offset is not None:
+            encoder.copy_buffer_to_buffer(status, 0, readback, shape.status_offset, 4)
+        return readback
+
+    def _failure(self, exc: BaseException) -> BackendError:
+        if isinstance(exc, BackendError):
+            return exc
+        text = f"{type(exc).__name__}: {exc}"
+        if "out of memory" in text.lower():
+            return DeviceOutOfMemory(
+                f"the wgpu device ran out of memory: {text}",
+                fix="dispatch smaller inputs, or fewer at once",
+            )
+        return DispatchFailed(f"the wgpu dispatch failed: {text}")
+
+    # Lifecycle ---------------------------------------------------------------------
+    async def flush(self) -> None:
+        await poll_until(lambda: self._in_flight == 0)
+
+    async def close(self, timeout: float) -> None:  # noqa: ASYNC109 - the contract's bound
+        """Refuse new work, settle queued dispatches with `BackendClosed`, wait for the running one.
+
+        A submitted WebGPU command buffer cannot be stopped: closing waits for
+        it at most ``timeout`` seconds (without blocking the event loop); past
+        that its dispatch fails with `BackendClosed` and the device thread (a
+        daemon) is left to finish it.
+        """
+        import anyio
+
+        self._closed = True
+        self._queue.put(None)
+        with anyio.move_on_after(timeout):
+            await poll_until(lambda: not self._thread.is_alive())
+        if self._thread.is_alive():
+            _log.warning(
+                "wgpu backend closed with a dispatch still running after %.1f s", timeout
+            )
+
+    def device_lost(self) -> bool:
+        return self._lost
+
+
+def _closed_error() -> BackendClosed:
+    return BackendClosed(
+        "the wgpu backend was closed before this dispatch ran",
+        fix="await the dispatches you need (or backend.flush()) before closing",
+    )
+
+
+def _called(launch: Launch) -> str:
+    label = launch.config.label
+    return f"dispatch {label!r}" if label else "the dispatch"
+
+
+def _stopped(launch: Launch) -> DispatchTimeout:
+    return DispatchTimeout(
+        f"{_called(launch)} was stopped before it ran: its timeout passed or its result "
+        "was no longer wanted",
+        fix="raise DispatchConfig(timeout=...) or dispatch fewer at once",
+    )
+
+
+def _loop_cut(launch: Launch, cap: int | None) -> UnsupportedFeature:
+    return UnsupportedFeature(
+        f"{_called(launch)} of {launch.plan.program.op_id or 'a program'} needs more loop "
+        f"iterations per lane than this adapter runs: lavapipe ends the loops of an invocation "
+        f"after {cap} iterations in all, so its outputs would be wrong and were discarded",
+        fix="run it on a hardware adapter, or split the loop over more lanes or dispatches",
+        feature="long loops",
+    )
