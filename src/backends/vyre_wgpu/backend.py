@@ -53,7 +53,7 @@ from vyre_async.errors import (
 )
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import Access
-from vyre_wgpu.codegen import CODEGEN_VERSION, ENTRY, ShaderSource, generate
+from vyre_wgpu.codegen import CODEGEN_VERSION, ENTRY, STATE_HEADER_WORDS, ShaderSource, generate
 from vyre_wgpu.prelude import PRELUDE_DIGEST
 
 if TYPE_CHECKING:
@@ -240,6 +240,24 @@ class _Shape:
     info_buffer: Any = None
 
 
+@dataclass(slots=True)
+class _Bound:
+    """One launch's buffers and bind group."""
+
+    group: Any
+    buffers: list[Any]
+    status: Any
+    state: Any
+
+
+def _status(raw: np.ndarray, offset: int) -> int:
+    return int(raw[offset : offset + 4].view(np.uint32)[0])
+
+
+def _outputs(raw: np.ndarray, shape: _Shape) -> list[np.ndarray]:
+    return [raw[offset : offset + nbytes].view(dtype).copy() for _, offset, nbytes, dtype in shape.outputs]
+
+
 class WgpuExecutor(Executor):
     """Runs programs as WGSL compute shaders on one wgpu device.
 
@@ -348,11 +366,12 @@ class WgpuExecutor(Executor):
             {"binding": shader.info_binding, "visibility": wgpu.ShaderStage.COMPUTE,
              "buffer": {"type": wgpu.BufferBindingType.uniform}}
         )
-        if shader.status_binding is not None:
-            entries.append(
-                {"binding": shader.status_binding, "visibility": wgpu.ShaderStage.COMPUTE,
-                 "buffer": {"type": wgpu.BufferBindingType.storage}}
-            )
+        for extra in (shader.status_binding, shader.state_binding):
+            if extra is not None:
+                entries.append(
+                    {"binding": extra, "visibility": wgpu.ShaderStage.COMPUTE,
+                     "buffer": {"type": wgpu.BufferBindingType.storage}}
+                )
         group_layout = device.create_bind_group_layout(entries=entries)
         layout = device.create_pipeline_layout(bind_group_layouts=[group_layout])
         return _Native(shader=shader, module=module, group_layout=group_layout, layout=layout)
@@ -439,15 +458,7 @@ class WgpuExecutor(Executor):
                     self._in_flight -= len(launches)
 
     def _run_job(self, launches: list[Launch]) -> None:
-        live = []
-        for launch in launches:
-            completer = launch.completer
-            if self._closed:
-                completer.fail(_closed_error())
-            elif completer.should_stop():
-                completer.fail(_stopped(launch))
-            else:
-                live.append(launch)
+        live = [launch for launch in launches if self._still_wanted(launch)]
         if not live:
             return
         device = self._device
@@ -455,29 +466,97 @@ class WgpuExecutor(Executor):
         readbacks = []
         for launch in live:
             launch.completer.mark_started()
-            readbacks.append(self._record(encoder, launch))
+            bound = self._bind(launch, sliced=False)
+            self._encode(encoder, launch, bound, launch.config.iterations)
+            readbacks.append(self._encode_readback(encoder, launch, bound))
         start = time.perf_counter()
         device.queue.submit([encoder.finish()])
         for launch, readback in zip(live, readbacks, strict=True):
             shape: _Shape = launch.shape
-            readback.map_sync(self._wgpu.MapMode.READ)
-            data = readback.read_mapped(copy=True)
-            readback.unmap()
-            readback.destroy()
-            device_s = time.perf_counter() - start
-            raw = np.frombuffer(data, np.uint8)
-            if shape.status_offset is not None:
-                status = int(raw[shape.status_offset : shape.status_offset + 4].view(np.uint32)[0])
-                if status:
+            raw = self._read(readback)
+            if shape.status_offset is not None and _status(raw, shape.status_offset):
+                if launch.pipeline.native.shader.state_binding is None:
                     launch.completer.fail(_loop_cut(launch, self.loop_cap))
-                    continue
-            outputs = [
-                raw[offset : offset + nbytes].view(dtype).copy()
-                for _, offset, nbytes, dtype in shape.outputs
-            ]
-            launch.completer.resolve(outputs, device_s=device_s)
+                else:  # long loops: run it again from the start, in slices
+                    self._run_sliced(launch)
+                continue
+            device_s = time.perf_counter() - start
+            launch.completer.resolve(_outputs(raw, shape), device_s=device_s)
 
-    def _record(self, encoder: Any, launch: Launch) -> Any:
+    def _still_wanted(self, launch: Launch) -> bool:
+        """False (and the dispatch failed) once the backend closed or the result is unwanted."""
+        if self._closed:
+            launch.completer.fail(_closed_error())
+            return False
+        if launch.completer.should_stop():
+            launch.completer.fail(_stopped(launch))
+            return False
+        return True
+
+    def _run_sliced(self, launch: Launch) -> None:
+        """Run a launch whose loops outlast one slice, slice after slice (codegen `generate`).
+
+        Between slices the dispatch can be stopped (timeout, an unwanted result)
+        or ended by closing the backend, like at the start of any dispatch.
+        """
+        wgpu = self._wgpu
+        device = self._device
+        shape: _Shape = launch.shape
+        shader = launch.pipeline.native.shader
+        lanes = launch.plan.geometry.lanes
+        state_bytes = 4 * (STATE_HEADER_WORDS + lanes * shader.state_words)
+        limit = int(self._limits["max-storage-buffer-binding-size"])
+        if state_bytes > limit:
+            launch.completer.fail(
+                UnsupportedFeature(
+                    f"{_called(launch)} needs more loop iterations per lane than lavapipe runs "
+                    f"in one go, and slicing it would need {state_bytes} bytes of lane state "
+                    f"(this adapter binds at most {limit})",
+                    fix="run it on a hardware adapter, or dispatch fewer lanes at once",
+                    feature="long loops",
+                )
+            )
+            return
+        start = time.perf_counter()
+        bound = self._bind(launch, sliced=True, state_bytes=state_bytes)
+        status_back = device.create_buffer(size=4, usage=self._usage_readback)
+        zero = np.zeros(1, np.uint32)
+        for _ in range(launch.config.iterations):
+            slice_no = 0
+            while True:
+                if not self._still_wanted(launch):
+                    return
+                device.queue.write_buffer(bound.state, 0, np.array([slice_no], np.uint32))
+                device.queue.write_buffer(bound.status, 0, zero)
+                encoder = device.create_command_encoder()
+                self._encode(encoder, launch, bound, 1)
+                encoder.copy_buffer_to_buffer(bound.status, 0, status_back, 0, 4)
+                device.queue.submit([encoder.finish()])
+                status_back.map_sync(wgpu.MapMode.READ)
+                status = int(np.frombuffer(status_back.read_mapped(copy=True), np.uint32)[0])
+                status_back.unmap()
+                if status & 1:
+                    launch.completer.fail(_loop_cut(launch, self.loop_cap))
+                    return
+                if not status & 2:
+                    break
+                slice_no += 1
+        status_back.destroy()
+        encoder = device.create_command_encoder()
+        readback = self._encode_readback(encoder, launch, bound)
+        device.queue.submit([encoder.finish()])
+        raw = self._read(readback)
+        launch.completer.resolve(_outputs(raw, shape), device_s=time.perf_counter() - start)
+
+    def _read(self, readback: Any) -> np.ndarray:
+        readback.map_sync(self._wgpu.MapMode.READ)
+        data = readback.read_mapped(copy=True)
+        readback.unmap()
+        readback.destroy()
+        return np.frombuffer(data, np.uint8)
+
+    def _bind(self, launch: Launch, *, sliced: bool, state_bytes: int = 16) -> _Bound:
+        """Fresh buffers for one launch (inputs written, outputs zero) and their bind group."""
         device = self._device
         native: _Native = launch.pipeline.native
         shape: _Shape = launch.shape
@@ -499,26 +578,36 @@ class WgpuExecutor(Executor):
                 buffer = device.create_buffer(size=size, usage=self._usage_storage)
             buffers.append(buffer)
             entries.append({"binding": binding.index, "resource": {"buffer": buffer}})
-        entries.append(
-            {"binding": shader.info_binding, "resource": {"buffer": shape.info_buffer}}
-        )
-        status = None
+        entries.append({"binding": shader.info_binding, "resource": {"buffer": shape.info_buffer}})
+        status = state = None
         if shader.status_binding is not None:
             status = device.create_buffer(size=4, usage=self._usage_storage)
             entries.append({"binding": shader.status_binding, "resource": {"buffer": status}})
+        if shader.state_binding is not None:
+            state = device.create_buffer(size=state_bytes, usage=self._usage_storage)
+            entries.append({"binding": shader.state_binding, "resource": {"buffer": state}})
         group = device.create_bind_group(layout=native.group_layout, entries=entries)
+        return _Bound(group=group, buffers=buffers, status=status, state=state)
+
+    def _encode(self, encoder: Any, launch: Launch, bound: _Bound, iterations: int) -> None:
+        shape: _Shape = launch.shape
         compute = encoder.begin_compute_pass()
         compute.set_pipeline(shape.pipeline)
-        compute.set_bind_group(0, group)
-        for _ in range(launch.config.iterations):  # fixpoint: buffers carry over
+        compute.set_bind_group(0, bound.group)
+        for _ in range(iterations):  # fixpoint iterations: the buffers carry over
             compute.dispatch_workgroups(*shape.grid)
         compute.end()
-        readback = device.create_buffer(size=shape.readback_bytes, usage=self._usage_readback)
+
+    def _encode_readback(self, encoder: Any, launch: Launch, bound: _Bound) -> Any:
+        shape: _Shape = launch.shape
+        readback = self._device.create_buffer(
+            size=shape.readback_bytes, usage=self._usage_readback
+        )
         for index, offset, nbytes, _ in shape.outputs:
             if nbytes:
-                encoder.copy_buffer_to_buffer(buffers[index], 0, readback, offset, nbytes)
-        if status is not None and shape.status_offset is not None:
-            encoder.copy_buffer_to_buffer(status, 0, readback, shape.status_offset, 4)
+                encoder.copy_buffer_to_buffer(bound.buffers[index], 0, readback, offset, nbytes)
+        if bound.status is not None and shape.status_offset is not None:
+            encoder.copy_buffer_to_buffer(bound.status, 0, readback, shape.status_offset, 4)
         return readback
 
     def _failure(self, exc: BaseException) -> BackendError:

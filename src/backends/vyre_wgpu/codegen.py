@@ -116,6 +116,10 @@ class ShaderSource:
         info_words: Its size in 32-bit words (``lens`` padded to vec4s, then
             ``base`` and ``grid``, one vec4 each).
         status_binding: Binding number of ``vy_status``, or None (no loop guard).
+            Bit 0: a loop was cut (the outputs are wrong); bit 1: a lane suspended.
+        state_binding: Binding number of ``vy_state``, or None: the shader is
+            not sliced (see `generate`).
+        state_words: 32-bit words of one lane's saved state (sliced shaders).
         workgroup_size: The ``@workgroup_size``.
         workgroup_bytes: Workgroup memory the shader declares.
         uses_barrier: True when the shader has a barrier.
@@ -126,9 +130,18 @@ class ShaderSource:
     info_binding: int
     info_words: int
     status_binding: int | None
+    state_binding: int | None
+    state_words: int
     workgroup_size: tuple[int, int, int]
     workgroup_bytes: int
     uses_barrier: bool
+
+
+#: Loop iterations one lane runs in one slice of a sliced shader (below lavapipe's
+#: 65 535 per invocation, which every loop of the shader shares).
+SLICE_BUDGET = 60_000
+#: Words of ``vy_state`` before the first lane's record: [0] is the slice number.
+STATE_HEADER_WORDS = 4
 
 
 def generate(program: Program, *, loop_guard: bool = False) -> ShaderSource:
@@ -136,14 +149,51 @@ def generate(program: Program, *, loop_guard: bool = False) -> ShaderSource:
 
     Args:
         program: A valid program (run `vyre_async.ir.validate_or_raise` first).
-        loop_guard: Record in ``vy_status`` a loop that ended before its bound
-            (an adapter that cuts long loops, such as lavapipe, did it).
+        loop_guard: For an adapter that cuts long loops (lavapipe). A program
+            with loops and without barriers or workgroup memory is **sliced**:
+            each lane runs at most `SLICE_BUDGET` loop iterations per launch,
+            then saves its variables and where it was to its record in
+            ``vy_state`` and sets bit 1 of ``vy_status``; the executor launches
+            again with the next slice number in ``vy_state[0]`` and suspended
+            lanes resume where they stopped (lanes that finished do nothing).
+            A lane that cannot save (``vy_state`` too small: the executor's
+            first, unsliced attempt) sets bit 0 instead. Other programs record
+            in bit 0 a loop that ended before its bound.
 
     Raises:
         InvalidProgram: the program names an undeclared buffer or variable or is
             ill-typed (never for a valid program).
     """
     return _Emitter(program, loop_guard).run()
+
+
+def _loops_in(statements: tuple[Stmt, ...]) -> int:
+    count = 0
+    for stmt in statements:
+        match stmt:
+            case Loop(body=inner):
+                count += 1 + _loops_in(inner)
+            case If(then=then, orelse=orelse):
+                count += _loops_in(then) + _loops_in(orelse)
+            case Block(body=inner):
+                count += _loops_in(inner)
+    return count
+
+
+def _to_word(dtype: DType, value: str) -> str:
+    if dtype is DType.U32:
+        return value
+    if dtype is DType.BOOL:
+        return f"select(0u, 1u, {value})"
+    return f"bitcast<u32>({value})"
+
+
+def _from_word(dtype: DType, word: str) -> str:
+    if dtype is DType.U32:
+        return word
+    if dtype is DType.BOOL:
+        return f"({word} != 0u)"
+    return f"bitcast<{_VALUE_TYPE[dtype]}>({word})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +242,17 @@ class _Emitter:
         self.barriers = _has_barrier(program.body)
         self.uses_live = False
         self.uses_loop_guard = False
+        self.sliced = (
+            loop_guard
+            and not self.barriers
+            and not program.workgroup_buffers
+            and _loops_in(program.body) > 0
+        )
+        self.next_loop = 0
+        #: Sliced shaders: every saved variable's word in a lane record, and the
+        #: saved variables of each open scope.
+        self.slots: dict[str, tuple[int, DType]] = {}
+        self.slot_scopes: list[list[str]] = [[]]
         atomics = _atomic_buffers(program.body)
         self.buffers: dict[str, _Buffer] = {}
         self.bindings: list[ShaderBinding] = []
@@ -218,9 +279,11 @@ class _Emitter:
         self.line(f"{opener} {{" if opener else "{")
         self.depth += 1
         self.scopes.append({})
+        self.slot_scopes.append([])
         try:
             yield
         finally:
+            self.slot_scopes.pop()
             self.scopes.pop()
             self.depth -= 1
             self.line("}")
@@ -254,12 +317,17 @@ class _Emitter:
             "grid: vec4<u32> }",
             f"@group(0) @binding({info}) var<uniform> vy_info: VyInfo;",
         ]
-        status = None
-        if self.uses_loop_guard:
+        status = state = None
+        if self.uses_loop_guard or self.sliced:
             status = info + 1
             head.append(
                 f"@group(0) @binding({status}) var<storage, read_write> vy_status: "
                 "array<atomic<u32>>;"
+            )
+        if self.sliced:
+            state = info + 2
+            head.append(
+                f"@group(0) @binding({state}) var<storage, read_write> vy_state: array<u32>;"
             )
         shared_bytes = 0
         for buf in self.buffers.values():
@@ -302,6 +370,26 @@ class _Emitter:
             head.append("  workgroupBarrier();")
         if self.uses_live:
             head.append("  var vy_live: bool = true;")
+        words = 2 + len(self.slots)
+        if self.sliced:
+            head += [
+                "  let vy_tid = vy_lid.x + vy_wx * (vy_lid.y + vy_wy * vy_lid.z);",
+                "  let vy_lane = ((vy_wg.z * vy_info.grid.y + vy_wg.y) * vy_info.grid.x + vy_wg.x)"
+                " * (vy_wx * vy_wy * vy_wz) + vy_tid;",
+                f"  let vy_rec = {STATE_HEADER_WORDS}u + vy_lane * {words}u;",
+                f"  let vy_saves = vy_rec + {words}u <= arrayLength(&vy_state);",
+                "  let vy_slice = vy_state[0];",
+                f"  var vy_budget: u32 = {SLICE_BUDGET}u;",
+                "  var vy_resume: bool = false;",
+                "  var vy_at: u32 = 0u;",
+                "  if (vy_slice == 0u) {",
+                "    if (vy_saves) { vy_state[vy_rec] = 0u; }",
+                "  } else {",
+                "    if (!vy_saves || vy_state[vy_rec] != vy_slice) { return; }",
+                "    vy_resume = true;",
+                "    vy_at = vy_state[vy_rec + 1u];",
+                "  }",
+            ]
         source = "\n".join([PRELUDE.rstrip("\n"), *head, *body, "}", ""])
         return ShaderSource(
             source=source,
@@ -309,6 +397,8 @@ class _Emitter:
             info_binding=info,
             info_words=4 * lens_vec4 + 8,
             status_binding=status,
+            state_binding=state,
+            state_words=words if self.sliced else 0,
             workgroup_size=(wx, wy, wz),
             workgroup_bytes=shared_bytes,
             uses_barrier=self.barriers,
@@ -329,6 +419,9 @@ class _Emitter:
             yield
 
     def stmt(self, stmt: Stmt) -> None:
+        if self.sliced:
+            self.sliced_stmt(stmt)
+            return
         guarded = self.barriers  # a program with barriers keeps returned lanes walking
         match stmt:
             case Let(name=name, value=value):
@@ -401,6 +494,136 @@ class _Emitter:
                     f"unknown statement {stmt!r}",
                     fix="build programs from vyre_async.ir statements",
                 )
+
+    # Sliced statements -------------------------------------------------------------
+    def slot(self, cname: str, dtype: DType) -> int:
+        """Give ``cname`` a word of the lane record (saved when a lane suspends)."""
+        index = 2 + len(self.slots)
+        self.slots[cname] = (index, dtype)
+        self.slot_scopes[-1].append(cname)
+        return index
+
+    def restore(self, cname: str) -> str:
+        index, dtype = self.slots[cname]
+        return f"{cname} = {_from_word(dtype, f'vy_state[vy_rec + {index}u]')};"
+
+    def in_range(self, first: int, count: int) -> str:
+        if count == 1:
+            return f"vy_at == {first}u"
+        return f"(vy_at >= {first}u && vy_at <= {first + count - 1}u)"
+
+    def sliced_stmt(self, stmt: Stmt) -> None:
+        """One statement of a sliced shader.
+
+        While ``vy_resume`` is set the lane is replaying its way back to the loop
+        it suspended in (``vy_at``): statements before it are skipped, `Let`
+        variables are restored from the lane record, and only the `If` branches
+        and loops that contain ``vy_at`` are entered, loops at their saved counter.
+        """
+        loops = _loops_in((stmt,))
+        match stmt:
+            case Let(name=name, value=value):
+                cname = f"v{self.vars}"
+                self.vars += 1
+                dtype = self.dtype_of(value)
+                self.line(f"var {cname}: {_VALUE_TYPE[dtype]} = {_ZERO[dtype]}; // {sanitize(name)}")
+                self.slot(cname, dtype)
+                with self.block("if (vy_resume)"):
+                    self.line(self.restore(cname))
+                with self.block("else"):
+                    operand, _ = self.expr(value)
+                    self.line(f"{cname} = {operand};")
+                self.scopes[-1][name] = (cname, dtype)
+            case Assign() | Store() | Return():
+                with self.block("if (!vy_resume)"):
+                    saved, self.sliced = self.sliced, False
+                    try:
+                        self.stmt(stmt)
+                    finally:
+                        self.sliced = saved
+            case If(cond=cond, then=then, orelse=orelse) if loops:
+                first = self.next_loop
+                n_then = _loops_in(then)
+                n_else = loops - n_then
+                choice = f"t{self.temps}"
+                self.temps += 1
+                self.line(f"var {choice}: u32 = 0u;")
+                with self.block("if (vy_resume)"):
+                    if n_then:
+                        self.line(f"if ({self.in_range(first, n_then)}) {{ {choice} = 1u; }}")
+                    if n_else:
+                        self.line(
+                            f"if ({self.in_range(first + n_then, n_else)}) {{ {choice} = 2u; }}"
+                        )
+                with self.block("else"):
+                    c = self.truth(cond)
+                    self.line(f"{choice} = select(2u, 1u, {c});")
+                with self.block(f"if ({choice} == 1u)"):
+                    self.body(then)
+                with self.block(f"else if ({choice} == 2u)"):
+                    self.body(orelse)
+            case Loop(var=var, start=start, end=end, body=inner_body):
+                own = self.next_loop
+                self.next_loop += 1
+                cname = f"v{self.vars}"
+                hi = f"v{self.vars + 1}"
+                enter = f"t{self.temps}"
+                self.vars += 2
+                self.temps += 1
+                self.line(f"var {cname}: u32 = 0u; // {sanitize(var)}")
+                self.line(f"var {hi}: u32 = 0u;")
+                self.line(f"var {enter}: bool = false;")
+                self.slot(cname, DType.U32)
+                self.slot(hi, DType.U32)
+                with self.block("if (vy_resume)"):
+                    with self.block(f"if ({self.in_range(own, loops)})"):
+                        self.line(self.restore(cname))
+                        self.line(self.restore(hi))
+                        self.line(f"{enter} = true;")
+                with self.block("else"):
+                    lo_value = self.expr(start)[0]
+                    hi_value = self.expr(end)[0]
+                    self.line(f"{cname} = {lo_value};")
+                    self.line(f"{hi} = {hi_value};")
+                    self.line(f"{enter} = true;")
+                with self.block(f"if ({enter})"):
+                    with self.block("loop"):
+                        self.line(f"if ({cname} >= {hi}) {{ break; }}")
+                        self.scopes[-1][var] = (cname, DType.U32)
+                        with self.block("if (vy_resume)"):
+                            self.line(f"if (vy_at == {own}u) {{ vy_resume = false; }}")
+                        with self.block("else"):
+                            with self.block("if (vy_budget == 0u)"):
+                                self.save(own)
+                            self.line("vy_budget = vy_budget - 1u;")
+                        self.body(inner_body)
+                        with self.block("continuing"):
+                            self.line(f"{cname} = {cname} + 1u;")
+                    self.line(f"if ({cname} < {hi}) {{ atomicOr(&vy_status[0], 1u); }}")
+            case Block(body=inner_body):
+                with self.block(""):
+                    self.body(inner_body)
+            case _:  # an If without loops
+                with self.block("if (!vy_resume)"):
+                    saved, self.sliced = self.sliced, False
+                    try:
+                        self.stmt(stmt)
+                    finally:
+                        self.sliced = saved
+
+    def save(self, loop: int) -> None:
+        """Suspend the lane at the top of ``loop``: save what is in scope, then end."""
+        with self.block("if (!vy_saves)"):
+            self.line("atomicOr(&vy_status[0], 1u);")
+            self.line("return;")
+        self.line("vy_state[vy_rec] = vy_slice + 1u;")
+        self.line(f"vy_state[vy_rec + 1u] = {loop}u;")
+        for scope in self.slot_scopes:
+            for cname in scope:
+                index, dtype = self.slots[cname]
+                self.line(f"vy_state[vy_rec + {index}u] = {_to_word(dtype, cname)};")
+        self.line("atomicOr(&vy_status[0], 2u);")
+        self.line("return;")
 
     def lookup(self, name: str) -> tuple[str, DType]:
         for scope in reversed(self.scopes):
