@@ -718,7 +718,7 @@ class _Emitter:
                 x, _ = self.expr(a)
                 y, _ = self.expr(b)
                 z, _ = self.expr(c)
-                return self.temp(DType.F32, f"fma({x}, {y}, {z})"), DType.F32
+                return self.temp(DType.F32, f"vy_fma({x}, {y}, {z})"), DType.F32
             case Atomic(op=op, buffer=name, index=index, value=value, expected=expected):
                 i = self.index(index)
                 v, _ = self.expr(value)
@@ -854,11 +854,11 @@ _FLOAT_UNARY = {
     UnOp.ABS: "vy_fabs",
     UnOp.SQRT: "sqrt",
     UnOp.RSQRT: "vy_rsqrt",
-    UnOp.EXP: "exp",
-    UnOp.LOG: "log",
+    UnOp.EXP: "vy_exp",
+    UnOp.LOG: "vy_log",
     UnOp.SIN: "sin",
     UnOp.COS: "cos",
-    UnOp.TANH: "tanh",
+    UnOp.TANH: "vy_tanh",
     UnOp.FLOOR: "vy_floor",
     UnOp.CEIL: "vy_ceil",
     UnOp.ROUND: "vy_round",

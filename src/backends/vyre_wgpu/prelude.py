@@ -103,52 +103,65 @@ fn vy_fmax(a: f32, b: f32) -> f32 {
 fn vy_fneg(x: f32) -> f32 { return bitcast<f32>(bitcast<u32>(x) ^ 0x80000000u); }
 fn vy_fabs(x: f32) -> f32 { return bitcast<f32>(bitcast<u32>(x) & 0x7fffffffu); }
 fn vy_ftrue(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) != 0u; }
-// f32 mod: C fmodf (exact; the sign of the dividend), on the bits (after musl's fmodf).
+// f32 mod: C fmodf (exact; the sign of the dividend), on the bits and without loops
+// (a loop here would count against lavapipe's loop cap). With x = mx * 2^ex and
+// y = my * 2^ey (24-bit mantissas), x mod y = ((mx * 2^(ex - ey)) mod my) * 2^ey,
+// and the power of two is taken 8 bits at a time: (r * 2^8) mod my = ((r mod my) * 2^8) mod my.
 fn vy_fmod(x: f32, y: f32) -> f32 {
-  var ux = bitcast<u32>(x); var uy = bitcast<u32>(y);
+  let ux = bitcast<u32>(x); let uy = bitcast<u32>(y);
   let sx = ux & 0x80000000u;
-  var ex = i32((ux >> 23u) & 0xffu); var ey = i32((uy >> 23u) & 0xffu);
-  if ((uy & 0x7fffffffu) == 0u || vy_isnan(y) || ex == 255) { return vy_f32(0x7fc00000u); }
-  if ((ux & 0x7fffffffu) <= (uy & 0x7fffffffu)) {
-    if ((ux & 0x7fffffffu) == (uy & 0x7fffffffu)) { return bitcast<f32>(sx); }
-    return x;
-  }
-  if (ex == 0) {
-    var i = ux << 9u;
-    loop { if ((i >> 31u) != 0u) { break; } ex = ex - 1; i = i << 1u; }
-    ux = ux << u32(1 - ex);
-  } else {
-    ux = (ux & 0x007fffffu) | 0x00800000u;
-  }
-  if (ey == 0) {
-    var i = uy << 9u;
-    loop { if ((i >> 31u) != 0u) { break; } ey = ey - 1; i = i << 1u; }
-    uy = uy << u32(1 - ey);
-  } else {
-    uy = (uy & 0x007fffffu) | 0x00800000u;
-  }
-  loop {
-    if (ex <= ey) { break; }
-    let d = ux - uy;
-    if ((d >> 31u) == 0u) {
-      if (d == 0u) { return bitcast<f32>(sx); }
-      ux = d;
-    }
-    ux = ux << 1u;
-    ex = ex - 1;
-  }
-  let d = ux - uy;
-  if ((d >> 31u) == 0u) {
-    if (d == 0u) { return bitcast<f32>(sx); }
-    ux = d;
-  }
-  loop { if ((ux >> 23u) != 0u) { break; } ux = ux << 1u; ex = ex - 1; }
-  if (ex > 0) {
-    ux = (ux - 0x00800000u) | (u32(ex) << 23u);
-  } else {
-    ux = ux >> u32(1 - ex);
-  }
-  return bitcast<f32>(ux | sx);
+  let ax = ux & 0x7fffffffu; let ay = uy & 0x7fffffffu;
+  if (ay == 0u || ay > 0x7f800000u || ax >= 0x7f800000u) { return vy_f32(0x7fc00000u); }
+  if (ax < ay) { return x; }
+  if (ax == ay) { return bitcast<f32>(sx); }
+  var ex = i32(ax >> 23u); var ey = i32(ay >> 23u);
+  var mx = (ax & 0x007fffffu) | 0x00800000u; var my = (ay & 0x007fffffu) | 0x00800000u;
+  if (ex == 0) { let z = i32(countLeadingZeros(ax)) - 8; mx = ax << u32(z); ex = 1 - z; }
+  if (ey == 0) { let z = i32(countLeadingZeros(ay)) - 8; my = ay << u32(z); ey = 1 - z; }
+  var d = ex - ey;
+  var r = mx % my;
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  r = (r << u32(d)) % my;
+  if (r == 0u) { return bitcast<f32>(sx); }
+  let z = i32(countLeadingZeros(r)) - 8;
+  r = r << u32(z);
+  let e = ey - z;
+  if (e > 0) { return bitcast<f32>(sx | (u32(e) << 23u) | (r & 0x007fffffu)); }
+  return bitcast<f32>(sx | (r >> u32(1 - e)));
 }
 // Rounding functions on the bits: floor, ceil, trunc, round (ties to even), sign kept.
 fn vy_trunc(x: f32) -> f32 {
@@ -234,8 +247,184 @@ fn vy_i2f(i: i32) -> f32 {
   if ((b & 0x80000000u) != 0u) { return bitcast<f32>(bitcast<u32>(vy_u2f(0u - b)) | 0x80000000u); }
   return vy_u2f(b);
 }
-// Transcendentals: the platform's (docs/wgpu.md lists their error on lavapipe).
-fn vy_rsqrt(x: f32) -> f32 { return 1.0 / sqrt(x); }
+// 64-bit helpers on vec2<u32>(low word, high word), for vy_fma.
+fn vy_clz64(x: vec2<u32>) -> u32 { if (x.y != 0u) { return countLeadingZeros(x.y); } return 32u + countLeadingZeros(x.x); }
+fn vy_shl64(x: vec2<u32>, n: u32) -> vec2<u32> {
+  if (n == 0u) { return x; }
+  if (n >= 64u) { return vec2<u32>(0u, 0u); }
+  if (n >= 32u) { return vec2<u32>(0u, x.x << (n - 32u)); }
+  return vec2<u32>(x.x << n, (x.y << n) | (x.x >> (32u - n)));
+}
+fn vy_shr64(x: vec2<u32>, n: u32) -> vec2<u32> {
+  if (n == 0u) { return x; }
+  if (n >= 64u) { return vec2<u32>(0u, 0u); }
+  if (n >= 32u) { return vec2<u32>(x.y >> (n - 32u), 0u); }
+  return vec2<u32>((x.x >> n) | (x.y << (32u - n)), x.y >> n);
+}
+fn vy_lt64(a: vec2<u32>, b: vec2<u32>) -> bool { return a.y < b.y || (a.y == b.y && a.x < b.x); }
+fn vy_add64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+  let lo = a.x + b.x;
+  return vec2<u32>(lo, a.y + b.y + select(0u, 1u, lo < a.x));
+}
+fn vy_sub64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+  return vec2<u32>(a.x - b.x, a.y - b.y - select(0u, 1u, a.x < b.x));
+}
+// x shifted right by n, the bits shifted out OR-ed into bit 0 ("sticky").
+fn vy_shr64_sticky(x: vec2<u32>, n: u32) -> vec2<u32> {
+  var r = vy_shr64(x, n);
+  let back = vy_shl64(r, n);
+  if (n >= 64u) { if ((x.x | x.y) != 0u) { r.x = r.x | 1u; } return r; }
+  if (back.x != x.x || back.y != x.y) { r.x = r.x | 1u; }
+  return r;
+}
+// f32 fma: a * b + c with ONE rounding (to nearest even), on integers: WGSL's fma may
+// round twice (lavapipe's does). The product is exact in 48 bits; both addends are
+// placed with their top bit at bit 61, the smaller shifted right with a sticky bit.
+fn vy_fma(a: f32, b: f32, c: f32) -> f32 {
+  let ua = bitcast<u32>(a); let ub = bitcast<u32>(b); let uc = bitcast<u32>(c);
+  let aa = ua & 0x7fffffffu; let ab = ub & 0x7fffffffu; let ac = uc & 0x7fffffffu;
+  let sp = (ua ^ ub) & 0x80000000u; let sc = uc & 0x80000000u;
+  if (aa > 0x7f800000u || ab > 0x7f800000u || ac > 0x7f800000u) { return vy_f32(0x7fc00000u); }
+  if (aa == 0x7f800000u || ab == 0x7f800000u) {
+    if (aa == 0u || ab == 0u || (ac == 0x7f800000u && sc != sp)) { return vy_f32(0x7fc00000u); }
+    return bitcast<f32>(sp | 0x7f800000u);
+  }
+  if (ac == 0x7f800000u) { return c; }
+  if (aa == 0u || ab == 0u) {
+    if (ac == 0u) { return bitcast<f32>(sp & sc); }
+    return c;
+  }
+  var ma = aa & 0x007fffffu; var ea = i32(aa >> 23u);
+  if (ea == 0) { ea = 1; } else { ma = ma | 0x00800000u; }
+  var mb = ab & 0x007fffffu; var eb = i32(ab >> 23u);
+  if (eb == 0) { eb = 1; } else { mb = mb | 0x00800000u; }
+  var p = vec2<u32>(ma * mb, vy_mulhi_u32(ma, mb));
+  let kp = vy_clz64(p) - 2u;
+  p = vy_shl64(p, kp);
+  let ep = ea + eb - 300 - i32(kp);
+  var q = vec2<u32>(0u, 0u);
+  var eq = ep;
+  if (ac != 0u) {
+    var mc = ac & 0x007fffffu; var ec = i32(ac >> 23u);
+    if (ec == 0) { ec = 1; } else { mc = mc | 0x00800000u; }
+    q = vec2<u32>(mc, 0u);
+    let kq = vy_clz64(q) - 2u;
+    q = vy_shl64(q, kq);
+    eq = ec - 150 - i32(kq);
+  }
+  var e = ep;
+  if (ep >= eq) { q = vy_shr64_sticky(q, u32(ep - eq)); } else { p = vy_shr64_sticky(p, u32(eq - ep)); e = eq; }
+  var sum: vec2<u32>; var sign: u32;
+  if (sp == sc) { sum = vy_add64(p, q); sign = sp; }
+  else if (vy_lt64(p, q)) { sum = vy_sub64(q, p); sign = sc; }
+  else { sum = vy_sub64(p, q); sign = sp; }
+  if ((sum.x | sum.y) == 0u) { return bitcast<f32>(0u); }
+  let top = 63 - i32(vy_clz64(sum));
+  var shift = top - 23;
+  if (-149 - e > shift) { shift = -149 - e; }
+  let elsb = e + shift;
+  var m: u32;
+  if (shift <= 0) {
+    m = vy_shl64(sum, u32(-shift)).x;
+  } else {
+    let kept = vy_shr64(sum, u32(shift));
+    let rest = vy_sub64(sum, vy_shl64(kept, u32(shift)));
+    let half = vy_shl64(vec2<u32>(1u, 0u), u32(shift - 1));
+    m = kept.x;
+    if (shift < 64 && (vy_lt64(half, rest) || (rest.x == half.x && rest.y == half.y && (m & 1u) == 1u))) {
+      m = m + 1u;
+    }
+  }
+  if (m == 0u) { return bitcast<f32>(sign); }
+  if (m < 0x00800000u) { return bitcast<f32>(sign | m); }
+  let biased = elsb + 150;
+  if (biased >= 255 || (biased == 254 && m >= 0x01000000u)) { return bitcast<f32>(sign | 0x7f800000u); }
+  return bitcast<f32>(sign | ((u32(biased) << 23u) + (m - 0x00800000u)));
+}
+// Transcendentals. exp, log and tanh are vyre's own (after musl's expf, logf and a
+// Taylor series), built from +, -, *, / only: WGSL lets a platform's exp be off by
+// 3 + 2|x| ULP and its log and tanh by an absolute error, which is unbounded in ULP near
+// log(1) and tanh(0) (lavapipe: 64, 101 and 665 million ULP). sin and cos are the
+// platform's (docs/wgpu.md: their error on lavapipe).
+fn vy_scale(y: f32, k: i32) -> f32 {
+  let k1 = k / 2;
+  let k2 = k - k1;
+  return (y * bitcast<f32>(u32(k1 + 127) << 23u)) * bitcast<f32>(u32(k2 + 127) << 23u);
+}
+fn vy_exp(x: f32) -> f32 {
+  let b = bitcast<u32>(x);
+  let hx = b & 0x7fffffffu;
+  let neg = (b >> 31u) != 0u;
+  if (hx > 0x7f800000u) { return x; }
+  if (!neg && hx >= 0x42b17218u) { return vy_f32(0x7f800000u); }
+  if (neg && hx >= 0x42cff1b5u) { return vy_f32(0u); }
+  var k = 0;
+  var hi = x;
+  var lo = vy_f32(0u);
+  var r = x;
+  if (hx > 0x3eb17218u) {
+    if (hx > 0x3f851592u) {
+      k = i32(vy_f32(0x3fb8aa3bu) * x + select(vy_f32(0x3f000000u), vy_f32(0xbf000000u), neg));
+    } else {
+      k = select(1, -1, neg);
+    }
+    let kf = f32(k);
+    hi = x - kf * vy_f32(0x3f317200u);
+    lo = kf * vy_f32(0x35bfbe8eu);
+    r = hi - lo;
+  } else if (hx <= 0x39000000u) {
+    return vy_f32(0x3f800000u) + x;
+  }
+  let xx = r * r;
+  let c = r - xx * (vy_f32(0x3e2aaa8fu) + xx * vy_f32(0xbb355215u));
+  var y: f32;
+  if (k == 0) {
+    y = vy_f32(0x3f800000u) - ((r * c) / (c - vy_f32(0x40000000u)) - r);
+    return y;
+  }
+  y = vy_f32(0x3f800000u) - ((lo - (r * c) / (vy_f32(0x40000000u) - c)) - hi);
+  return vy_scale(y, k);
+}
+fn vy_log(x: f32) -> f32 {
+  var ix = bitcast<u32>(x);
+  var k = 0;
+  if (ix > 0x7f800000u && ix < 0x80000000u) { return x; }
+  if ((ix & 0x7fffffffu) == 0u) { return vy_f32(0xff800000u); }
+  if ((ix >> 31u) != 0u) { return vy_f32(0x7fc00000u); }
+  if (ix == 0x7f800000u) { return x; }
+  if (ix < 0x00800000u) {
+    k = -25;
+    ix = bitcast<u32>(x * vy_f32(0x4c000000u));
+  }
+  ix = ix + (0x3f800000u - 0x3f3504f3u);
+  k = k + i32(ix >> 23u) - 0x7f;
+  ix = (ix & 0x007fffffu) + 0x3f3504f3u;
+  let f = bitcast<f32>(ix) - vy_f32(0x3f800000u);
+  let s = f / (vy_f32(0x40000000u) + f);
+  let z = s * s;
+  let w = z * z;
+  let t1 = w * (vy_f32(0x3eccce13u) + w * vy_f32(0x3e789e26u));
+  let t2 = z * (vy_f32(0x3f2aaaaau) + w * vy_f32(0x3e91e9eeu));
+  let r = t2 + t1;
+  let hfsq = vy_f32(0x3f000000u) * f * f;
+  let dk = f32(k);
+  return s * (hfsq + r) + dk * vy_f32(0x3717f7d1u) - hfsq + f + dk * vy_f32(0x3f317180u);
+}
+fn vy_tanh(x: f32) -> f32 {
+  let b = bitcast<u32>(x);
+  let w = b & 0x7fffffffu;
+  let sign = b & 0x80000000u;
+  if (w > 0x7f800000u || w == 0u) { return x; }
+  if (w >= 0x41200000u) { return bitcast<f32>(sign | 0x3f800000u); }
+  if (w > 0x3f0c9f54u) {
+    let a = bitcast<f32>(w);
+    let t = vy_f32(0x3f800000u) - vy_f32(0x40000000u) / (vy_exp(a + a) + vy_f32(0x3f800000u));
+    return bitcast<f32>(bitcast<u32>(t) | sign);
+  }
+  let z = x * x;
+  return x + x * (z * (vy_f32(0xbeaaaaabu) + z * (vy_f32(0x3e088889u) + z * (vy_f32(0xbd5d0dd1u) + z * (vy_f32(0x3cb327a4u) + z * (vy_f32(0xbc11371bu) + z * (vy_f32(0x3b6b69e8u) + z * (vy_f32(0xbabed1b2u) + z * (vy_f32(0x3a1aac12u) + z * (vy_f32(0xb97abebcu)))))))))));
+}
+fn vy_rsqrt(x: f32) -> f32 { return vy_f32(0x3f800000u) / sqrt(x); }
 """
 
 #: blake3 of the prelude's text (16 hex digits), part of the compiler fingerprint.
