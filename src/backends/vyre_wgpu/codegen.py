@@ -238,6 +238,7 @@ class _Emitter:
         self.depth = 1
         self.temps = 0
         self.vars = 0
+        self.opaques = 0
         self.scopes: list[dict[str, tuple[str, DType]]] = [{}]
         self.barriers = _has_barrier(program.body)
         self.uses_live = False
@@ -643,6 +644,19 @@ class _Emitter:
                 fix="run vyre_async.ir.validate(program) and fix what it lists",
             ) from None
 
+    def opaque(self, operand: str) -> str:
+        """``operand``, as a value no shader compiler can see through.
+
+        WGSL lets compilers assume floats are finite, and Mesa rewrites ``x * 0``
+        to ``0``, ``x - x`` to ``0`` and ``(x + c) - c`` to ``x``, which is wrong
+        for NaN, infinities and -0 and changes roundings. Every f32 constant and
+        the right operand of every f32 ``+ - * /`` is XOR-ed with ``vy_info.grid.w``
+        (always 0, unknown to the compiler) times a number of its own, so no two
+        of them are the same value to the compiler and none is a constant.
+        """
+        self.opaques += 1
+        return f"vy_o({operand}, {self.opaques}u)"
+
     def index(self, index: Expr) -> str:
         """An index operand that is never a const-expression (naga refuses a constant index
         that is out of bounds, which the IR defines: the access is skipped)."""
@@ -673,6 +687,8 @@ class _Emitter:
         """Emit ``expr``; return a side-effect-free WGSL operand holding its value, and its dtype."""
         match expr:
             case Const():
+                if expr.dtype is DType.F32:
+                    return self.opaque(f"vy_f32(0x{expr.bits:08x}u)"), DType.F32
                 return _const(expr), expr.dtype
             case Var(name=name):
                 return self.lookup(name)
@@ -701,6 +717,8 @@ class _Emitter:
             case Bin(op=op, a=a, b=b):
                 x, dtype = self.expr(a)
                 y, _ = self.expr(b)
+                if dtype is DType.F32 and op in _INFIX_F32:
+                    y = self.opaque(y)
                 result, text = _binary(op, dtype, x, y)
                 return self.temp(result, text), result
             case Un(op=op, a=a):
@@ -856,8 +874,8 @@ _FLOAT_UNARY = {
     UnOp.RSQRT: "vy_rsqrt",
     UnOp.EXP: "vy_exp",
     UnOp.LOG: "vy_log",
-    UnOp.SIN: "sin",
-    UnOp.COS: "cos",
+    UnOp.SIN: "vy_sin",
+    UnOp.COS: "vy_cos",
     UnOp.TANH: "vy_tanh",
     UnOp.FLOOR: "vy_floor",
     UnOp.CEIL: "vy_ceil",

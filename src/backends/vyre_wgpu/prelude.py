@@ -39,6 +39,8 @@ PRELUDE_VERSION = 1
 PRELUDE = r"""// vyre_wgpu prelude v1: exact IR semantics (ir.md). Generated code; do not edit.
 fn vy_f32(bits: u32) -> f32 { return bitcast<f32>(bits); }
 fn vy_idx(i: u32) -> u32 { return i; }
+// x, unchanged, but not a value the compiler can fold: vy_info.grid.w is always 0.
+fn vy_o(x: f32, k: u32) -> f32 { return bitcast<f32>(bitcast<u32>(x) ^ (vy_info.grid.w * k)); }
 fn vy_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
 // u32: x / 0 = 0xFFFFFFFF, x % 0 = 0; shift counts use the low 5 bits.
 fn vy_div_u32(a: u32, b: u32) -> u32 { if (b == 0u) { return 0xffffffffu; } return a / b; }
@@ -344,8 +346,8 @@ fn vy_fma(a: f32, b: f32, c: f32) -> f32 {
 // Transcendentals. exp, log and tanh are vyre's own (after musl's expf, logf and a
 // Taylor series), built from +, -, *, / only: WGSL lets a platform's exp be off by
 // 3 + 2|x| ULP and its log and tanh by an absolute error, which is unbounded in ULP near
-// log(1) and tanh(0) (lavapipe: 64, 101 and 665 million ULP). sin and cos are the
-// platform's (docs/wgpu.md: their error on lavapipe).
+// log(1) and tanh(0) (lavapipe: 64, 101 and 665 million ULP). sin and cos are vyre's
+// too (WGSL bounds the platform's only by an absolute error, on [-pi, pi] only).
 fn vy_scale(y: f32, k: i32) -> f32 {
   let k1 = k / 2;
   let k2 = k - k1;
@@ -424,7 +426,97 @@ fn vy_tanh(x: f32) -> f32 {
   let z = x * x;
   return x + x * (z * (vy_f32(0xbeaaaaabu) + z * (vy_f32(0x3e088889u) + z * (vy_f32(0xbd5d0dd1u) + z * (vy_f32(0x3cb327a4u) + z * (vy_f32(0xbc11371bu) + z * (vy_f32(0x3b6b69e8u) + z * (vy_f32(0xbabed1b2u) + z * (vy_f32(0x3a1aac12u) + z * (vy_f32(0xb97abebcu)))))))))));
 }
-fn vy_rsqrt(x: f32) -> f32 { return vy_f32(0x3f800000u) / sqrt(x); }
+// sin and cos: x = k * pi/2 + r, reduced with three exact fmas (pi/2 split in three
+// f32 parts) up to |x| = 105 615 and Payne-Hanek beyond, then Cephes' polynomials on
+// [-pi/4, pi/4].
+// Payne-Hanek reduction for |x| > 105 615 (where the fmas lose bits): x * 2/pi mod 4
+// from the bits of 2/pi (vy_twobypi, 288 of them) on integers. Returns (r, quadrant).
+var<private> vy_twobypi: array<u32, 9> = array<u32, 9>(0xa2f9836eu, 0x4e441529u, 0xfc2757d1u, 0xf534ddc0u, 0xdb629599u, 0x3c439041u, 0xfe5163abu, 0xdebbc561u, 0xb7246e3au);
+fn vy_bits_at(p: array<u32, 5>, pos: u32) -> u32 {
+  var q = p;
+  let w = pos / 32u; let o = pos % 32u;
+  if (o == 0u) { return q[w]; }
+  return (q[w] >> o) | (q[w + 1u] << (32u - o));
+}
+fn vy_twobypi_at(pos: u32) -> u32 {
+  let w = pos / 32u; let o = pos % 32u;
+  if (o == 0u) { return vy_twobypi[w]; }
+  return (vy_twobypi[w] << o) | (vy_twobypi[w + 1u] >> (32u - o));
+}
+fn vy_reduce_big(a: f32) -> vec2<f32> {
+  let b = bitcast<u32>(a);
+  let m = (b & 0x007fffffu) | 0x00800000u;
+  let e = i32(b >> 23u) - 150;
+  let s = max(1, e - 1);
+  let f2 = vy_twobypi_at(u32(s - 1)); let f1 = vy_twobypi_at(u32(s + 31)); let f0 = vy_twobypi_at(u32(s + 63));
+  let l0 = m * f0; let h0 = vy_mulhi_u32(m, f0);
+  let l1 = m * f1; let h1 = vy_mulhi_u32(m, f1);
+  let l2 = m * f2; let h2 = vy_mulhi_u32(m, f2);
+  let p1 = h0 + l1; let c1 = select(0u, 1u, p1 < h0);
+  let p2a = h1 + l2; let c2a = select(0u, 1u, p2a < h1);
+  let p2 = p2a + c1; let c2b = select(0u, 1u, p2 < p2a);
+  let p3 = h2 + c2a + c2b;
+  let p = array<u32, 5>(l0, p1, p2, p3, 0u);
+  let l = u32(s + 95 - e);
+  var q = vy_bits_at(p, l) & 3u;
+  var frac = vec2<u32>(vy_bits_at(p, l - 64u), vy_bits_at(p, l - 32u));
+  var neg = false;
+  if (frac.y >= 0x80000000u) {
+    q = (q + 1u) & 3u;
+    frac = vy_sub64(vec2<u32>(0u, 0u), frac);
+    neg = true;
+  }
+  let z = vy_clz64(frac);
+  if (z >= 64u) { return vec2<f32>(vy_f32(0u), f32(q)); }
+  let top = vy_shl64(frac, z).y;
+  let t = vy_scale(vy_u2f(top), -32 - i32(z));
+  var r = vy_fma(t, vy_f32(0x3fc90fdbu), t * vy_f32(0xb33bbd2eu));
+  if (neg) { r = vy_fneg(r); }
+  return vec2<f32>(r, f32(q));
+}
+fn vy_sincos_r(x: f32) -> vec2<f32> {
+  let k = vy_round(x * vy_f32(0x3f22f983u));
+  var r = vy_fma(-k, vy_f32(0x3fc90fdbu), x);
+  r = vy_fma(-k, vy_f32(0xb33bbd2eu), r);
+  r = vy_fma(-k, vy_f32(0xa6f72cedu), r);
+  return vec2<f32>(r, k);
+}
+fn vy_sin_poly(r: f32) -> f32 {
+  let z = r * r;
+  return r + r * z * (vy_f32(0xbe2aaaa3u) + z * (vy_f32(0x3c08839eu) + z * vy_f32(0xb94ca1f9u)));
+}
+fn vy_cos_poly(r: f32) -> f32 {
+  let z = r * r;
+  return vy_f32(0x3f800000u) - vy_f32(0x3f000000u) * z
+    + z * z * (vy_f32(0x3d2aaaa5u) + z * (vy_f32(0xbab6061au) + z * vy_f32(0x37ccf5ceu)));
+}
+fn vy_sin(x: f32) -> f32 {
+  let a = bitcast<u32>(x) & 0x7fffffffu;
+  if (a >= 0x7f800000u) { return vy_f32(0x7fc00000u); }
+  if (a < 0x39800000u) { return x; }
+  var rk: vec2<f32>;
+  if (a > 0x47ce4780u) { rk = vy_reduce_big(bitcast<f32>(a)); } else { rk = vy_sincos_r(bitcast<f32>(a)); }
+  let q = u32(rk.y) & 3u;
+  var v: f32;
+  if ((q & 1u) == 0u) { v = vy_sin_poly(rk.x); } else { v = vy_cos_poly(rk.x); }
+  if (q >= 2u) { v = vy_fneg(v); }
+  if (a != bitcast<u32>(x)) { return vy_fneg(v); }
+  return v;
+}
+fn vy_cos(x: f32) -> f32 {
+  let a = bitcast<u32>(x) & 0x7fffffffu;
+  if (a >= 0x7f800000u) { return vy_f32(0x7fc00000u); }
+  var rk: vec2<f32>;
+  if (a > 0x47ce4780u) { rk = vy_reduce_big(bitcast<f32>(a)); } else { rk = vy_sincos_r(bitcast<f32>(a)); }
+  let q = (u32(rk.y) + 1u) & 3u;
+  var v: f32;
+  if ((q & 1u) == 0u) { v = vy_sin_poly(rk.x); } else { v = vy_cos_poly(rk.x); }
+  if (q >= 2u) { return vy_fneg(v); }
+  return v;
+}
+// 1 / sqrt(x), two correctly rounded steps: the opaque 1 keeps a compiler from turning it
+// into an approximate reciprocal square root.
+fn vy_rsqrt(x: f32) -> f32 { return vy_o(vy_f32(0x3f800000u), 0x9e3779b9u) / sqrt(x); }
 """
 
 #: blake3 of the prelude's text (16 hex digits), part of the compiler fingerprint.
