@@ -22,6 +22,7 @@ Lavapipe (Mesa's CPU Vulkan driver) ends every loop of an invocation after
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -52,8 +53,15 @@ from vyre_async.errors import (
     UnsupportedFeature,
 )
 from vyre_async.ir.program import Program
-from vyre_async.ir.types import Access
-from vyre_wgpu.codegen import CODEGEN_VERSION, ENTRY, STATE_HEADER_WORDS, ShaderSource, generate
+from vyre_async.ir.types import Access, BufferDecl
+from vyre_wgpu.codegen import (
+    CODEGEN_VERSION,
+    ENTRY,
+    STATE_HEADER_WORDS,
+    ShaderBinding,
+    ShaderSource,
+    generate,
+)
 from vyre_wgpu.prelude import PRELUDE_DIGEST
 
 if TYPE_CHECKING:
@@ -90,6 +98,10 @@ _DRIVER_FIX = (
 )
 _INSTALL_FIX = "pip install 'vyre-async[wgpu]' (wgpu-py, which bundles wgpu-native)"
 
+#: Most launches the device thread records into one submission.
+_COALESCE = 64
+#: Idle buffer sets kept per launch shape.
+_POOL = 4
 #: Limits requested from the adapter (its own maxima, not WebGPU's defaults).
 _LIMITS = (
     "max-storage-buffer-binding-size",
@@ -150,8 +162,11 @@ def select_adapter(adapter: str | None = None) -> Any:
             fix=_DRIVER_FIX,
             feature="wgpu adapter",
         ) from exc
-    seen = [f"{a.info.get('device', '?')} ({a.info.get('backend_type', '?')}, "
-            f"{a.info.get('adapter_type', '?')})" for a in found]
+    seen = [
+        f"{a.info.get('device', '?')} ({a.info.get('backend_type', '?')}, "
+        f"{a.info.get('adapter_type', '?')})"
+        for a in found
+    ]
     usable = [a for a in found if a.info.get("backend_type") in _BACKENDS]
     hardware = [a for a in usable if a.info.get("adapter_type") in _HARDWARE]
     cpu = [a for a in usable if a.info.get("adapter_type") not in _HARDWARE]
@@ -175,9 +190,9 @@ def _runtime_dir() -> None:
     if not os.environ.get("XDG_RUNTIME_DIR"):
         import tempfile
 
-        path = os.path.join(tempfile.gettempdir(), f"vyre-xdg-{os.getuid()}")
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        os.environ["XDG_RUNTIME_DIR"] = path
+        runtime = os.path.join(tempfile.gettempdir(), f"vyre-xdg-{os.getuid()}")
+        os.makedirs(runtime, mode=0o700, exist_ok=True)
+        os.environ["XDG_RUNTIME_DIR"] = runtime
     if not os.environ.get("MESA_SHADER_CACHE_DIR"):
         from vyre_async.abc import default_cache_root
 
@@ -237,17 +252,24 @@ class _Shape:
     outputs: tuple[tuple[int, int, int, Any], ...]  # (binding, offset, nbytes, dtype)
     readback_bytes: int
     status_offset: int | None
+    #: (binding, input position) of every input written before a launch, and the
+    #: bindings zero-filled before it (WRITE buffers start at zero).
+    writes: tuple[tuple[int, int], ...] = ()
+    clears: tuple[int, ...] = ()
     info_buffer: Any = None
+    #: Idle buffer sets of this shape, reused by later launches (at most `_POOL`).
+    pool: list[_Bound] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class _Bound:
-    """One launch's buffers and bind group."""
+    """One launch's buffers, bind group and read-back buffer."""
 
     group: Any
     buffers: list[Any]
     status: Any
     state: Any
+    readback: Any
 
 
 def _status(raw: np.ndarray, offset: int) -> int:
@@ -255,7 +277,7 @@ def _status(raw: np.ndarray, offset: int) -> int:
 
 
 def _outputs(raw: np.ndarray, shape: _Shape) -> list[np.ndarray]:
-    return [raw[offset : offset + nbytes].view(dtype).copy() for _, offset, nbytes, dtype in shape.outputs]
+    return [raw[offset : offset + nbytes].view(dtype) for _, offset, nbytes, dtype in shape.outputs]
 
 
 class WgpuExecutor(Executor):
@@ -359,25 +381,91 @@ class WgpuExecutor(Executor):
                 else wgpu.BufferBindingType.storage
             )
             entries.append(
-                {"binding": binding.index, "visibility": wgpu.ShaderStage.COMPUTE,
-                 "buffer": {"type": kind}}
+                {
+                    "binding": binding.index,
+                    "visibility": wgpu.ShaderStage.COMPUTE,
+                    "buffer": {"type": kind},
+                }
             )
         entries.append(
-            {"binding": shader.info_binding, "visibility": wgpu.ShaderStage.COMPUTE,
-             "buffer": {"type": wgpu.BufferBindingType.uniform}}
+            {
+                "binding": shader.info_binding,
+                "visibility": wgpu.ShaderStage.COMPUTE,
+                "buffer": {"type": wgpu.BufferBindingType.uniform},
+            }
         )
         for extra in (shader.status_binding, shader.state_binding):
             if extra is not None:
                 entries.append(
-                    {"binding": extra, "visibility": wgpu.ShaderStage.COMPUTE,
-                     "buffer": {"type": wgpu.BufferBindingType.storage}}
+                    {
+                        "binding": extra,
+                        "visibility": wgpu.ShaderStage.COMPUTE,
+                        "buffer": {"type": wgpu.BufferBindingType.storage},
+                    }
                 )
         group_layout = device.create_bind_group_layout(entries=entries)
         layout = device.create_pipeline_layout(bind_group_layouts=[group_layout])
         return _Native(shader=shader, module=module, group_layout=group_layout, layout=layout)
 
     def serialize_pipeline(self, native: Any) -> bytes | None:
-        return None
+        """The WGSL and its reflection (bindings, blocks, sizes): all WebGPU lets one keep.
+
+        The driver's compiled form is not reachable through WebGPU; Mesa keeps
+        its own shader cache (``MESA_SHADER_CACHE_DIR``, under vyre's cache
+        directory unless you set it).
+        """
+        shader: ShaderSource = native.shader
+        record = {
+            "source": shader.source,
+            "bindings": [
+                [
+                    b.index,
+                    b.name,
+                    b.decl.name,
+                    b.decl.binding,
+                    b.decl.access.value,
+                    b.decl.dtype.value,
+                    b.decl.count,
+                    b.atomic,
+                ]
+                for b in shader.bindings
+            ],
+            "info_binding": shader.info_binding,
+            "info_words": shader.info_words,
+            "status_binding": shader.status_binding,
+            "state_binding": shader.state_binding,
+            "state_words": shader.state_words,
+            "workgroup_size": list(shader.workgroup_size),
+            "workgroup_bytes": shader.workgroup_bytes,
+            "uses_barrier": shader.uses_barrier,
+        }
+        return json.dumps(record, separators=(",", ":")).encode()
+
+    def load_pipeline(self, payload: bytes, program: Program, config: DispatchConfig) -> _Native:
+        """Rebuild a pipeline from `serialize_pipeline` bytes (the disk cache)."""
+        record = json.loads(payload)
+        bindings = tuple(
+            ShaderBinding(
+                index=index,
+                name=name,
+                decl=BufferDecl(decl_name, binding, access, dtype, count),
+                atomic=atomic,
+            )
+            for index, name, decl_name, binding, access, dtype, count, atomic in record["bindings"]
+        )
+        shader = ShaderSource(
+            source=record["source"],
+            bindings=bindings,
+            info_binding=record["info_binding"],
+            info_words=record["info_words"],
+            status_binding=record["status_binding"],
+            state_binding=record["state_binding"],
+            state_words=record["state_words"],
+            workgroup_size=tuple(record["workgroup_size"]),
+            workgroup_bytes=record["workgroup_bytes"],
+            uses_barrier=record["uses_barrier"],
+        )
+        return self._compile(shader)
 
     # Dispatch ----------------------------------------------------------------------
     def plan_shape(self, native: Any, plan: BindingPlan, config: DispatchConfig) -> _Shape:
@@ -416,6 +504,15 @@ class WgpuExecutor(Executor):
         if shader.status_binding is not None:
             status_offset = offset
             offset += 4
+        position = {decl.name: i for i, decl in enumerate(plan.inputs)}
+        writes = tuple(
+            (b.index, position[b.name])
+            for b in shader.bindings
+            if b.name in position and counts[b.name]
+        )
+        clears = tuple(
+            b.index for b in shader.bindings if b.decl.access is Access.WRITE and counts[b.name]
+        )
         return _Shape(
             pipeline=pipeline,
             grid=grid,
@@ -424,6 +521,8 @@ class WgpuExecutor(Executor):
             outputs=tuple(outputs),
             readback_bytes=max(4, offset),
             status_offset=status_offset,
+            writes=writes,
+            clears=clears,
         )
 
     def enqueue(self, launch: Launch) -> None:
@@ -444,10 +543,21 @@ class WgpuExecutor(Executor):
 
     # The device thread -------------------------------------------------------------
     def _run(self) -> None:
+        """The device thread: one submission for everything queued when it looks."""
         while True:
             launches = self._queue.get()
             if launches is None:
                 return
+            ending = False
+            while len(launches) < _COALESCE:  # dispatches queued meanwhile join this submit
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    ending = True
+                    break
+                launches = launches + more
             try:
                 self._run_job(launches)
             except BaseException as exc:  # a bug here must not end the device thread
@@ -456,24 +566,42 @@ class WgpuExecutor(Executor):
             finally:
                 with self._count_lock:
                     self._in_flight -= len(launches)
+            if ending:
+                return
 
     def _run_job(self, launches: list[Launch]) -> None:
         live = [launch for launch in launches if self._still_wanted(launch)]
         if not live:
             return
         device = self._device
+        write = device.queue.write_buffer
         encoder = device.create_command_encoder()
-        readbacks = []
+        sets = []
         for launch in live:
             launch.completer.mark_started()
-            bound = self._bind(launch, sliced=False)
+            shape: _Shape = launch.shape
+            bound = shape.pool.pop() if shape.pool else self._bind(launch)
+            sets.append(bound)
+            inputs = launch.inputs
+            for index, position in shape.writes:
+                write(bound.buffers[index], 0, inputs[position])
+            for index in shape.clears:
+                encoder.clear_buffer(bound.buffers[index])
+            if bound.status is not None:
+                encoder.clear_buffer(bound.status)
             self._encode(encoder, launch, bound, launch.config.iterations)
-            readbacks.append(self._encode_readback(encoder, launch, bound))
+            self._encode_readback(encoder, launch, bound)
         start = time.perf_counter()
         device.queue.submit([encoder.finish()])
-        for launch, readback in zip(live, readbacks, strict=True):
-            shape: _Shape = launch.shape
-            raw = self._read(readback)
+        read = self._wgpu.MapMode.READ
+        for launch, bound in zip(live, sets, strict=True):
+            shape = launch.shape
+            readback = bound.readback
+            readback.map_sync(read)
+            raw = np.array(readback.read_mapped(copy=False), np.uint8)  # one copy, then views
+            readback.unmap()
+            if len(shape.pool) < _POOL:
+                shape.pool.append(bound)
             if shape.status_offset is not None and _status(raw, shape.status_offset):
                 if launch.pipeline.native.shader.state_binding is None:
                     launch.completer.fail(_loop_cut(launch, self.loop_cap))
@@ -518,7 +646,9 @@ class WgpuExecutor(Executor):
             )
             return
         start = time.perf_counter()
-        bound = self._bind(launch, sliced=True, state_bytes=state_bytes)
+        bound = self._bind(launch, state_bytes=state_bytes)
+        for index, position in shape.writes:
+            device.queue.write_buffer(bound.buffers[index], 0, launch.inputs[position])
         status_back = device.create_buffer(size=4, usage=self._usage_readback)
         zero = np.zeros(1, np.uint32)
         for _ in range(launch.config.iterations):
@@ -543,20 +673,22 @@ class WgpuExecutor(Executor):
                 slice_no += 1
         status_back.destroy()
         encoder = device.create_command_encoder()
-        readback = self._encode_readback(encoder, launch, bound)
+        self._encode_readback(encoder, launch, bound)
         device.queue.submit([encoder.finish()])
-        raw = self._read(readback)
+        raw = self._read(bound.readback)
+        for buffer in (*bound.buffers, bound.status, bound.state):
+            buffer.destroy()
         launch.completer.resolve(_outputs(raw, shape), device_s=time.perf_counter() - start)
 
     def _read(self, readback: Any) -> np.ndarray:
         readback.map_sync(self._wgpu.MapMode.READ)
-        data = readback.read_mapped(copy=True)
+        raw = np.array(readback.read_mapped(copy=False), np.uint8)
         readback.unmap()
         readback.destroy()
-        return np.frombuffer(data, np.uint8)
+        return raw
 
-    def _bind(self, launch: Launch, *, sliced: bool, state_bytes: int = 16) -> _Bound:
-        """Fresh buffers for one launch (inputs written, outputs zero) and their bind group."""
+    def _bind(self, launch: Launch, *, state_bytes: int = 16) -> _Bound:
+        """A new buffer set for a launch of this shape (contents written per launch)."""
         device = self._device
         native: _Native = launch.pipeline.native
         shape: _Shape = launch.shape
@@ -565,17 +697,10 @@ class WgpuExecutor(Executor):
             shape.info_buffer = device.create_buffer_with_data(
                 data=shape.info, usage=self._usage_uniform
             )
-        inputs = dict(zip((d.name for d in launch.plan.inputs), launch.inputs, strict=True))
         buffers = []
         entries = []
         for binding, size in zip(shader.bindings, shape.sizes, strict=True):
-            host = inputs.get(binding.name)
-            if host is not None and host.nbytes:
-                buffer = device.create_buffer_with_data(
-                    data=np.ascontiguousarray(host).view(np.uint8), usage=self._usage_storage
-                )
-            else:
-                buffer = device.create_buffer(size=size, usage=self._usage_storage)
+            buffer = device.create_buffer(size=size, usage=self._usage_storage)
             buffers.append(buffer)
             entries.append({"binding": binding.index, "resource": {"buffer": buffer}})
         entries.append({"binding": shader.info_binding, "resource": {"buffer": shape.info_buffer}})
@@ -587,7 +712,8 @@ class WgpuExecutor(Executor):
             state = device.create_buffer(size=state_bytes, usage=self._usage_storage)
             entries.append({"binding": shader.state_binding, "resource": {"buffer": state}})
         group = device.create_bind_group(layout=native.group_layout, entries=entries)
-        return _Bound(group=group, buffers=buffers, status=status, state=state)
+        readback = device.create_buffer(size=shape.readback_bytes, usage=self._usage_readback)
+        return _Bound(group=group, buffers=buffers, status=status, state=state, readback=readback)
 
     def _encode(self, encoder: Any, launch: Launch, bound: _Bound, iterations: int) -> None:
         shape: _Shape = launch.shape
@@ -598,17 +724,14 @@ class WgpuExecutor(Executor):
             compute.dispatch_workgroups(*shape.grid)
         compute.end()
 
-    def _encode_readback(self, encoder: Any, launch: Launch, bound: _Bound) -> Any:
+    def _encode_readback(self, encoder: Any, launch: Launch, bound: _Bound) -> None:
         shape: _Shape = launch.shape
-        readback = self._device.create_buffer(
-            size=shape.readback_bytes, usage=self._usage_readback
-        )
+        readback = bound.readback
         for index, offset, nbytes, _ in shape.outputs:
             if nbytes:
                 encoder.copy_buffer_to_buffer(bound.buffers[index], 0, readback, offset, nbytes)
         if bound.status is not None and shape.status_offset is not None:
             encoder.copy_buffer_to_buffer(bound.status, 0, readback, shape.status_offset, 4)
-        return readback
 
     def _failure(self, exc: BaseException) -> BackendError:
         if isinstance(exc, BackendError):
@@ -640,9 +763,7 @@ class WgpuExecutor(Executor):
         with anyio.move_on_after(timeout):
             await poll_until(lambda: not self._thread.is_alive())
         if self._thread.is_alive():
-            _log.warning(
-                "wgpu backend closed with a dispatch still running after %.1f s", timeout
-            )
+            _log.warning("wgpu backend closed with a dispatch still running after %.1f s", timeout)
 
     def device_lost(self) -> bool:
         return self._lost

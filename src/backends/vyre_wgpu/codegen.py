@@ -289,6 +289,9 @@ class _Emitter:
             self.depth -= 1
             self.line("}")
 
+    def declare(self, cname: str, dtype: DType, name: str) -> None:
+        self.line(f"var {cname}: {_VALUE_TYPE[dtype]} = {_ZERO[dtype]}; // {sanitize(name)}")
+
     def temp(self, dtype: DType, value: str) -> str:
         name = f"t{self.temps}"
         self.temps += 1
@@ -359,14 +362,15 @@ class _Emitter:
                 "  let vy_nt = vy_wx * vy_wy * vy_wz;",
             ]
             for buf in shared:
+                zero = "0u" if buf.decl.dtype is DType.BOOL else _ZERO[buf.decl.dtype]
                 store = (
                     f"atomicStore(&{buf.name}[vy_i], 0u)"
                     if buf.atomic
-                    else f"{buf.name}[vy_i] = {_ZERO[buf.decl.dtype] if buf.decl.dtype is not DType.BOOL else '0u'}"
+                    else f"{buf.name}[vy_i] = {zero}"
                 )
                 head.append(
-                    f"  for (var vy_i: u32 = vy_tid; vy_i < {buf.decl.count}u; vy_i = vy_i + vy_nt) "
-                    f"{{ {store}; }}"
+                    f"  for (var vy_i: u32 = vy_tid; vy_i < {buf.decl.count}u; "
+                    f"vy_i = vy_i + vy_nt) {{ {store}; }}"
                 )
             head.append("  workgroupBarrier();")
         if self.uses_live:
@@ -429,7 +433,9 @@ class _Emitter:
                 cname = f"v{self.vars}"
                 self.vars += 1
                 dtype = self.dtype_of(value)
-                self.line(f"var {cname}: {_VALUE_TYPE[dtype]} = {_ZERO[dtype]}; // {sanitize(name)}")
+                self.line(
+                    f"var {cname}: {_VALUE_TYPE[dtype]} = {_ZERO[dtype]}; // {sanitize(name)}"
+                )
                 with self.live(guarded):
                     operand, _ = self.expr(value)
                     self.line(f"{cname} = {operand};")
@@ -447,7 +453,9 @@ class _Emitter:
                     if buf.decl.dtype is DType.BOOL:
                         v = f"select(0u, 1u, {v})"
                     if buf.atomic:
-                        self.line(f"if ({i} < {buf.length}) {{ atomicStore(&{buf.name}[{i}], {v}); }}")
+                        self.line(
+                            f"if ({i} < {buf.length}) {{ atomicStore(&{buf.name}[{i}], {v}); }}"
+                        )
                     else:
                         self.line(f"if ({i} < {buf.length}) {{ {buf.name}[{i}] = {v}; }}")
             case If(cond=cond, then=then, orelse=orelse):
@@ -527,7 +535,9 @@ class _Emitter:
                 cname = f"v{self.vars}"
                 self.vars += 1
                 dtype = self.dtype_of(value)
-                self.line(f"var {cname}: {_VALUE_TYPE[dtype]} = {_ZERO[dtype]}; // {sanitize(name)}")
+                self.line(
+                    f"var {cname}: {_VALUE_TYPE[dtype]} = {_ZERO[dtype]}; // {sanitize(name)}"
+                )
                 self.slot(cname, dtype)
                 with self.block("if (vy_resume)"):
                     self.line(self.restore(cname))
@@ -576,11 +586,10 @@ class _Emitter:
                 self.line(f"var {enter}: bool = false;")
                 self.slot(cname, DType.U32)
                 self.slot(hi, DType.U32)
-                with self.block("if (vy_resume)"):
-                    with self.block(f"if ({self.in_range(own, loops)})"):
-                        self.line(self.restore(cname))
-                        self.line(self.restore(hi))
-                        self.line(f"{enter} = true;")
+                with self.block("if (vy_resume)"), self.block(f"if ({self.in_range(own, loops)})"):
+                    self.line(self.restore(cname))
+                    self.line(self.restore(hi))
+                    self.line(f"{enter} = true;")
                 with self.block("else"):
                     lo_value = self.expr(start)[0]
                     hi_value = self.expr(end)[0]
@@ -684,7 +693,7 @@ class _Emitter:
 
     # Expressions ------------------------------------------------------------------
     def expr(self, expr: Expr) -> tuple[str, DType]:
-        """Emit ``expr``; return a side-effect-free WGSL operand holding its value, and its dtype."""
+        """Emit ``expr``; return a side-effect-free WGSL operand of its value, and its dtype."""
         match expr:
             case Const():
                 if expr.dtype is DType.F32:
