@@ -9,10 +9,12 @@ the length of a kernel; here the loop only hands a job to the thread.
 A dispatch is one job: fresh storage buffers (WebGPU zero-fills them: the
 IR's WRITE buffers start at zero), the inputs written with
 ``queue.write_buffer``, one compute pass, one copy of every output into one
-read-back buffer, one submit, one map. ``dispatch_batch`` records all its
-launches in one command buffer and submits once. A grid wider than the
-adapter's ``max-compute-workgroups-per-dimension`` is refused before launch
-(the driver checks ``max_grid_size``).
+read-back buffer, one submit, one map (the buffers are pooled per launch
+shape and reused). ``dispatch_batch`` records all its launches in one command
+buffer and submits once, and so does the device thread for every dispatch
+queued while it was busy. A grid wider than the adapter's
+``max-compute-workgroups-per-dimension`` runs as several launches of one
+pass, each told its workgroup offset (``vy_info.base``).
 
 Lavapipe (Mesa's CPU Vulkan driver) ends every loop of an invocation after
 65 535 iterations in all. On that adapter the shaders carry a loop guard
@@ -248,7 +250,9 @@ class _Shape:
     pipeline: Any
     grid: tuple[int, int, int]
     sizes: tuple[int, ...]  # bytes of each storage binding (>= 4)
-    info: bytes
+    #: One (workgroup offset, workgroup counts, info block) per launch of the grid: a
+    #: grid wider than the adapter's workgroups per dimension runs as several launches.
+    chunks: tuple[tuple[tuple[int, int, int], tuple[int, int, int], bytes], ...]
     outputs: tuple[tuple[int, int, int, Any], ...]  # (binding, offset, nbytes, dtype)
     readback_bytes: int
     status_offset: int | None
@@ -256,7 +260,7 @@ class _Shape:
     #: bindings zero-filled before it (WRITE buffers start at zero).
     writes: tuple[tuple[int, int], ...] = ()
     clears: tuple[int, ...] = ()
-    info_buffer: Any = None
+    info_buffers: list[Any] | None = None
     #: Idle buffer sets of this shape, reused by later launches (at most `_POOL`).
     pool: list[_Bound] = field(default_factory=list)
 
@@ -265,7 +269,7 @@ class _Shape:
 class _Bound:
     """One launch's buffers, bind group and read-back buffer."""
 
-    group: Any
+    groups: list[Any]  # one bind group per chunk of the grid
     buffers: list[Any]
     status: Any
     state: Any
@@ -325,7 +329,6 @@ class WgpuExecutor(Executor):
     # Identity and description ------------------------------------------------------
     def capabilities(self) -> BackendCapabilities:
         lim = self._limits
-        per_axis = int(lim.get("max-compute-workgroups-per-dimension", 65_535))
         kind = "CPU adapter" if self.cpu_adapter else str(self.adapter_info.get("adapter_type"))
         return BackendCapabilities(
             async_compute=False,  # one queue: dispatches run one after another
@@ -337,7 +340,8 @@ class WgpuExecutor(Executor):
             max_workgroup_lanes=int(lim["max-compute-invocations-per-workgroup"]),
             max_storage_buffer_bytes=int(lim["max-storage-buffer-binding-size"]),
             max_workgroup_memory_bytes=int(lim["max-compute-workgroup-storage-size"]),
-            max_grid_size=(per_axis, per_axis, per_axis),
+            # Wider grids run as several launches (plan_shape): no limit to report.
+            max_grid_size=None,
             device_name=f"{self.adapter_info.get('device', '?')} "
             f"({self.adapter_info.get('backend_type', '?')}, {kind})",
             cpu_device=self.cpu_adapter,
@@ -491,6 +495,15 @@ class WgpuExecutor(Executor):
         words[: len(lens)] = lens
         grid = plan.geometry.grid
         words[shader.info_words - 4 : shader.info_words - 1] = grid
+        step = int(self._limits.get("max-compute-workgroups-per-dimension", 65_535))
+        chunks = []
+        for z in range(0, max(grid[2], 1), step):
+            for y in range(0, max(grid[1], 1), step):
+                for x in range(0, max(grid[0], 1), step):
+                    base = (x, y, z)
+                    counts3 = tuple(min(step, g - b) for g, b in zip(grid, base, strict=True))
+                    words[shader.info_words - 8 : shader.info_words - 5] = base
+                    chunks.append((base, counts3, words.tobytes()))
         sizes = tuple(max(4, 4 * n) for n in lens)
         outputs = []
         offset = 0
@@ -517,7 +530,7 @@ class WgpuExecutor(Executor):
             pipeline=pipeline,
             grid=grid,
             sizes=sizes,
-            info=words.tobytes(),
+            chunks=tuple(chunks),
             outputs=tuple(outputs),
             readback_bytes=max(4, offset),
             status_offset=status_offset,
@@ -693,17 +706,19 @@ class WgpuExecutor(Executor):
         native: _Native = launch.pipeline.native
         shape: _Shape = launch.shape
         shader = native.shader
-        if shape.info_buffer is None:
-            shape.info_buffer = device.create_buffer_with_data(
-                data=shape.info, usage=self._usage_uniform
-            )
+        if shape.info_buffers is None:
+            shape.info_buffers = [
+                device.create_buffer_with_data(data=info, usage=self._usage_uniform)
+                for _, _, info in shape.chunks
+            ]
         buffers = []
         entries = []
         for binding, size in zip(shader.bindings, shape.sizes, strict=True):
             buffer = device.create_buffer(size=size, usage=self._usage_storage)
             buffers.append(buffer)
             entries.append({"binding": binding.index, "resource": {"buffer": buffer}})
-        entries.append({"binding": shader.info_binding, "resource": {"buffer": shape.info_buffer}})
+        info_entry = {"binding": shader.info_binding, "resource": {"buffer": None}}
+        entries.append(info_entry)
         status = state = None
         if shader.status_binding is not None:
             status = device.create_buffer(size=4, usage=self._usage_storage)
@@ -711,17 +726,21 @@ class WgpuExecutor(Executor):
         if shader.state_binding is not None:
             state = device.create_buffer(size=state_bytes, usage=self._usage_storage)
             entries.append({"binding": shader.state_binding, "resource": {"buffer": state}})
-        group = device.create_bind_group(layout=native.group_layout, entries=entries)
+        groups = []
+        for info_buffer in shape.info_buffers:
+            info_entry["resource"] = {"buffer": info_buffer}
+            groups.append(device.create_bind_group(layout=native.group_layout, entries=entries))
         readback = device.create_buffer(size=shape.readback_bytes, usage=self._usage_readback)
-        return _Bound(group=group, buffers=buffers, status=status, state=state, readback=readback)
+        return _Bound(groups=groups, buffers=buffers, status=status, state=state, readback=readback)
 
     def _encode(self, encoder: Any, launch: Launch, bound: _Bound, iterations: int) -> None:
         shape: _Shape = launch.shape
         compute = encoder.begin_compute_pass()
         compute.set_pipeline(shape.pipeline)
-        compute.set_bind_group(0, bound.group)
         for _ in range(iterations):  # fixpoint iterations: the buffers carry over
-            compute.dispatch_workgroups(*shape.grid)
+            for group, (_, counts, _) in zip(bound.groups, shape.chunks, strict=True):
+                compute.set_bind_group(0, group)
+                compute.dispatch_workgroups(*counts)
         compute.end()
 
     def _encode_readback(self, encoder: Any, launch: Launch, bound: _Bound) -> None:
