@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -301,7 +302,14 @@ class WgpuExecutor(Executor):
         info = dict(self._adapter.info)
         self.adapter_info = info
         self.cpu_adapter = info.get("adapter_type") not in _HARDWARE
-        self.loop_cap = LAVAPIPE_LOOP_CAP if "llvmpipe" in str(info.get("device", "")) else None
+        device = str(info.get("device", ""))
+        self.loop_cap = LAVAPIPE_LOOP_CAP if "llvmpipe" in device else None
+        #: Loop-bound tests per lane per slice: the cap shared by one SIMD vector of
+        #: lanes ("llvmpipe (LLVM 15.0.6, 256 bits)": 8 lanes; 16 when not said), less
+        #: a margin.
+        bits = re.search(r"(\d+) bits", device)
+        lanes = max(1, int(bits.group(1)) // 32) if bits else 16
+        self.slice_budget = max(64, (LAVAPIPE_LOOP_CAP - 1_000) // lanes)
         limits = dict(self._adapter.limits)
         required = {k: limits[k] for k in _LIMITS if k in limits}
         try:
@@ -357,12 +365,15 @@ class WgpuExecutor(Executor):
     def compiler_fingerprint(self) -> str:
         return (
             f"wgpu-py {self._wgpu.__version__}; codegen {CODEGEN_VERSION}; "
-            f"prelude {PRELUDE_DIGEST}; loop guard {self.loop_cap is not None}"
+            f"prelude {PRELUDE_DIGEST}; loop guard {self.loop_cap is not None}; "
+            f"slice budget {self.slice_budget}"
         )
 
     # Pipelines ---------------------------------------------------------------------
     def build_pipeline(self, program: Program, config: DispatchConfig) -> _Native:
-        shader = generate(program, loop_guard=self.loop_cap is not None)
+        shader = generate(
+            program, loop_guard=self.loop_cap is not None, slice_budget=self.slice_budget
+        )
         return self._compile(shader)
 
     def _compile(self, shader: ShaderSource) -> _Native:

@@ -137,21 +137,25 @@ class ShaderSource:
     uses_barrier: bool
 
 
-#: Loop iterations one lane runs in one slice of a sliced shader (below lavapipe's
-#: 65 535 per invocation, which every loop of the shader shares).
-SLICE_BUDGET = 60_000
+#: Default loop-bound tests one lane runs in one slice of a sliced shader. Lavapipe
+#: allows 65 535 per SIMD vector of lanes (every loop of the shader together, and a
+#: vector runs a loop as long as its slowest lane), so the executor passes
+#: ``65 535 / lanes per vector`` less a margin (`vyre_wgpu.backend`).
+SLICE_BUDGET = 8_000
 #: Words of ``vy_state`` before the first lane's record: [0] is the slice number.
 STATE_HEADER_WORDS = 4
 
 
-def generate(program: Program, *, loop_guard: bool = False) -> ShaderSource:
+def generate(
+    program: Program, *, loop_guard: bool = False, slice_budget: int = SLICE_BUDGET
+) -> ShaderSource:
     """Return the WGSL shader of ``program`` (which must validate).
 
     Args:
         program: A valid program (run `vyre_async.ir.validate_or_raise` first).
         loop_guard: For an adapter that cuts long loops (lavapipe). A program
             with loops and without barriers or workgroup memory is **sliced**:
-            each lane runs at most `SLICE_BUDGET` loop iterations per launch,
+            each lane tests loop bounds at most ``slice_budget`` times per launch,
             then saves its variables and where it was to its record in
             ``vy_state`` and sets bit 1 of ``vy_status``; the executor launches
             again with the next slice number in ``vy_state[0]`` and suspended
@@ -164,7 +168,7 @@ def generate(program: Program, *, loop_guard: bool = False) -> ShaderSource:
         InvalidProgram: the program names an undeclared buffer or variable or is
             ill-typed (never for a valid program).
     """
-    return _Emitter(program, loop_guard).run()
+    return _Emitter(program, loop_guard, slice_budget).run()
 
 
 def _loops_in(statements: tuple[Stmt, ...]) -> int:
@@ -231,9 +235,12 @@ def _has_barrier(statements: tuple[Stmt, ...]) -> bool:
 class _Emitter:
     """Emits one shader; all state of one generation lives here."""
 
-    def __init__(self, program: Program, loop_guard: bool) -> None:
+    def __init__(
+        self, program: Program, loop_guard: bool, slice_budget: int = SLICE_BUDGET
+    ) -> None:
         self.program = program
         self.loop_guard = loop_guard
+        self.slice_budget = slice_budget
         self.lines: list[str] = []
         self.depth = 1
         self.temps = 0
@@ -384,7 +391,7 @@ class _Emitter:
                 f"  let vy_rec = {STATE_HEADER_WORDS}u + vy_lane * {words}u;",
                 f"  let vy_saves = vy_rec + {words}u <= arrayLength(&vy_state);",
                 "  let vy_slice = vy_state[0];",
-                f"  var vy_budget: u32 = {SLICE_BUDGET}u;",
+                f"  var vy_budget: u32 = {self.slice_budget}u;",
                 "  var vy_resume: bool = false;",
                 "  var vy_at: u32 = 0u;",
                 "  if (vy_slice == 0u) {",
@@ -598,14 +605,16 @@ class _Emitter:
                     self.line(f"{enter} = true;")
                 with self.block(f"if ({enter})"):
                     with self.block("loop"):
-                        self.line(f"if ({cname} >= {hi}) {{ break; }}")
-                        self.scopes[-1][var] = (cname, DType.U32)
+                        # The budget counts every test of the bound, the one that ends
+                        # the loop too, as lavapipe's limiter does.
                         with self.block("if (vy_resume)"):
                             self.line(f"if (vy_at == {own}u) {{ vy_resume = false; }}")
                         with self.block("else"):
                             with self.block("if (vy_budget == 0u)"):
                                 self.save(own)
                             self.line("vy_budget = vy_budget - 1u;")
+                        self.line(f"if ({cname} >= {hi}) {{ break; }}")
+                        self.scopes[-1][var] = (cname, DType.U32)
                         self.body(inner_body)
                         with self.block("continuing"):
                             self.line(f"{cname} = {cname} + 1u;")
@@ -653,7 +662,7 @@ class _Emitter:
                 fix="run vyre_async.ir.validate(program) and fix what it lists",
             ) from None
 
-    def opaque(self, operand: str) -> str:
+    def opaque(self, operand: str) -> str:  # (docstring below)
         """``operand``, as a value no shader compiler can see through.
 
         WGSL lets compilers assume floats are finite, and Mesa rewrites ``x * 0``
@@ -663,6 +672,8 @@ class _Emitter:
         (always 0, unknown to the compiler) times a number of its own, so no two
         of them are the same value to the compiler and none is a constant.
         """
+        if operand.startswith("vy_o("):  # an f32 constant, opaque already
+            return operand
         self.opaques += 1
         return f"vy_o({operand}, {self.opaques}u)"
 
