@@ -590,6 +590,7 @@ class WgpuExecutor(Executor):
             finally:
                 with self._count_lock:
                     self._in_flight -= len(launches)
+            launches = more = None  # type: ignore[assignment]  # keep no dispatch alive while idle
             if ending:
                 return
 
