@@ -512,7 +512,11 @@ class WgpuExecutor(Executor):
             for y in range(0, max(grid[1], 1), step):
                 for x in range(0, max(grid[0], 1), step):
                     base = (x, y, z)
-                    counts3 = tuple(min(step, g - b) for g, b in zip(grid, base, strict=True))
+                    counts3 = (
+                        min(step, grid[0] - x),
+                        min(step, grid[1] - y),
+                        min(step, grid[2] - z),
+                    )
                     words[shader.info_words - 8 : shader.info_words - 5] = base
                     chunks.append((base, counts3, words.tobytes()))
         sizes = tuple(max(4, 4 * n) for n in lens)
@@ -590,7 +594,8 @@ class WgpuExecutor(Executor):
             finally:
                 with self._count_lock:
                     self._in_flight -= len(launches)
-            launches = more = None  # type: ignore[assignment]  # keep no dispatch alive while idle
+            del launches  # keep no dispatch alive while idle
+            more = None
             if ending:
                 return
 
