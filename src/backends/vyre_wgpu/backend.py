@@ -374,7 +374,9 @@ class WgpuExecutor(Executor):
         shader = generate(
             program, loop_guard=self.loop_cap is not None, slice_budget=self.slice_budget
         )
-        return self._compile(shader)
+        native = self._compile(shader)
+        self._pipeline(native, shader.workgroup_size)  # the compile happens now, not at launch
+        return native
 
     def _compile(self, shader: ShaderSource) -> _Native:
         wgpu = self._wgpu
@@ -421,6 +423,25 @@ class WgpuExecutor(Executor):
         group_layout = device.create_bind_group_layout(entries=entries)
         layout = device.create_pipeline_layout(bind_group_layouts=[group_layout])
         return _Native(shader=shader, module=module, group_layout=group_layout, layout=layout)
+
+    def _pipeline(self, native: _Native, workgroup: tuple[int, int, int]) -> Any:
+        """The compute pipeline of ``native`` for one workgroup size (the driver's shader
+        compiler runs here: on lavapipe, LLVM)."""
+        pipeline = native.pipelines.get(workgroup)
+        if pipeline is None:
+            constants = {"vy_wx": workgroup[0], "vy_wy": workgroup[1], "vy_wz": workgroup[2]}
+            try:
+                pipeline = self._device.create_compute_pipeline(
+                    layout=native.layout,
+                    compute={"module": native.module, "entry_point": ENTRY, "constants": constants},
+                )
+            except Exception as exc:
+                raise KernelCompileFailed(
+                    f"wgpu could not build the compute pipeline for workgroup {workgroup}: {exc}",
+                    fix="report the program's wire bytes to the vyre-async maintainers",
+                ) from exc
+            native.pipelines[workgroup] = pipeline
+        return pipeline
 
     def serialize_pipeline(self, native: Any) -> bytes | None:
         """The WGSL and its reflection (bindings, blocks, sizes): all WebGPU lets one keep.
@@ -480,26 +501,14 @@ class WgpuExecutor(Executor):
             workgroup_bytes=record["workgroup_bytes"],
             uses_barrier=record["uses_barrier"],
         )
-        return self._compile(shader)
+        native = self._compile(shader)
+        self._pipeline(native, shader.workgroup_size)
+        return native
 
     # Dispatch ----------------------------------------------------------------------
     def plan_shape(self, native: Any, plan: BindingPlan, config: DispatchConfig) -> _Shape:
         shader: ShaderSource = native.shader
-        workgroup = plan.geometry.workgroup
-        pipeline = native.pipelines.get(workgroup)
-        if pipeline is None:
-            constants = {"vy_wx": workgroup[0], "vy_wy": workgroup[1], "vy_wz": workgroup[2]}
-            try:
-                pipeline = self._device.create_compute_pipeline(
-                    layout=native.layout,
-                    compute={"module": native.module, "entry_point": ENTRY, "constants": constants},
-                )
-            except Exception as exc:
-                raise KernelCompileFailed(
-                    f"wgpu could not build the compute pipeline for workgroup {workgroup}: {exc}",
-                    fix="report the program's wire bytes to the vyre-async maintainers",
-                ) from exc
-            native.pipelines[workgroup] = pipeline
+        pipeline = self._pipeline(native, plan.geometry.workgroup)
         counts = dict(zip((d.name for d in plan.program.buffers), plan.counts, strict=True))
         lens = [counts[b.name] for b in shader.bindings]
         words = np.zeros(shader.info_words, np.uint32)
