@@ -426,11 +426,10 @@ fn vy_tanh(x: f32) -> f32 {
   let z = x * x;
   return x + x * (z * (vy_f32(0xbeaaaaabu) + z * (vy_f32(0x3e088889u) + z * (vy_f32(0xbd5d0dd1u) + z * (vy_f32(0x3cb327a4u) + z * (vy_f32(0xbc11371bu) + z * (vy_f32(0x3b6b69e8u) + z * (vy_f32(0xbabed1b2u) + z * (vy_f32(0x3a1aac12u) + z * (vy_f32(0xb97abebcu)))))))))));
 }
-// sin and cos: x = k * pi/2 + r, reduced with three exact fmas (pi/2 split in three
-// f32 parts) up to |x| = 105 615 and Payne-Hanek beyond, then Cephes' polynomials on
-// [-pi/4, pi/4].
-// Payne-Hanek reduction for |x| > 105 615 (where the fmas lose bits): x * 2/pi mod 4
-// from the bits of 2/pi (vy_twobypi, 288 of them) on integers. Returns (r, quadrant).
+// sin and cos: |x| = k * pi/2 + r, reduced by Payne-Hanek on integers for every
+// |x| >= pi/4 (vy_reduce_big), then Cephes' polynomials on [-pi/4, pi/4].
+// Payne-Hanek reduction for pi/4 <= |x|: x * 2/pi mod 4 from the bits of 2/pi
+// (vy_twobypi, 288 of them) on integers. Returns (r, quadrant).
 var<private> vy_twobypi: array<u32, 9> = array<u32, 9>(0xa2f9836eu, 0x4e441529u, 0xfc2757d1u, 0xf534ddc0u, 0xdb629599u, 0x3c439041u, 0xfe5163abu, 0xdebbc561u, 0xb7246e3au);
 fn vy_bits_at(p: array<u32, 5>, pos: u32) -> u32 {
   var q = p;
@@ -468,18 +467,20 @@ fn vy_reduce_big(a: f32) -> vec2<f32> {
   }
   let z = vy_clz64(frac);
   if (z >= 64u) { return vec2<f32>(vy_f32(0u), f32(q)); }
+  // The top 32 bits of the fraction as a sum of two floats (hi rounded, lo exact),
+  // times pi/2 = p1 + p2 with one exact fma.
   let top = vy_shl64(frac, z).y;
-  let t = vy_scale(vy_u2f(top), -32 - i32(z));
-  var r = vy_fma(t, vy_f32(0x3fc90fdbu), t * vy_f32(0xb33bbd2eu));
+  let hi = vy_u2f(top);
+  let lo = vy_i2f(bitcast<i32>(top - vy_f2u(hi)));
+  let th = vy_scale(hi, -32 - i32(z));
+  let tl = vy_scale(lo, -32 - i32(z));
+  var r = vy_fma(th, vy_f32(0x3fc90fdbu), th * vy_f32(0xb33bbd2eu) + tl * vy_f32(0x3fc90fdbu));
   if (neg) { r = vy_fneg(r); }
   return vec2<f32>(r, f32(q));
 }
-fn vy_sincos_r(x: f32) -> vec2<f32> {
-  let k = vy_round(x * vy_f32(0x3f22f983u));
-  var r = vy_fma(-k, vy_f32(0x3fc90fdbu), x);
-  r = vy_fma(-k, vy_f32(0xb33bbd2eu), r);
-  r = vy_fma(-k, vy_f32(0xa6f72cedu), r);
-  return vec2<f32>(r, k);
+fn vy_sincos_r(a: f32) -> vec2<f32> {
+  if (bitcast<u32>(a) < 0x3f490fdbu) { return vec2<f32>(a, 0.0); }
+  return vy_reduce_big(a);
 }
 fn vy_sin_poly(r: f32) -> f32 {
   let z = r * r;
@@ -494,8 +495,7 @@ fn vy_sin(x: f32) -> f32 {
   let a = bitcast<u32>(x) & 0x7fffffffu;
   if (a >= 0x7f800000u) { return vy_f32(0x7fc00000u); }
   if (a < 0x39800000u) { return x; }
-  var rk: vec2<f32>;
-  if (a > 0x47ce4780u) { rk = vy_reduce_big(bitcast<f32>(a)); } else { rk = vy_sincos_r(bitcast<f32>(a)); }
+  let rk = vy_sincos_r(bitcast<f32>(a));
   let q = u32(rk.y) & 3u;
   var v: f32;
   if ((q & 1u) == 0u) { v = vy_sin_poly(rk.x); } else { v = vy_cos_poly(rk.x); }
@@ -506,8 +506,7 @@ fn vy_sin(x: f32) -> f32 {
 fn vy_cos(x: f32) -> f32 {
   let a = bitcast<u32>(x) & 0x7fffffffu;
   if (a >= 0x7f800000u) { return vy_f32(0x7fc00000u); }
-  var rk: vec2<f32>;
-  if (a > 0x47ce4780u) { rk = vy_reduce_big(bitcast<f32>(a)); } else { rk = vy_sincos_r(bitcast<f32>(a)); }
+  let rk = vy_sincos_r(bitcast<f32>(a));
   let q = (u32(rk.y) + 1u) & 3u;
   var v: f32;
   if ((q & 1u) == 0u) { v = vy_sin_poly(rk.x); } else { v = vy_cos_poly(rk.x); }
