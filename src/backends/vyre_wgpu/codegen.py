@@ -610,9 +610,10 @@ class _Emitter:
                         with self.block("if (vy_resume)"):
                             self.line(f"if (vy_at == {own}u) {{ vy_resume = false; }}")
                         with self.block("else"):
-                            with self.block("if (vy_budget == 0u)"):
+                            with self.block("if (vy_budget <= vy_ticks)"):
                                 self.save(own)
-                            self.line("vy_budget = vy_budget - 1u;")
+                            self.line("vy_budget = vy_budget - 1u - vy_ticks;")
+                            self.line("vy_ticks = 0u;")
                         self.line(f"if ({cname} >= {hi}) {{ break; }}")
                         self.scopes[-1][var] = (cname, DType.U32)
                         self.body(inner_body)
@@ -679,11 +680,13 @@ class _Emitter:
 
     def index(self, index: Expr) -> str:
         """An index operand that is never a const-expression (naga refuses a constant index
-        that is out of bounds, which the IR defines: the access is skipped)."""
+        that is out of bounds, which the IR defines: a load gives 0, a store is skipped)."""
         i, _ = self.expr(index)
-        if isinstance(index, Const):
-            return self.temp(DType.U32, f"vy_idx({i})")
-        return i
+        if isinstance(index, Var | Load | Atomic | Builtin):
+            return i  # run-time values already
+        # Anything else may be a const-expression (a literal, `1u + 0u`, the BufLen of a
+        # workgroup array): naga refuses an out-of-bounds constant index.
+        return self.temp(DType.U32, f"vy_idx({i})")
 
     def truth(self, cond: Expr) -> str:
         operand, dtype = self.expr(cond)

@@ -39,6 +39,8 @@ PRELUDE_VERSION = 1
 PRELUDE = r"""// vyre_wgpu prelude v1: exact IR semantics (ir.md). Generated code; do not edit.
 fn vy_f32(bits: u32) -> f32 { return bitcast<f32>(bits); }
 fn vy_idx(i: u32) -> u32 { return i; }
+// Turns of the prelude's own loops since the last loop-budget check (sliced shaders).
+var<private> vy_ticks: u32 = 0u;
 // x, unchanged, but not a value the compiler can fold: vy_info.grid.w is always 0.
 fn vy_o(x: f32, k: u32) -> f32 { return bitcast<f32>(bitcast<u32>(x) ^ (vy_info.grid.w * k)); }
 fn vy_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
@@ -105,10 +107,12 @@ fn vy_fmax(a: f32, b: f32) -> f32 {
 fn vy_fneg(x: f32) -> f32 { return bitcast<f32>(bitcast<u32>(x) ^ 0x80000000u); }
 fn vy_fabs(x: f32) -> f32 { return bitcast<f32>(bitcast<u32>(x) & 0x7fffffffu); }
 fn vy_ftrue(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) != 0u; }
-// f32 mod: C fmodf (exact; the sign of the dividend), on the bits and without loops
-// (a loop here would count against lavapipe's loop cap). With x = mx * 2^ex and
+// f32 mod: C fmodf (exact; the sign of the dividend), on the bits. With x = mx * 2^ex and
 // y = my * 2^ey (24-bit mantissas), x mod y = ((mx * 2^(ex - ey)) mod my) * 2^ey,
 // and the power of two is taken 8 bits at a time: (r * 2^8) mod my = ((r mod my) * 2^8) mod my.
+// A loop of at most 35 turns: the same steps unrolled hang lavapipe's compiler when both
+// operands are uniform. Its turns count in vy_ticks, which a sliced shader's loop budget
+// also spends (lavapipe's loop cap counts them too).
 fn vy_fmod(x: f32, y: f32) -> f32 {
   let ux = bitcast<u32>(x); let uy = bitcast<u32>(y);
   let sx = ux & 0x80000000u;
@@ -122,41 +126,7 @@ fn vy_fmod(x: f32, y: f32) -> f32 {
   if (ey == 0) { let z = i32(countLeadingZeros(ay)) - 8; my = ay << u32(z); ey = 1 - z; }
   var d = ex - ey;
   var r = mx % my;
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
-  if (d >= 8) { r = (r << 8u) % my; d = d - 8; }
+  loop { if (d < 8) { break; } vy_ticks = vy_ticks + 1u; r = (r << 8u) % my; d = d - 8; }
   r = (r << u32(d)) % my;
   if (r == 0u) { return bitcast<f32>(sx); }
   let z = i32(countLeadingZeros(r)) - 8;
