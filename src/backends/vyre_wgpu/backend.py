@@ -103,8 +103,11 @@ _INSTALL_FIX = "pip install 'vyre-async[wgpu]' (wgpu-py, which bundles wgpu-nati
 
 #: Most launches the device thread records into one submission.
 _COALESCE = 64
-#: Idle buffer sets kept per launch shape.
-_POOL = 4
+#: Idle buffer sets kept per launch shape: as many as one submission holds for a small
+#: shape (up to `_SMALL_SET` bytes of buffers), a few for a large one.
+_POOL = 64
+_POOL_LARGE = 4
+_SMALL_SET = 1 << 20
 #: Limits requested from the adapter (its own maxima, not WebGPU's defaults).
 _LIMITS = (
     "max-storage-buffer-binding-size",
@@ -262,8 +265,10 @@ class _Shape:
     writes: tuple[tuple[int, int], ...] = ()
     clears: tuple[int, ...] = ()
     info_buffers: list[Any] | None = None
-    #: Idle buffer sets of this shape, reused by later launches (at most `_POOL`).
+    #: Idle buffer sets of this shape, reused by later launches (at most ``pool_size``:
+    #: `_POOL` sets of a small shape, `_POOL_LARGE` of one over `_SMALL_SET` bytes).
     pool: list[_Bound] = field(default_factory=list)
+    pool_size: int = 4
 
 
 @dataclass(slots=True)
@@ -274,7 +279,6 @@ class _Bound:
     buffers: list[Any]
     status: Any
     state: Any
-    readback: Any
 
 
 def _status(raw: np.ndarray, offset: int) -> int:
@@ -326,6 +330,8 @@ class WgpuExecutor(Executor):
         self._lost = False
         self._in_flight = 0
         self._count_lock = threading.Lock()
+        #: Idle read-back buffers by size (the device thread's own).
+        self._idle_readbacks: dict[int, list[Any]] = {}
         self._usage_storage = (
             wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
         )
@@ -560,6 +566,7 @@ class WgpuExecutor(Executor):
             status_offset=status_offset,
             writes=writes,
             clears=clears,
+            pool_size=_POOL if sum(sizes) <= _SMALL_SET else _POOL_LARGE,
         )
 
     def enqueue(self, launch: Launch) -> None:
@@ -616,11 +623,15 @@ class WgpuExecutor(Executor):
         write = device.queue.write_buffer
         encoder = device.create_command_encoder()
         sets = []
+        bases = []
+        total = 0
         for launch in live:
             launch.completer.mark_started()
             shape: _Shape = launch.shape
             bound = shape.pool.pop() if shape.pool else self._bind(launch)
             sets.append(bound)
+            bases.append(total)
+            total += shape.readback_bytes
             inputs = launch.inputs
             for index, position in shape.writes:
                 write(bound.buffers[index], 0, inputs[position])
@@ -629,17 +640,26 @@ class WgpuExecutor(Executor):
             if bound.status is not None:
                 encoder.clear_buffer(bound.status)
             self._encode(encoder, launch, bound, launch.config.iterations)
-            self._encode_readback(encoder, launch, bound)
+        # One read-back buffer, one map for the whole submission (wgpu-py submits before
+        # every read map: a map per launch costs a submit per launch).
+        readback = self._readback(total)
+        for launch, bound, base in zip(live, sets, bases, strict=True):
+            self._encode_readback(encoder, launch, bound, readback, base)
         start = time.perf_counter()
         device.queue.submit([encoder.finish()])
-        read = self._wgpu.MapMode.READ
-        for launch, bound in zip(live, sets, strict=True):
+        readback.map_sync(self._wgpu.MapMode.READ, 0, total)
+        raw_all = np.array(readback.read_mapped(0, total, copy=False), np.uint8)  # one copy
+        readback.unmap()
+        idle = self._idle_readbacks.setdefault(readback.size, [])
+        if len(idle) < 2:
+            idle.append(readback)
+        else:
+            readback.destroy()
+        device_s = time.perf_counter() - start
+        for launch, bound, base in zip(live, sets, bases, strict=True):
             shape = launch.shape
-            readback = bound.readback
-            readback.map_sync(read)
-            raw = np.array(readback.read_mapped(copy=False), np.uint8)  # one copy, then views
-            readback.unmap()
-            if len(shape.pool) < _POOL:
+            raw = raw_all[base : base + shape.readback_bytes]
+            if len(shape.pool) < shape.pool_size:
                 shape.pool.append(bound)
             if shape.status_offset is not None and _status(raw, shape.status_offset):
                 if launch.pipeline.native.shader.state_binding is None:
@@ -647,8 +667,15 @@ class WgpuExecutor(Executor):
                 else:  # long loops: run it again from the start, in slices
                     self._run_sliced(launch)
                 continue
-            device_s = time.perf_counter() - start
             launch.completer.resolve(_outputs(raw, shape), device_s=device_s)
+
+    def _readback(self, nbytes: int) -> Any:
+        """An idle read-back buffer of at least ``nbytes`` (sizes are powers of two)."""
+        size = max(256, 1 << (nbytes - 1).bit_length())
+        idle = self._idle_readbacks.get(size)
+        if idle:
+            return idle.pop()
+        return self._device.create_buffer(size=size, usage=self._usage_readback)
 
     def _still_wanted(self, launch: Launch) -> bool:
         """False (and the dispatch failed) once the backend closed or the result is unwanted."""
@@ -712,9 +739,10 @@ class WgpuExecutor(Executor):
                 slice_no += 1
         status_back.destroy()
         encoder = device.create_command_encoder()
-        self._encode_readback(encoder, launch, bound)
+        readback = device.create_buffer(size=shape.readback_bytes, usage=self._usage_readback)
+        self._encode_readback(encoder, launch, bound, readback, 0)
         device.queue.submit([encoder.finish()])
-        raw = self._read(bound.readback)
+        raw = self._read(readback)
         for buffer in (*bound.buffers, bound.status, bound.state):
             buffer.destroy()
         launch.completer.resolve(_outputs(raw, shape), device_s=time.perf_counter() - start)
@@ -756,8 +784,7 @@ class WgpuExecutor(Executor):
         for info_buffer in shape.info_buffers:
             info_entry["resource"] = {"buffer": info_buffer}
             groups.append(device.create_bind_group(layout=native.group_layout, entries=entries))
-        readback = device.create_buffer(size=shape.readback_bytes, usage=self._usage_readback)
-        return _Bound(groups=groups, buffers=buffers, status=status, state=state, readback=readback)
+        return _Bound(groups=groups, buffers=buffers, status=status, state=state)
 
     def _encode(self, encoder: Any, launch: Launch, bound: _Bound, iterations: int) -> None:
         shape: _Shape = launch.shape
@@ -769,14 +796,17 @@ class WgpuExecutor(Executor):
                 compute.dispatch_workgroups(*counts)
         compute.end()
 
-    def _encode_readback(self, encoder: Any, launch: Launch, bound: _Bound) -> None:
+    def _encode_readback(
+        self, encoder: Any, launch: Launch, bound: _Bound, readback: Any, base: int
+    ) -> None:
         shape: _Shape = launch.shape
-        readback = bound.readback
         for index, offset, nbytes, _ in shape.outputs:
             if nbytes:
-                encoder.copy_buffer_to_buffer(bound.buffers[index], 0, readback, offset, nbytes)
+                encoder.copy_buffer_to_buffer(
+                    bound.buffers[index], 0, readback, base + offset, nbytes
+                )
         if bound.status is not None and shape.status_offset is not None:
-            encoder.copy_buffer_to_buffer(bound.status, 0, readback, shape.status_offset, 4)
+            encoder.copy_buffer_to_buffer(bound.status, 0, readback, base + shape.status_offset, 4)
 
     def _failure(self, exc: BaseException) -> BackendError:
         if isinstance(exc, BackendError):
