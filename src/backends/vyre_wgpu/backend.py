@@ -381,7 +381,7 @@ class WgpuExecutor(Executor):
             program, loop_guard=self.loop_cap is not None, slice_budget=self.slice_budget
         )
         native = self._compile(shader)
-        self._pipeline(native, shader.workgroup_size)  # the compile happens now, not at launch
+        self._pipeline(native, shader.workgroup_size)  # (lavapipe runs LLVM at the first launch)
         return native
 
     def _compile(self, shader: ShaderSource) -> _Native:
@@ -431,8 +431,11 @@ class WgpuExecutor(Executor):
         return _Native(shader=shader, module=module, group_layout=group_layout, layout=layout)
 
     def _pipeline(self, native: _Native, workgroup: tuple[int, int, int]) -> Any:
-        """The compute pipeline of ``native`` for one workgroup size (the driver's shader
-        compiler runs here: on lavapipe, LLVM)."""
+        """The compute pipeline of ``native`` for one workgroup size.
+
+        Drivers compile here or at the pipeline's first launch (lavapipe: LLVM at the
+        first launch, so its cost shows in the first dispatch).
+        """
         pipeline = native.pipelines.get(workgroup)
         if pipeline is None:
             constants = {"vy_wx": workgroup[0], "vy_wy": workgroup[1], "vy_wz": workgroup[2]}
