@@ -1,10 +1,12 @@
 """The wgpu backend's tests run on a real WebGPU adapter: lavapipe (Mesa's CPU Vulkan
 driver) in CI, which `make test` installs where it can. Without wgpu-py or an adapter
-every test here is skipped, with the reason and what to install."""
+every test here is skipped, with the reason and what to install, unless
+``VYRE_REQUIRE_WGPU=1`` (CI sets it: there a missing adapter fails the run)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -12,20 +14,27 @@ import pytest
 from vyre_async import VyreBackend
 
 
+def _missing(reason: str) -> None:
+    if os.environ.get("VYRE_REQUIRE_WGPU") == "1":
+        pytest.fail(f"VYRE_REQUIRE_WGPU=1 and {reason}")
+    pytest.skip(reason)
+
+
 def adapter_or_skip() -> dict[str, str]:
     """The adapter `vyre_wgpu` would pick here, or skip the test with what is missing."""
     if importlib.util.find_spec("wgpu") is None:
-        pytest.skip("wgpu-py is not installed: pip install 'vyre-async[wgpu]'")
+        _missing("wgpu-py is not installed: pip install 'vyre-async[wgpu]'")
     from vyre_async.errors import UnsupportedFeature
     from vyre_wgpu import probe
 
     try:
         return probe()
     except UnsupportedFeature as exc:
-        pytest.skip(
+        _missing(
             "no Vulkan adapter: install mesa-vulkan-drivers and libvulkan1 (make test does, "
             f"as root): {exc}"
         )
+        raise
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ A wgpu error the reference does not raise is a divergence too, and so is a
 dispatch that does not return: every dispatch runs on a daemon thread given
 `LIMIT_S` seconds, so a shader compile that never ends (lavapipe, see
 `test_fmod_of_two_literals`) fails its test instead of hanging the session.
-Two tests fail today, on purpose, until the backend is fixed:
+Two tests guard bugs this file found (both fixed in the backend):
 `test_constant_out_of_range_workgroup_indices` and `test_fmod_of_two_literals`.
 
 The operands of one (operator, dtype) are batched into one dispatch: each new
@@ -943,9 +943,9 @@ async def test_constant_out_of_range_workgroup_indices(
     evaluate (``BufLen`` of that buffer, arithmetic on literals) and that is out of range is
     a shader-creation error for naga, where the IR defines it (reads 0, writes nothing):
     every such load, store and atomic must run and give the reference's bytes. Found by
-    this file's property test (explore profile): today all but the in-range controls and
-    the bare literal ``acc[1]`` (which the codegen wraps in ``vy_idx``) fail with
-    KernelCompileFailed."""
+    this file's property test (explore profile): all but the in-range controls and the
+    bare literal ``acc[1]`` failed with KernelCompileFailed until the codegen passed every
+    index that could be a const-expression through ``vy_idx``."""
     cases = workgroup_index_cases()
     found = await divergences(wgpu_backend, reference, cases)
     assert not found, _fail(found, len(cases))
@@ -1013,8 +1013,9 @@ def fmod_of_literals_case() -> Case:
 async def test_fmod_of_two_literals(wgpu_backend: VyreBackend, reference: VyreBackend) -> None:
     """f32 ``mod`` whose two operands are literals (so, in WGSL, both uniform: every f32
     constant is XOR-ed with ``vy_info.grid.w``): -2.0 and NaN, as the reference. Found by
-    this file: lavapipe's compile of such a shader (vy_fmod on two uniform values; with one
-    varying operand it is fast) does not finish in minutes, so ``dispatch`` never returns."""
-    # (compiled in well under a second once fixed; 10 s keeps the failure short)
+    this file: lavapipe's compile of such a shader (vy_fmod, then unrolled, on two uniform
+    values) did not finish in minutes, so ``dispatch`` never returned; vy_fmod is a loop
+    now."""
+    # (compiles in well under a second; 10 s keeps a failure short)
     found = await divergences(wgpu_backend, reference, [fmod_of_literals_case()], limit=10.0)
     assert not found, _fail(found, 1)

@@ -6,20 +6,22 @@ read-back buffer. On lavapipe a submit waits for the previous submission and
 a read map submits first, so any of them on the event loop could stall it for
 the length of a kernel; here the loop only hands a job to the thread.
 
-A dispatch is one job: fresh storage buffers (WebGPU zero-fills them: the
-IR's WRITE buffers start at zero), the inputs written with
-``queue.write_buffer``, one compute pass, one copy of every output into one
-read-back buffer, one submit, one map (the buffers are pooled per launch
-shape and reused). ``dispatch_batch`` records all its launches in one command
-buffer and submits once, and so does the device thread for every dispatch
-queued while it was busy. A grid wider than the adapter's
-``max-compute-workgroups-per-dimension`` runs as several launches of one
-pass, each told its workgroup offset (``vy_info.base``).
+A dispatch takes a pooled buffer set of its launch shape: the inputs written
+with ``queue.write_buffer``, WRITE buffers zero-filled with ``clear_buffer``,
+one compute pass, one copy of every output into the submission's read-back
+buffer. ``dispatch_batch`` records all its launches in one command buffer and
+submits once, and so does the device thread for every dispatch queued while it
+was busy (up to 64 launches or 64 MiB of outputs): one submit, one map. A
+grid wider than the adapter's ``max-compute-workgroups-per-dimension`` runs
+as several launches of one pass, each told its workgroup offset
+(``vy_info.base``).
 
 Lavapipe (Mesa's CPU Vulkan driver) ends every loop of an invocation after
-65 535 iterations in all. On that adapter the shaders carry a loop guard
-(`vyre_wgpu.codegen`) and a dispatch whose loop was cut fails with
-`UnsupportedFeature` instead of returning wrong outputs.
+65 535 iterations in all. On that adapter a program without barriers or
+workgroup memory whose loops outlast that is rerun in resumable slices
+(`vyre_wgpu.codegen.generate`, `_run_sliced`); other programs carry a loop
+guard, and a dispatch whose loop was cut fails with `UnsupportedFeature`
+instead of returning wrong outputs.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import blake3
 import numpy as np
 
 from vyre_async.abc import (
@@ -82,6 +86,11 @@ __dir__ = _public_dir(__name__)
 
 _log = logging.getLogger("vyre_async.wgpu")
 
+#: blake3 of the code generator's source: a change to it is a new cache identity even
+#: when nobody bumps `CODEGEN_VERSION` (the disk cache keeps generated WGSL).
+_CODEGEN_DIGEST = blake3.blake3((Path(__file__).parent / "codegen.py").read_bytes()).hexdigest()[
+    :16
+]
 #: The executor's version (part of every cache identity).
 VERSION = "0.1.0"
 #: Environment setting that picks the adapter: ``gpu`` (hardware only), ``cpu``
@@ -101,8 +110,10 @@ _DRIVER_FIX = (
 )
 _INSTALL_FIX = "pip install 'vyre-async[wgpu]' (wgpu-py, which bundles wgpu-native)"
 
-#: Most launches the device thread records into one submission.
+#: Most launches the device thread records into one submission (a batch may bring more),
+#: and the read-back bytes past which it stops adding queued ones.
 _COALESCE = 64
+_COALESCE_BYTES = 64 << 20
 #: Idle buffer sets kept per launch shape: as many as one submission holds for a small
 #: shape (up to `_SMALL_SET` bytes of buffers), a few for a large one.
 _POOL = 64
@@ -285,8 +296,11 @@ def _status(raw: np.ndarray, offset: int) -> int:
     return int(raw[offset : offset + 4].view(np.uint32)[0])
 
 
-def _outputs(raw: np.ndarray, shape: _Shape) -> list[np.ndarray]:
-    return [raw[offset : offset + nbytes].view(dtype) for _, offset, nbytes, dtype in shape.outputs]
+def _outputs(raw: np.ndarray, shape: _Shape, shared: bool = False) -> list[np.ndarray]:
+    """The launch's outputs: views of its read-back bytes, copied when other launches'
+    outputs share them (so a kept result does not keep a whole submission's bytes alive)."""
+    outputs = [raw[o : o + n].view(dtype) for _, o, n, dtype in shape.outputs]
+    return [out.copy() for out in outputs] if shared else outputs
 
 
 class WgpuExecutor(Executor):
@@ -330,6 +344,8 @@ class WgpuExecutor(Executor):
         self._lost = False
         self._in_flight = 0
         self._count_lock = threading.Lock()
+        #: The launches of the submission the device thread is running.
+        self._running: list[Launch] = []
         #: Idle read-back buffers by size (the device thread's own).
         self._idle_readbacks: dict[int, list[Any]] = {}
         self._usage_storage = (
@@ -370,7 +386,7 @@ class WgpuExecutor(Executor):
 
     def compiler_fingerprint(self) -> str:
         return (
-            f"wgpu-py {self._wgpu.__version__}; codegen {CODEGEN_VERSION}; "
+            f"wgpu-py {self._wgpu.__version__}; codegen {CODEGEN_VERSION} {_CODEGEN_DIGEST}; "
             f"prelude {PRELUDE_DIGEST}; loop guard {self.loop_cap is not None}; "
             f"slice budget {self.slice_budget}"
         )
@@ -596,7 +612,10 @@ class WgpuExecutor(Executor):
             if launches is None:
                 return
             ending = False
-            while len(launches) < _COALESCE:  # dispatches queued meanwhile join this submit
+            nbytes = sum(launch.shape.readback_bytes for launch in launches)
+            # Dispatches queued meanwhile join this submission, within a launch count and
+            # a read-back size (one read-back buffer holds all their outputs).
+            while len(launches) < _COALESCE and nbytes < _COALESCE_BYTES:
                 try:
                     more = self._queue.get_nowait()
                 except queue.Empty:
@@ -605,12 +624,15 @@ class WgpuExecutor(Executor):
                     ending = True
                     break
                 launches = launches + more
+                nbytes += sum(launch.shape.readback_bytes for launch in more)
+            self._running = launches
             try:
                 self._run_job(launches)
             except BaseException as exc:  # a bug here must not end the device thread
                 for launch in launches:
                     launch.completer.fail(self._failure(exc))
             finally:
+                self._running = []
                 with self._count_lock:
                     self._in_flight -= len(launches)
             del launches  # keep no dispatch alive while idle
@@ -659,6 +681,7 @@ class WgpuExecutor(Executor):
         else:
             readback.destroy()
         device_s = time.perf_counter() - start
+        reruns: list[Launch] = []
         for launch, bound, base in zip(live, sets, bases, strict=True):
             shape = launch.shape
             raw = raw_all[base : base + shape.readback_bytes]
@@ -667,10 +690,15 @@ class WgpuExecutor(Executor):
             if shape.status_offset is not None and _status(raw, shape.status_offset):
                 if launch.pipeline.native.shader.state_binding is None:
                     launch.completer.fail(_loop_cut(launch, self.loop_cap))
-                else:  # long loops: run it again from the start, in slices
-                    self._run_sliced(launch)
+                else:  # long loops: run it again from the start, in slices (below)
+                    reruns.append(launch)
                 continue
-            launch.completer.resolve(_outputs(raw, shape), device_s=device_s)
+            launch.completer.resolve(_outputs(raw, shape, len(live) > 1), device_s=device_s)
+        for launch in reruns:  # after every finished launch of the submission has settled
+            try:
+                self._run_sliced(launch)
+            except Exception as exc:
+                launch.completer.fail(self._failure(exc))
 
     def _readback(self, nbytes: int) -> Any:
         """An idle read-back buffer of at least ``nbytes`` (sizes are powers of two)."""
@@ -716,38 +744,39 @@ class WgpuExecutor(Executor):
             return
         start = time.perf_counter()
         bound = self._bind(launch, state_bytes=state_bytes)
-        for index, position in shape.writes:
-            device.queue.write_buffer(bound.buffers[index], 0, launch.inputs[position])
         status_back = device.create_buffer(size=4, usage=self._usage_readback)
-        zero = np.zeros(1, np.uint32)
-        for _ in range(launch.config.iterations):
-            slice_no = 0
-            while True:
-                if not self._still_wanted(launch):
-                    return
-                device.queue.write_buffer(bound.state, 0, np.array([slice_no], np.uint32))
-                device.queue.write_buffer(bound.status, 0, zero)
-                encoder = device.create_command_encoder()
-                self._encode(encoder, launch, bound, 1)
-                encoder.copy_buffer_to_buffer(bound.status, 0, status_back, 0, 4)
-                device.queue.submit([encoder.finish()])
-                status_back.map_sync(wgpu.MapMode.READ)
-                status = int(np.frombuffer(status_back.read_mapped(copy=True), np.uint32)[0])
-                status_back.unmap()
-                if status & 1:
-                    launch.completer.fail(_loop_cut(launch, self.loop_cap))
-                    return
-                if not status & 2:
-                    break
-                slice_no += 1
-        status_back.destroy()
-        encoder = device.create_command_encoder()
-        readback = device.create_buffer(size=shape.readback_bytes, usage=self._usage_readback)
-        self._encode_readback(encoder, launch, bound, readback, 0)
-        device.queue.submit([encoder.finish()])
-        raw = self._read(readback)
-        for buffer in (*bound.buffers, bound.status, bound.state):
-            buffer.destroy()
+        try:
+            for index, position in shape.writes:
+                device.queue.write_buffer(bound.buffers[index], 0, launch.inputs[position])
+            zero = np.zeros(1, np.uint32)
+            for _ in range(launch.config.iterations):
+                slice_no = 0
+                while True:
+                    if not self._still_wanted(launch):
+                        return
+                    device.queue.write_buffer(bound.state, 0, np.array([slice_no], np.uint32))
+                    device.queue.write_buffer(bound.status, 0, zero)
+                    encoder = device.create_command_encoder()
+                    self._encode(encoder, launch, bound, 1)
+                    encoder.copy_buffer_to_buffer(bound.status, 0, status_back, 0, 4)
+                    device.queue.submit([encoder.finish()])
+                    status_back.map_sync(wgpu.MapMode.READ)
+                    status = int(np.frombuffer(status_back.read_mapped(copy=True), np.uint32)[0])
+                    status_back.unmap()
+                    if status & 1:
+                        launch.completer.fail(_loop_cut(launch, self.loop_cap))
+                        return
+                    if not status & 2:
+                        break
+                    slice_no += 1
+            encoder = device.create_command_encoder()
+            readback = device.create_buffer(size=shape.readback_bytes, usage=self._usage_readback)
+            self._encode_readback(encoder, launch, bound, readback, 0)
+            device.queue.submit([encoder.finish()])
+            raw = self._read(readback)
+        finally:  # the lane state can be large: never keep it
+            for buffer in (*bound.buffers, bound.status, bound.state, status_back):
+                buffer.destroy()
         launch.completer.resolve(_outputs(raw, shape), device_s=time.perf_counter() - start)
 
     def _read(self, readback: Any) -> np.ndarray:
@@ -829,10 +858,11 @@ class WgpuExecutor(Executor):
     async def close(self, timeout: float) -> None:  # noqa: ASYNC109 - the contract's bound
         """Refuse new work, settle queued dispatches with `BackendClosed`, wait for the running one.
 
-        A submitted WebGPU command buffer cannot be stopped: closing waits for
-        it at most ``timeout`` seconds (without blocking the event loop); past
-        that its dispatch fails with `BackendClosed` and the device thread (a
-        daemon) is left to finish it.
+        The device thread fails every queued dispatch with `BackendClosed` (a long
+        loop on lavapipe stops at its next slice). A submitted WebGPU command
+        buffer cannot be stopped: closing waits for it at most ``timeout`` seconds
+        (without blocking the event loop); past that its dispatches fail with
+        `BackendClosed` and the device thread (a daemon) is left to finish it.
         """
         import anyio
 
@@ -840,6 +870,22 @@ class WgpuExecutor(Executor):
         self._queue.put(None)
         with anyio.move_on_after(timeout):
             await poll_until(lambda: not self._thread.is_alive())
+        left = list(self._running)
+        while True:  # what the device thread will not reach, or reached after it ended
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            left.extend(item or ())
+        for launch in left:
+            launch.completer.fail(
+                BackendClosed(
+                    f"the wgpu backend was closed while {_called(launch)} still waited or ran "
+                    f"after {timeout} s; its result was discarded",
+                    fix="await the dispatches you need (or backend.flush()) before closing, "
+                    "or raise close_timeout",
+                )
+            )
         if self._thread.is_alive():
             _log.warning("wgpu backend closed with a dispatch still running after %.1f s", timeout)
 
@@ -861,8 +907,8 @@ def _called(launch: Launch) -> str:
 
 def _stopped(launch: Launch) -> DispatchTimeout:
     return DispatchTimeout(
-        f"{_called(launch)} was stopped before it ran: its timeout passed or its result "
-        "was no longer wanted",
+        f"{_called(launch)} was stopped before it ran, or between two slices of its long "
+        "loops: its timeout passed or its result was no longer wanted",
         fix="raise DispatchConfig(timeout=...) or dispatch fewer at once",
     )
 

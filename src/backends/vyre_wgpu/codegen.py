@@ -15,9 +15,10 @@ Rules of the emitted code:
   grid split into several launches), then, where the adapter cuts long loops
   (lavapipe), ``vy_status``: a word the shader sets when a loop was cut, so
   the executor fails the dispatch instead of returning wrong outputs.
-  ``WORKGROUP`` buffers are module-scope ``var<workgroup>`` arrays, which
-  WebGPU zero-fills. A buffer that any `Atomic` touches is an array of
-  ``atomic<u32>``; its plain loads and stores are ``atomicLoad``/``atomicStore``.
+  ``WORKGROUP`` buffers are module-scope ``var<workgroup>`` arrays, which the
+  shader zero-fills at entry (lavapipe was seen to skip WebGPU's own fill). A
+  buffer that any `Atomic` touches is an array of ``atomic<u32>``; its plain
+  loads and stores are ``atomicLoad``/``atomicStore``.
 - **SSA evaluation.** Every sub-expression is evaluated into its own ``let``,
   children before parents in IR pre-order, so both arms of a `Select` and
   both operands of ``land``/``lor`` are always evaluated (atomics in them run).
@@ -218,6 +219,20 @@ def _atomic_buffers(statements: tuple[Stmt, ...]) -> set[str]:
     return found
 
 
+def _has_return(statements: tuple[Stmt, ...]) -> bool:
+    for stmt in statements:
+        match stmt:
+            case Return():
+                return True
+            case If(then=then, orelse=orelse):
+                if _has_return(then) or _has_return(orelse):
+                    return True
+            case Loop(body=inner) | Block(body=inner):
+                if _has_return(inner):
+                    return True
+    return False
+
+
 def _has_barrier(statements: tuple[Stmt, ...]) -> bool:
     for stmt in statements:
         match stmt:
@@ -248,8 +263,9 @@ class _Emitter:
         self.opaques = 0
         self.scopes: list[dict[str, tuple[str, DType]]] = [{}]
         self.barriers = _has_barrier(program.body)
-        self.uses_live = False
-        self.uses_loop_guard = False
+        # Decided before anything is emitted: every statement of a program with barriers
+        # and a Return runs only on lanes that have not returned.
+        self.uses_live = self.barriers and _has_return(program.body)
         self.sliced = (
             loop_guard
             and not self.barriers
@@ -257,6 +273,10 @@ class _Emitter:
             and _loops_in(program.body) > 0
         )
         self.next_loop = 0
+        #: A shader with loops on a loop-capped adapter also reports a cut prelude loop
+        #: (vy_fmod's), which its IR loops' guards cannot see.
+        self.cut_flag = loop_guard and _loops_in(program.body) > 0
+        self.uses_loop_guard = self.cut_flag
         #: Sliced shaders: every saved variable's word in a lane record, and the
         #: saved variables of each open scope.
         self.slots: dict[str, tuple[int, DType]] = {}
@@ -402,7 +422,8 @@ class _Emitter:
                 "    vy_at = vy_state[vy_rec + 1u];",
                 "  }",
             ]
-        source = "\n".join([PRELUDE.rstrip("\n"), *head, *body, "}", ""])
+        tail = ["  if (vy_cut) { atomicOr(&vy_status[0], 1u); }"] if self.cut_flag else []
+        source = "\n".join([PRELUDE.rstrip("\n"), *head, *body, *tail, "}", ""])
         return ShaderSource(
             source=source,
             bindings=tuple(self.bindings),
@@ -486,13 +507,16 @@ class _Emitter:
                     self.line(f"var {cname}: u32 = {lo}; // {sanitize(var)}")
                     with self.block("loop"):
                         self.line(f"if ({cname} >= {hi}) {{ break; }}")
+                        if self.uses_live and not inner:  # a returned lane leaves at once
+                            self.line("if (!vy_live) { break; }")
                         self.scopes[-1][var] = (cname, DType.U32)
                         self.body(inner_body)
                         with self.block("continuing"):
                             self.line(f"{cname} = {cname} + 1u;")
                     if self.loop_guard:
                         self.uses_loop_guard = True
-                        self.line(f"if ({cname} < {hi}) {{ atomicOr(&vy_status[0], 1u); }}")
+                        cut = f"vy_live && {cname} < {hi}" if self.uses_live else f"{cname} < {hi}"
+                        self.line(f"if ({cut}) {{ atomicOr(&vy_status[0], 1u); }}")
             case Block(body=inner_body):
                 with self.block(""):
                     self.body(inner_body)
@@ -500,11 +524,10 @@ class _Emitter:
                 self.line("storageBarrier();")
                 self.line("workgroupBarrier();")
             case Return():
-                if self.barriers:
-                    self.uses_live = True
+                if self.uses_live:
                     self.line("vy_live = false;")
                 else:
-                    self.line("return;")
+                    self.ret()
             case _:
                 raise InvalidProgram(
                     f"unknown statement {stmt!r}",
@@ -643,6 +666,12 @@ class _Emitter:
                 index, dtype = self.slots[cname]
                 self.line(f"vy_state[vy_rec + {index}u] = {_to_word(dtype, cname)};")
         self.line("atomicOr(&vy_status[0], 2u);")
+        self.ret()
+
+    def ret(self) -> None:
+        """``return``, reporting first a prelude loop that lavapipe cut (``vy_cut``)."""
+        if self.cut_flag:
+            self.line("if (vy_cut) { atomicOr(&vy_status[0], 1u); }")
         self.line("return;")
 
     def lookup(self, name: str) -> tuple[str, DType]:
@@ -741,7 +770,9 @@ class _Emitter:
                 x, dtype = self.expr(a)
                 y, _ = self.expr(b)
                 if dtype is DType.F32 and op in _INFIX_F32:
-                    y = self.opaque(y)
+                    # Both operands: a left one can be a constant too (Cast(F32, u32(0))),
+                    # and an opaque product cannot be contracted into an fma.
+                    x, y = self.opaque(x), self.opaque(y)
                 result, text = _binary(op, dtype, x, y)
                 return self.temp(result, text), result
             case Un(op=op, a=a):

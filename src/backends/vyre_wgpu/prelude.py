@@ -18,9 +18,11 @@ implements one IR rule explicitly:
 - float constants are made with `vy_f32` from their bits, so a NaN or an
   infinity is a run-time value, never a const-expression (which WGSL rejects).
 
-What stays with the platform is listed in ``docs/wgpu.md``: the
-transcendentals, and float arithmetic whose operands or result are NaN,
-infinite or ``-0`` (Mesa folds ``x - x`` to ``0`` and ``x * 0`` to ``0``).
+The transcendentals are vyre's own too (below), and the code generator makes
+every f32 constant and operand of ``+ - * /`` opaque (`vy_o`), so finite-math
+folding (Mesa folds ``x - x`` and ``x * 0`` to ``0``) and fma contraction cannot
+happen. What stays with the platform is ``/`` and ``sqrt`` (correctly rounded
+on lavapipe; WebGPU allows 2.5 ULP) and subnormal handling (``docs/wgpu.md``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ fn vy_f32(bits: u32) -> f32 { return bitcast<f32>(bits); }
 fn vy_idx(i: u32) -> u32 { return i; }
 // Turns of the prelude's own loops since the last loop-budget check (sliced shaders).
 var<private> vy_ticks: u32 = 0u;
+// Set when a prelude loop was cut short (lavapipe); loop-guarded shaders report it.
+var<private> vy_cut: bool = false;
 // x, unchanged, but not a value the compiler can fold: vy_info.grid.w is always 0.
 fn vy_o(x: f32, k: u32) -> f32 { return bitcast<f32>(bitcast<u32>(x) ^ (vy_info.grid.w * k)); }
 fn vy_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
@@ -127,6 +131,7 @@ fn vy_fmod(x: f32, y: f32) -> f32 {
   var d = ex - ey;
   var r = mx % my;
   loop { if (d < 8) { break; } vy_ticks = vy_ticks + 1u; r = (r << 8u) % my; d = d - 8; }
+  if (d >= 8) { vy_cut = true; }  // the loop was cut (lavapipe's loop cap)
   r = (r << u32(d)) % my;
   if (r == 0u) { return bitcast<f32>(sx); }
   let z = i32(countLeadingZeros(r)) - 8;

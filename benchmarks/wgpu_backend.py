@@ -51,7 +51,7 @@ Also recorded (``diagnostics``): where the executor's time goes (its device
 thread's `_run_job` per dispatch, buffer sets made by `_bind`), and what the
 lavapipe loop guard costs (the spin kernel with and without it, bare).
 
-Usage: ``python benchmarks/wgpu.py [--quick] [--output FILE]``. Exits with status
+Usage: ``python benchmarks/wgpu_backend.py [--quick] [--output FILE]``. Exits with status
 2 and a message when wgpu-py or a Vulkan adapter is missing.
 """
 
@@ -94,11 +94,6 @@ from vyre_async.ir import (
     u32,
 )
 from vyre_async.programs import elementwise_xor, standard_workloads
-
-# Run as a script, this file's directory comes first on sys.path, and its name would
-# shadow wgpu-py itself: take that directory out before anything imports wgpu.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 N = 64
 #: Spin iterations per lane: under the executor's slice budget on lavapipe (8 066
@@ -381,7 +376,7 @@ def _commit() -> str | None:
             capture_output=True,
             text=True,
             check=True,
-            cwd=_HERE,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
         )
     except (OSError, subprocess.CalledProcessError):
         return None
@@ -1187,7 +1182,7 @@ def main(argv: list[str] | None = None) -> int:
 
             probe()
         except Exception as exc:
-            print(f"benchmarks/wgpu.py: no wgpu adapter here ({exc})", file=sys.stderr)
+            print(f"benchmarks/wgpu_backend.py: no wgpu adapter here ({exc})", file=sys.stderr)
             return 2
         report = asyncio.run(run_all(args))
         report["mesa_shader_cache_dir"] = "a fresh temporary directory per run"
