@@ -973,7 +973,7 @@ def backends(wgpu_adapter: dict[str, str]) -> Iterator[tuple[VyreBackend, VyreBa
 
 
 @settings(
-    max_examples=40,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
