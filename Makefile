@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo lint types pytest mutants mutation explore package-check bench bench-cuda clean
+.PHONY: test vulkan demo lint types pytest mutants mutation explore package-check bench bench-cuda clean
 
 # hatch reads the version from src/vyre_async/_version.py: a new one needs a reinstall.
 $(STAMP): pyproject.toml src/vyre_async/_version.py
@@ -13,7 +13,23 @@ $(STAMP): pyproject.toml src/vyre_async/_version.py
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-test: $(STAMP) lint types pytest
+test: $(STAMP) vulkan lint types pytest
+
+# The wgpu backend's tests run on Mesa's CPU Vulkan driver (lavapipe). Installed here
+# when missing, as root with apt-get; otherwise those tests skip and name the package.
+vulkan:
+	@if ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing mesa-vulkan-drivers and libvulkan1 (lavapipe) for the wgpu tests"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends mesa-vulkan-drivers libvulkan1 >/dev/null \
+	  || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends \
+	       mesa-vulkan-drivers libvulkan1 >/dev/null; } \
+	  || echo "note: apt-get could not install lavapipe: the wgpu tests will skip"; \
+	else \
+	  echo "note: no Vulkan driver, and not root: the wgpu tests will skip" \
+	       "(install mesa-vulkan-drivers and libvulkan1 to run them)"; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -65,6 +65,8 @@ DIFF = (
     "tests/reference/test_differential.py::test_every_enumerated_case_matches_the_slow_interpreter"
 )
 TIMELINE = "tests/test_timeline.py::test_any_trace_becomes_a_timeline_perfetto_nests_as_meant"
+WGPU = "tests/wgpu/test_wgpu_backend.py::"
+WGPU_DIFF = "tests/wgpu/test_wgpu_differential.py::"
 TABLE = "tests/telemetry/test_attribute_table.py::test_every_documented_attribute_is_on_a_span_and_no_other[asyncio]"  # noqa: E501
 
 #: The operator edge cases (runtime and constant shift counts) and the corpus, in the
@@ -527,6 +529,40 @@ MUTANTS: tuple[Mutant, ...] = (
         "inside = child.start_ns < end or start == end",
         (TIMELINE,),
         "a child ending after its parent shares its track: Perfetto drops the slice",
+    ),
+    # The WebGPU backend (issue 30), on lavapipe: skipped, and so not caught, without it.
+    Mutant(
+        "wgpu-slice-forgets-a-variable",
+        "src/backends/vyre_wgpu/codegen.py",
+        'self.line(f"vy_state[vy_rec + {index}u] = {_to_word(dtype, cname)};")',
+        'self.line(f"vy_state[vy_rec + {index}u] = 0u;") if dtype is DType.F32 else '
+        'self.line(f"vy_state[vy_rec + {index}u] = {_to_word(dtype, cname)};")',
+        (WGPU + "test_resumed_lanes_keep_every_variable_and_branch",),
+        "a lane suspended by lavapipe's loop cap resumes with an f32 variable lost",
+    ),
+    Mutant(
+        "wgpu-fma-without-sticky-bit",
+        "src/backends/vyre_wgpu/prelude.py",
+        "if (back.x != x.x || back.y != x.y) { r.x = r.x | 1u; }",
+        "",
+        (WGPU_DIFF + "test_fma_rounds_once",),
+        "Fma's smaller addend loses its shifted-out bits: ties round the wrong way",
+    ),
+    Mutant(
+        "wgpu-wide-grid-without-offsets",
+        "src/backends/vyre_wgpu/backend.py",
+        "words[shader.info_words - 8 : shader.info_words - 5] = base",
+        "pass",
+        (WGPU + "test_a_grid_wider_than_the_adapter_allows_runs_as_several_launches",),
+        "every launch of a split grid believes it starts at workgroup 0",
+    ),
+    Mutant(
+        "registry-prefers-a-cpu-device",
+        "src/vyre_async/_registry.py",
+        "if backend.capabilities().cpu_device:",
+        "if False:",
+        ("tests/test_registry.py::test_preferred_never_picks_a_cpu_device",),
+        "lavapipe under wgpu presented as the machine's GPU by acquire_preferred_backend",
     ),
     Mutant(
         "timeline-zero-length-phase-kept",

@@ -50,7 +50,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The top-level packages a wheel must hold, and nothing else beside its .dist-info.
-PACKAGES = ("vyre_async", "vyre_reference", "vyre_cupy", "vyre_ray")
+PACKAGES = ("vyre_async", "vyre_reference", "vyre_cupy", "vyre_ray", "vyre_wgpu")
 #: Runtime dependencies the wheel must declare.
 REQUIRES = ("anyio", "numpy", "blake3", "opentelemetry-api")
 #: Packages of the dev environment that the GPU machine's image does not have.
@@ -139,9 +139,9 @@ def _archive_problems(archive: zipfile.ZipFile) -> list[str]:
             if entry_points.has_section("vyre_async.backends")
             else set()
         )
-        if backends != {"reference", "cupy", "ray"}:
+        if backends != {"reference", "cupy", "ray", "wgpu"}:
             problems.append(
-                f"backend entry points {sorted(backends)}, expected cupy, ray, reference"
+                f"backend entry points {sorted(backends)}, expected cupy, ray, reference, wgpu"
             )
     if f"{dist_info}/METADATA" not in names:
         problems.append(

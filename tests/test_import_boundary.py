@@ -76,6 +76,8 @@ REGISTRATION_ONLY = {
     "vyre_cupy.registration",
     "vyre_ray",
     "vyre_ray.registration",
+    "vyre_wgpu",
+    "vyre_wgpu.registration",
 }
 
 
@@ -84,11 +86,13 @@ def test_listing_backends_imports_only_their_registrations() -> None:
         [sys.executable, "-c", LISTING], capture_output=True, text=True, check=True, timeout=60
     )
     report = json.loads(out.stdout)
-    assert {"reference", "cupy", "ray"} <= set(report["ids"])
+    assert {"reference", "cupy", "ray", "wgpu"} <= set(report["ids"])
     new = set(report["new"])
     assert new >= REGISTRATION_ONLY
     backend_modules = {
-        m for m in new if m.split(".")[0] in {"vyre_reference", "vyre_cupy", "vyre_ray"}
+        m
+        for m in new
+        if m.split(".")[0] in {"vyre_reference", "vyre_cupy", "vyre_ray", "vyre_wgpu"}
     }
     assert backend_modules == REGISTRATION_ONLY  # e.g. no vyre_reference.engine, vyre_cupy.codegen
     for internal in (
@@ -101,6 +105,9 @@ def test_listing_backends_imports_only_their_registrations() -> None:
         "vyre_ray.backend",
         "vyre_ray.worker",
         "ray",
+        "vyre_wgpu.backend",
+        "vyre_wgpu.codegen",
+        "wgpu",
     ):
         assert internal not in new, internal
     # Beyond those, only the core and the standard library (entry-point metadata).

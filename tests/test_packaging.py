@@ -51,6 +51,7 @@ vyre_async = vyre_async.testing.plugin
 cupy = vyre_cupy.registration:REGISTRATION
 ray = vyre_ray.registration:REGISTRATION
 reference = vyre_reference.registration:REGISTRATION
+wgpu = vyre_wgpu.registration:REGISTRATION
 """
 
 
@@ -66,7 +67,7 @@ def _wheel(
         "vyre_async/testing/__init__.py": "",
         "vyre_async/testing/plugin.py": "",
     }
-    for package in ("vyre_reference", "vyre_cupy", "vyre_ray"):
+    for package in ("vyre_reference", "vyre_cupy", "vyre_ray", "vyre_wgpu"):
         files[f"{prefix}{package}/__init__.py"] = ""
         files[f"{prefix}{package}/py.typed"] = ""
         files[f"{prefix}{package}/registration.py"] = ""
@@ -201,6 +202,7 @@ SDIST_FILES = (
     "src/backends/vyre_reference/__init__.py",
     "src/backends/vyre_cupy/__init__.py",
     "src/backends/vyre_ray/__init__.py",
+    "src/backends/vyre_wgpu/__init__.py",
     "tests/conftest.py",
 )
 

@@ -173,6 +173,45 @@ def test_preferred_picks_the_most_capable_started_backend() -> None:
     assert acquire_preferred_backend().id == "gpuish"
 
 
+class _CpuDevice(_Gpuish):
+    """A backend with more features than ``gpuish`` whose device is a CPU (lavapipe-like)."""
+
+    id = "softgpu"
+
+    def capabilities(self) -> BackendCapabilities:
+        return BackendCapabilities(
+            async_compute=True,
+            subgroup_ops=True,
+            tensor_cores=True,
+            max_workgroup_size=(1024, 1024, 64),
+            max_workgroup_lanes=1024,
+            max_storage_buffer_bytes=1 << 40,
+            device_name="llvmpipe (Vulkan, CPU adapter)",
+            cpu_device=True,
+        )
+
+
+@pytest.mark.usefixtures("isolated")
+def test_preferred_never_picks_a_cpu_device() -> None:
+    """A software GPU driver (lavapipe under wgpu) is never presented as the machine's GPU."""
+    register_backend(BackendRegistration(id="softgpu", factory=_CpuDevice, precedence=0))
+    register_backend(BackendRegistration(id="gpuish", factory=_Gpuish, precedence=50))
+    assert acquire_backend("softgpu").capabilities().score() > _Gpuish().capabilities().score()
+    assert acquire_preferred_backend().id == "gpuish"
+
+
+@pytest.mark.usefixtures("isolated")
+def test_a_cpu_device_alone_is_listed_and_still_acquired_by_id() -> None:
+    register_backend(BackendRegistration(id="softgpu", factory=_CpuDevice))
+    register_backend(BackendRegistration(id="ref-like", factory=_RefLike, is_reference=True))
+    with pytest.raises(UnsupportedFeature) as info:
+        acquire_preferred_backend()
+    assert "softgpu: runs on a CPU device here (llvmpipe (Vulkan, CPU adapter))" in str(info.value)
+    assert 'acquire_backend("softgpu") uses it when asked for by id' in str(info.value)
+    assert acquire_preferred_backend(allow_reference=True).id == "ref-like"
+    assert acquire_backend("softgpu").capabilities().cpu_device
+
+
 @pytest.mark.usefixtures("isolated")
 def test_preferred_without_a_usable_backend_lists_every_failure(
     caplog: pytest.LogCaptureFixture,

@@ -57,6 +57,9 @@ class BackendCapabilities:
     #: the caller awaiting in between (docs/backend-authors.md). Arm graphs join
     #: layers on the device only on backends that say so.
     ordered_resident_buffers: bool = False
+    #: The device is a CPU (a software driver such as Mesa's lavapipe), not a GPU:
+    #: ``acquire_preferred_backend`` never picks it; users ask for it by id.
+    cpu_device: bool = False
 
     def __post_init__(self) -> None:
         for name in FEATURES:

@@ -311,8 +311,10 @@ def acquire_preferred_backend(*, allow_reference: bool = False) -> VyreBackend:
     """Return the best usable dispatching backend of this machine.
 
     Every dispatching, non-reference, local backend is tried; the ones that
-    start are ranked by capabilities, then precedence, then id. The reference
-    backend is never chosen implicitly, a remote one (``ray``) never.
+    start on a GPU are ranked by capabilities, then precedence, then id. The
+    reference backend is never chosen implicitly, a remote one (``ray``) never,
+    nor one whose device is a CPU (``BackendCapabilities.cpu_device``: ``wgpu``
+    on lavapipe), which ``acquire_backend`` still returns when asked by id.
 
     Args:
         allow_reference: When no other backend starts, return the reference
@@ -329,10 +331,20 @@ def acquire_preferred_backend(*, allow_reference: bool = False) -> VyreBackend:
         if not reg.dispatches or reg.is_reference or reg.remote:
             continue
         try:
-            started.append((reg, acquire_backend(reg.id)))
+            backend = acquire_backend(reg.id)
         except BackendError as exc:
             _log().debug("backend %r unavailable: %s", reg.id, exc)
             failures.append(f"- {reg.id}: " + str(exc).replace("\n", "\n    "))
+            continue
+        if backend.capabilities().cpu_device:  # a software driver is never taken for a GPU
+            name = backend.capabilities().device_name
+            _log().debug("backend %r runs on a CPU device (%s): not preferred", reg.id, name)
+            failures.append(
+                f"- {reg.id}: runs on a CPU device here ({name}); "
+                f'acquire_backend("{reg.id}") uses it when asked for by id'
+            )
+            continue
+        started.append((reg, backend))
     if started:
         reg, backend = min(
             started, key=lambda rb: (-rb[1].capabilities().score(), rb[0].precedence, rb[0].id)

@@ -30,7 +30,8 @@ What this module exports besides `Executor`:
   pending dispatch's outcome from the settling thread, or from the callback
   thread), `configure_tracing` (a worker process's own tracer);
 * `VyreBackend` itself and `DiskPipelineCache` (loaded on first use), for a
-  package's factory function and for private probe backends;
+  package's factory function and for private probe backends, and
+  `default_cache_root` (where a backend keeps its driver's own caches);
 * the shared, backend-neutral helpers backends use: `poll_until`,
   `whole_number` and `duration` (they refuse a bad setting with
   `InvalidArgument`, the error a backend raises for one too), the
@@ -69,7 +70,7 @@ from vyre_async.ir.ops import CORE_OPS
 
 if TYPE_CHECKING:  # (loaded on first use: `__getattr__` below)
     from vyre_async._backend import VyreBackend
-    from vyre_async._cache.disk import DiskPipelineCache
+    from vyre_async._cache.disk import DiskPipelineCache, default_cache_root
     from vyre_async._calibration import (
         Calibration,
         measure_arm_overlap,
@@ -112,6 +113,7 @@ __all__ = [
     "can_overlap_copy_with_kernel",
     "check_buffer",
     "configure_tracing",
+    "default_cache_root",
     "defer_to_callbacks",
     "duration",
     "elementwise_xor",
@@ -142,6 +144,7 @@ _LAZY = {
     "ExecutionDecision": "vyre_async._execution",
     "VyreBackend": "vyre_async._backend",
     "DiskPipelineCache": "vyre_async._cache.disk",
+    "default_cache_root": "vyre_async._cache.disk",
     "elementwise_xor": "vyre_async.programs",
     "configure_tracing": "vyre_async.tracing",
     "annotate_mode": "vyre_async._execution",
