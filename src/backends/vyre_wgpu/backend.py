@@ -263,7 +263,6 @@ class _Shape:
     """What one launch shape fixes: pipeline, sizes, the info block, the read-back layout."""
 
     pipeline: Any
-    grid: tuple[int, int, int]
     sizes: tuple[int, ...]  # bytes of each storage binding (>= 4)
     #: One (workgroup offset, workgroup counts, info block) per launch of the grid: a
     #: grid wider than the adapter's workgroups per dimension runs as several launches.
@@ -577,7 +576,6 @@ class WgpuExecutor(Executor):
         )
         return _Shape(
             pipeline=pipeline,
-            grid=grid,
             sizes=sizes,
             chunks=tuple(chunks),
             outputs=tuple(outputs),

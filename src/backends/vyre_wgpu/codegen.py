@@ -62,6 +62,7 @@ from vyre_async.ir.ops import AtomicOp, BinOp, BuiltinKind, UnOp
 from vyre_async.ir.program import Program
 from vyre_async.ir.stmt import Assign, Barrier, Block, If, Let, Loop, Return, Stmt, Store
 from vyre_async.ir.types import Access, BufferDecl, DType
+from vyre_async.ir.walk import iter_exprs, iter_stmts
 from vyre_wgpu.prelude import PRELUDE, PRELUDE_VERSION
 
 __all__ = ["CODEGEN_VERSION", "ENTRY", "ShaderBinding", "ShaderSource", "generate", "sanitize"]
@@ -173,16 +174,7 @@ def generate(
 
 
 def _loops_in(statements: tuple[Stmt, ...]) -> int:
-    count = 0
-    for stmt in statements:
-        match stmt:
-            case Loop(body=inner):
-                count += 1 + _loops_in(inner)
-            case If(then=then, orelse=orelse):
-                count += _loops_in(then) + _loops_in(orelse)
-            case Block(body=inner):
-                count += _loops_in(inner)
-    return count
+    return sum(isinstance(stmt, Loop) for stmt in iter_stmts(statements))
 
 
 def _to_word(dtype: DType, value: str) -> str:
@@ -210,8 +202,6 @@ class _Buffer:
 
 
 def _atomic_buffers(statements: tuple[Stmt, ...]) -> set[str]:
-    from vyre_async.ir.walk import iter_exprs
-
     found: set[str] = set()
     for expr in iter_exprs(statements):
         if isinstance(expr, Atomic):
@@ -220,31 +210,11 @@ def _atomic_buffers(statements: tuple[Stmt, ...]) -> set[str]:
 
 
 def _has_return(statements: tuple[Stmt, ...]) -> bool:
-    for stmt in statements:
-        match stmt:
-            case Return():
-                return True
-            case If(then=then, orelse=orelse):
-                if _has_return(then) or _has_return(orelse):
-                    return True
-            case Loop(body=inner) | Block(body=inner):
-                if _has_return(inner):
-                    return True
-    return False
+    return any(isinstance(stmt, Return) for stmt in iter_stmts(statements))
 
 
 def _has_barrier(statements: tuple[Stmt, ...]) -> bool:
-    for stmt in statements:
-        match stmt:
-            case Barrier():
-                return True
-            case If(then=then, orelse=orelse):
-                if _has_barrier(then) or _has_barrier(orelse):
-                    return True
-            case Loop(body=inner) | Block(body=inner):
-                if _has_barrier(inner):
-                    return True
-    return False
+    return any(isinstance(stmt, Barrier) for stmt in iter_stmts(statements))
 
 
 class _Emitter:
