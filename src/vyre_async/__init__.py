@@ -45,7 +45,7 @@ from vyre_async.errors import (
     UnknownError,
     UnsupportedFeature,
 )
-from vyre_async.ir import Access, BufferDecl, DType, Program
+from vyre_async.ir import Access, BufferDecl, DType, GridBarrier, Program, split_at_grid_barriers
 
 __all__ = [
     "Access",
@@ -80,6 +80,7 @@ __all__ = [
     "GraphReport",
     "GraphResource",
     "GraphResult",
+    "GridBarrier",
     "InvalidArgument",
     "InvalidProgram",
     "KernelCompileFailed",
@@ -109,6 +110,7 @@ __all__ = [
     "probe_backend",
     "register_backend",
     "registered_backends",
+    "split_at_grid_barriers",
     "wait_for_callbacks",
 ]
 # Conformance checking, arm graphs, calibration and the disk cache load on first use

@@ -23,7 +23,7 @@ from vyre_async._pending import DispatchCompleter, PendingDispatch
 from vyre_async._plan import BindingPlan
 from vyre_async._resident import ResidentBuffer
 from vyre_async.errors import UnsupportedFeature
-from vyre_async.ir.ops import CORE_OPS
+from vyre_async.ir.ops import CORE_OPS, GRID_BARRIER_OP
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import DType
 
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Executor", "Launch", "LaunchTemplate", "poll_until"]
 __dir__ = _public_dir(__name__)
+
+_DEFAULT_OPS = CORE_OPS - {GRID_BARRIER_OP}
 
 
 class Launch:
@@ -177,8 +179,15 @@ class Executor(abc.ABC):
 
     # Identity and description ------------------------------------------------------
     def supported_ops(self) -> frozenset[str]:
-        """Return the operations this backend executes. Default: `CORE_OPS`, all of them."""
-        return CORE_OPS
+        """Return the operations this backend executes, named as in `CORE_OPS`.
+
+        Default: every one but the grid-wide barrier (``"stmt.grid_barrier"``), which
+        an executor claims once it runs `vyre_async.ir.GridBarrier` programs, natively
+        (``capabilities().grid_sync``) or as one launch per segment of
+        `vyre_async.split_at_grid_barriers`. The driver refuses a program that uses
+        an operation missing here with `UnsupportedFeature`.
+        """
+        return _DEFAULT_OPS
 
     def capabilities(self) -> BackendCapabilities:
         """Return what the backend supports natively. Default: nothing (every feature False).

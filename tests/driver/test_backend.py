@@ -229,7 +229,7 @@ def test_conservative_defaults() -> None:
     assert Executor.capabilities(backend.executor).features == frozenset()
     assert Executor.capabilities(backend.executor).max_workgroup_size == (1, 1, 1)
     assert Executor.capabilities(backend.executor).max_grid_size is None
-    assert backend.supported_ops() == CORE_OPS
+    assert backend.supported_ops() == CORE_OPS - {"stmt.grid_barrier"}
     assert not backend.device_lost()
     with pytest.raises(UnsupportedFeature, match="device recovery"):
         backend.try_recover()

@@ -26,6 +26,7 @@ from vyre_async.ir import (
     DType,
     Expr,
     Fma,
+    GridBarrier,
     If,
     Let,
     Load,
@@ -183,6 +184,13 @@ def _rules() -> list[Rule]:
         Rule("V031", "body", program([Store("out", u32(0), u32(1))] * 33_334)),
         Rule("V032", "body[0]", program([AlienStmt()])),
         Rule("V033", "body[0]", program([Let("x\ud800", u32(0))])),
+        Rule("V034", "body[0].body[0]", program([Block([GridBarrier()])])),
+        Rule(
+            "V035",
+            "body[2].value",
+            program([Let("x", u32(1)), GridBarrier(), store(Var("x"))]),
+        ),
+        Rule("V036", "body[0].then[0]", program([If(gid().lt(u32(4)), [Return()]), GridBarrier()])),
     ]
 
 
@@ -741,3 +749,56 @@ def test_zero_count_buffer_is_refused_before_it_runs(access: Access) -> None:
     assert info.value.code is ErrorCode.InvalidProgram
     with pytest.raises(InvalidProgram, match="V006"):
         reference_backend().dispatch(bad, [])  # refused before any worker starts
+
+
+# Grid barriers ------------------------------------------------------------------------
+
+
+def test_a_grid_barrier_under_if_or_loop_is_reported_where_it_is() -> None:
+    prog = program(
+        [
+            If(wgid().eq(u32(0)), [GridBarrier()]),
+            Loop("k", u32(0), u32(2), [GridBarrier()]),
+        ]
+    )
+    assert [(d.code, d.path) for d in validate(prog)] == [
+        ("V034", "body[0].then[0]"),
+        ("V034", "body[1].body[0]"),
+    ]
+
+
+def test_variables_may_be_declared_again_after_a_grid_barrier() -> None:
+    prog = program(
+        [
+            Let("x", gid()),
+            store(Var("x")),
+            GridBarrier(),
+            Let("x", gid() + u32(1)),
+            store(Var("x")),
+            GridBarrier(),
+            GridBarrier(),
+        ]
+    )
+    assert validate(prog) == []
+
+
+def test_an_assignment_across_a_grid_barrier_is_reported_with_its_barrier() -> None:
+    prog = program([Let("x", u32(1)), GridBarrier(), Assign("x", u32(2))])
+    (diag,) = validate(prog)
+    assert (diag.code, diag.path) == ("V035", "body[2]")
+    assert "GridBarrier at body[1]" in diag.message
+    assert "store it to a buffer" in diag.fix
+
+
+def test_a_variable_of_an_inner_scope_is_undeclared_not_expired() -> None:
+    prog = program([Block([Let("x", u32(1))]), GridBarrier(), store(Var("x"))])
+    assert [d.code for d in validate(prog)] == ["V010"]
+
+
+def test_every_return_of_a_grid_barrier_program_is_reported_in_program_order() -> None:
+    prog = program([If(lid().eq(u32(0)), [Return()]), GridBarrier(), Block([Return()]), Barrier()])
+    assert [(d.code, d.path) for d in validate(prog)] == [
+        ("V036", "body[0].then[0]"),
+        ("V036", "body[2].body[0]"),
+        ("V028", "body[3]"),
+    ]

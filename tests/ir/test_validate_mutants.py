@@ -34,6 +34,7 @@ from vyre_async.ir import (
     DType,
     Expr,
     Fma,
+    GridBarrier,
     If,
     Let,
     Load,
@@ -647,6 +648,47 @@ CATALOG: list[tuple[str, Build, list[Seen]]] = [
                 ("buffers[0]", "buffer name"),
                 ("op_id", "op id"),
                 ("body[0]", "variable name"),
+            )
+        ],
+    ),
+    (
+        "V034",
+        lambda: program([Loop("k", u32(0), u32(2), [GridBarrier()])]),
+        [
+            (
+                "V034",
+                "body[0].body[0]",
+                "GridBarrier inside an If, Loop or Block; it must be a statement of the "
+                "program body itself",
+                "move the GridBarrier to the top level of the body (every lane must reach it)",
+            )
+        ],
+    ),
+    (
+        "V035",
+        lambda: program([Let("t", gid()), GridBarrier(), GridBarrier(), store(Var("t"))]),
+        [
+            (
+                "V035",
+                "body[3].value",
+                "variable 't' was declared before the GridBarrier at body[1] and is used "
+                "after it; variables do not live across a grid barrier",
+                "store it to a buffer before the barrier and Load it after, or compute 't' "
+                "again after the barrier with Let('t', ...)",
+            )
+        ],
+    ),
+    (
+        "V036",
+        lambda: program([GridBarrier(), Return()]),
+        [
+            (
+                "V036",
+                "body[1]",
+                "Return in a program with a GridBarrier: every lane must reach every grid "
+                "barrier, so no lane may end early",
+                "guard the work with If(condition, [...]) instead of returning (for example "
+                "If(gid() < n, [...]) in each phase)",
             )
         ],
     ),

@@ -35,6 +35,7 @@ from vyre_async.ir import (
     DType,
     Expr,
     Fma,
+    GridBarrier,
     If,
     Let,
     Load,
@@ -198,7 +199,9 @@ def test_code_tables_are_frozen() -> None:
     )
     assert _names_by_code(wire.ATOMIC_OP_CODES) == "add or and xor min max exchange cas"
     assert _names_by_code(wire.BUILTIN_CODES) == "gid lid wgid nwg"
-    assert _names_by_code(wire.STMT_TAGS) == "Let Assign Store If Loop Return Block Barrier"
+    assert _names_by_code(wire.STMT_TAGS) == (
+        "Let Assign Store If Loop Return Block Barrier GridBarrier"
+    )
     assert _names_by_code(wire.EXPR_TAGS) == (
         "Const Var Load BufLen Builtin Bin Un Select Cast Fma Atomic"
     )
@@ -606,7 +609,7 @@ def test_bad_magic_is_rejected() -> None:
 
 def test_unknown_version_is_rejected() -> None:
     body = _every_kind().to_wire()[40:]
-    err = _reject(_wire(body, version=2), "version 2")
+    err = _reject(_wire(body, version=3), "version 3")
     assert err.offset == 4  # type: ignore[attr-defined]
     _reject(_wire(body, version=0), "version")
 
@@ -789,3 +792,48 @@ def test_decoder_errors_carry_the_offset() -> None:
     data = _wire(_body(bytes([9])))
     err = _reject(data, "offset")
     assert err.offset == len(data) - 1  # type: ignore[attr-defined]
+
+
+# Version 2: the grid barrier ---------------------------------------------------------------
+
+
+def _grid_program() -> Program:
+    return Program(
+        [BufferDecl("x", 0, Access.READ_WRITE, DType.U32)],
+        64,
+        [
+            GridBarrier(),
+            Let("i", gid()),
+            Store("x", Var("i"), u32(1)),
+            GridBarrier(),
+            Store("x", u32(0), u32(2)),
+            GridBarrier(),
+        ],
+    )
+
+
+def test_a_grid_barrier_program_is_written_as_version_2_and_round_trips() -> None:
+    program = _grid_program()
+    data = program.to_wire()
+    assert data[4:6] == b"\x02\x00"
+    assert Program.from_wire(data) == program
+    assert program.fingerprint() == blake3(data[40:]).digest()
+
+
+def test_a_program_without_a_grid_barrier_keeps_its_version_1_bytes() -> None:
+    data = _every_kind().to_wire()
+    assert data[4:6] == b"\x01\x00"
+    assert Program.from_wire(data) == _every_kind()
+
+
+def test_a_grid_barrier_in_version_1_bytes_is_refused_where_it_is() -> None:
+    data = _grid_program().to_wire()
+    body = data[40:]
+    err = _reject(_wire(body, version=1), "GridBarrier (tag 8) in version-1 bytes")
+    assert err.offset == body.index(b"\x08") + 40  # type: ignore[attr-defined]
+
+
+def test_version_2_bytes_without_a_grid_barrier_are_not_canonical() -> None:
+    body = _every_kind().to_wire()[40:]
+    err = _reject(_wire(body, version=2), "non-canonical version 2")
+    assert err.offset == 4  # type: ignore[attr-defined]

@@ -31,6 +31,7 @@ from vyre_async.ir import (
     BufLen,
     DType,
     Expr,
+    GridBarrier,
     If,
     Let,
     Load,
@@ -56,12 +57,13 @@ TRACED = 2_000  # inputs decoded under tracemalloc
 MAX_CALL_SECONDS = 0.25 * (10 if "MUTANT_UNDER_TEST" in os.environ else 1)
 MAX_PEAK_BYTES = 4 * 1024 * 1024
 HEADER = b"VYIR\x01\x00\x00\x00"
+HEADER_V2 = b"VYIR\x02\x00\x00\x00"  # version 2: programs with a GridBarrier
 _INTERESTING_U32 = (0xFFFF_FFFF, 0x7FFF_FFFF, 0x8000_0000, 0x0001_0000, MAX_NODES + 1, 257, 0)
 _INTEGRITY_WORDS = ("digest", "magic", "version", "flags", "header")
 
 
-def _seal(body: bytes) -> bytes:
-    return HEADER + blake3(body).digest() + body
+def _seal(body: bytes, header: bytes = HEADER) -> bytes:
+    return header + blake3(body).digest() + body
 
 
 def _reseal(data: bytes) -> bytes:
@@ -100,6 +102,22 @@ def _edge_programs() -> list[Program]:
             op_id=long_name,
         ),
         Program(many, 64, [Let(f"v{i}", Load(f"b{i}", gid())) for i in range(40)]),
+        # Version 2: grid barriers first, twice in a row, between phases and last.
+        Program(
+            [BufferDecl("g", 0, Access.READ_WRITE, DType.U32)],
+            32,
+            [
+                GridBarrier(),
+                Let("i", gid()),
+                Store("g", Var("i"), Load("g", Var("i")) + u32(1)),
+                GridBarrier(),
+                GridBarrier(),
+                Let("i", gid()),
+                Store("g", u32(0), Var("i")),
+                GridBarrier(),
+            ],
+        ),
+        Program([], 1, [GridBarrier()]),
     ]
 
 
@@ -214,7 +232,7 @@ def _generate(rng: random.Random, corpus: list[bytes]) -> Iterator[bytes]:
             body = rng.randbytes(size)
         else:  # small bytes look like tags, codes and short lengths
             body = bytes(rng.choice((0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)) for _ in range(size))
-        yield _seal(body)
+        yield _seal(body, rng.choice((HEADER, HEADER_V2)))
     for _ in range(N_MUTATIONS):
         data = bytearray(rng.choice(corpus))
         for _ in range(rng.randint(1, 3)):

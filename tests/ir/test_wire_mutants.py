@@ -321,7 +321,7 @@ _REJECTED: list[tuple[str, bytes, str, int]] = [
         "truncated: expected 1 byte(s) for a statement tag, only 0 remain",
         69,
     ),
-    ("stmt-unknown", _wire(_body(b"\x09")), "unknown statement tag 9 (known: 0..7)", _FIRST_STMT),
+    ("stmt-unknown", _wire(_body(b"\x09")), "unknown statement tag 9 (known: 0..8)", _FIRST_STMT),
     (
         "let-length",
         _wire(_body(b"\x00\x01\x00")),
@@ -504,10 +504,10 @@ def test_each_malformed_input_gets_its_exact_error(data: bytes, message: str, of
 
 
 def test_an_unknown_version_is_reported_with_its_own_fix() -> None:
-    """A version other than 1 says which version this build reads, at offset 4."""
-    err = _decode_error(_wire(_ZERO_DIGEST_BODY, version=2))
+    """A version other than 1 and 2 says which versions this build reads, at offset 4."""
+    err = _decode_error(_wire(_ZERO_DIGEST_BODY, version=3))
     message, _, fix = str(err).partition("\nFix: ")
-    assert "unknown wire version 2 (this build reads version 1)" in message
+    assert "unknown wire version 3 (this build reads versions 1 and 2)" in message
     assert fix == "re-encode the program with this vyre-async version's Program.to_wire()"
     assert err.offset == 4  # type: ignore[attr-defined]
 

@@ -59,7 +59,8 @@ def test_registered_and_acquired_once() -> None:
     assert isinstance(backend, VyreBackend) and isinstance(backend.executor, ReferenceExecutor)
     assert acquire_backend("reference") is backend
     caps = backend.capabilities()
-    assert caps.features == frozenset()  # nothing native is claimed
+    assert caps.features == frozenset({"grid_sync"})  # lockstep: grid barriers are exact
+    assert "stmt.grid_barrier" in backend.supported_ops()
     assert caps.max_workgroup_lanes == 1024
 
 

@@ -55,6 +55,7 @@ from vyre_async.errors import (
 )
 from vyre_async.ir.expr import Atomic, Const
 from vyre_async.ir.limits import MAX_WORKGROUP_BYTES, MAX_WORKGROUP_LANES
+from vyre_async.ir.ops import CORE_OPS
 from vyre_async.ir.program import Program
 from vyre_async.ir.stmt import Block, If, Loop, Stmt
 from vyre_async.ir.types import Access, DType
@@ -150,8 +151,14 @@ class ReferenceExecutor(Executor):
 
     # Description ----------------------------------------------------------------
     def capabilities(self) -> BackendCapabilities:
-        """Report the engine's limits; every native-feature flag is False (nothing is emulated)."""
+        """Report the engine's limits and what it runs natively.
+
+        ``grid_sync`` is True: the engine runs every lane of the grid in lockstep,
+        so a `vyre_async.ir.GridBarrier` holds within one run. Every other
+        native-feature flag is False (nothing is emulated).
+        """
         return BackendCapabilities(
+            grid_sync=True,
             max_workgroup_size=(MAX_WORKGROUP_LANES, MAX_WORKGROUP_LANES, 64),
             max_workgroup_lanes=MAX_WORKGROUP_LANES,
             max_storage_buffer_bytes=_MAX_BUFFER_BYTES,
@@ -159,6 +166,10 @@ class ReferenceExecutor(Executor):
             device_name="numpy reference (CPU)",
             ordered_resident_buffers=True,  # workers wait for each buffer's earlier users
         )
+
+    def supported_ops(self) -> frozenset[str]:
+        """Every operation of `CORE_OPS`, the grid-wide barrier included."""
+        return CORE_OPS
 
     def device_fingerprint(self) -> str:
         """The numpy version: it decides the exact results of transcendental ops."""

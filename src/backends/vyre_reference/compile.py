@@ -37,7 +37,18 @@ from vyre_async.ir.expr import (
 )
 from vyre_async.ir.ops import AtomicOp, BinOp, BuiltinKind, un_result
 from vyre_async.ir.program import Program
-from vyre_async.ir.stmt import Assign, Barrier, Block, If, Let, Loop, Return, Stmt, Store
+from vyre_async.ir.stmt import (
+    Assign,
+    Barrier,
+    Block,
+    GridBarrier,
+    If,
+    Let,
+    Loop,
+    Return,
+    Stmt,
+    Store,
+)
 from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.ir.validate import validate_or_raise
 from vyre_async.ir.walk import child_exprs, iter_exprs, stmt_exprs
@@ -301,6 +312,7 @@ class _Compiler:
     """Turns one program's statements and expressions into closures."""
 
     def __init__(self, program: Program) -> None:
+        self.program = program
         self.decls: dict[str, BufferDecl] = {d.name: d for d in program.buffers}
         self.used: set[str] = {e.name for e in iter_exprs(program.body) if isinstance(e, Var)}
         self.stmt_has_atomic = False
@@ -334,11 +346,27 @@ class _Compiler:
                 return self._block(inner, scope)
             case Barrier():
                 return None  # lockstep execution already completes every statement first
+            case GridBarrier():
+                # Lockstep over the whole grid completes every statement first here too;
+                # what remains is the rule that workgroup memory is zero again after it.
+                return self._grid_barrier()
             case Return():
                 return _return
         raise InvalidProgram(
             f"unknown statement {stmt!r}", fix="build statements from vyre_async.ir"
         )
+
+    def _grid_barrier(self) -> StmtFn | None:
+        shared = [d for d in self.program.buffers if d.access is Access.WORKGROUP]
+        if not shared:
+            return None
+
+        def grid_barrier(frame: Frame) -> None:
+            arrays = frame.state.arrays
+            for decl in shared:
+                arrays[decl.name] = np.zeros_like(arrays[decl.name])
+
+        return grid_barrier
 
     def _let(self, name: str, value: Expr, scope: dict[str, DType]) -> StmtFn | None:
         if name not in self.used:

@@ -24,7 +24,19 @@ from vyre_async.ir.expr import (
 )
 from vyre_async.ir.ops import CORE_OPS, AtomicOp, BinOp, BuiltinKind, UnOp
 from vyre_async.ir.program import Program
-from vyre_async.ir.stmt import Assign, Barrier, Block, If, Let, Loop, Return, Stmt, Store
+from vyre_async.ir.split import split_at_grid_barriers
+from vyre_async.ir.stmt import (
+    Assign,
+    Barrier,
+    Block,
+    GridBarrier,
+    If,
+    Let,
+    Loop,
+    Return,
+    Stmt,
+    Store,
+)
 from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.ir.validate import Diagnostic, validate, validate_or_raise
 from vyre_async.ir.walk import ops_used
@@ -49,6 +61,7 @@ __all__ = [
     "Diagnostic",
     "Expr",
     "Fma",
+    "GridBarrier",
     "If",
     "Let",
     "Load",
@@ -67,6 +80,7 @@ __all__ = [
     "lid",
     "nwg",
     "ops_used",
+    "split_at_grid_barriers",
     "u32",
     "validate",
     "validate_or_raise",

@@ -15,6 +15,7 @@ from vyre_async.ir.types import DType
 __all__ = [
     "CORE_OPS",
     "FLOAT_UNARY",
+    "GRID_BARRIER_OP",
     "TRANSCENDENTAL",
     "AtomicOp",
     "BinOp",
@@ -198,10 +199,16 @@ def un_result(op: UnOp | str, dtype: DType) -> DType | None:
     return dtype if result is None else result
 
 
-#: Every operation of the core IR, as ``"bin.<op>"``, ``"un.<op>"`` and ``"atomic.<op>"``
-#: (`vyre_async.ir.walk.ops_used` names a program's operations the same way).
+#: The `CORE_OPS` name of the `GridBarrier` statement.
+GRID_BARRIER_OP = "stmt.grid_barrier"
+
+#: Every operation of the core IR, as ``"bin.<op>"``, ``"un.<op>"`` and ``"atomic.<op>"``,
+#: and the grid-wide barrier as ``"stmt.grid_barrier"`` (`vyre_async.ir.walk.ops_used`
+#: names a program's operations the same way). An executor claims the grid barrier
+#: explicitly: `vyre_async.abc.Executor.supported_ops` leaves it out by default.
 CORE_OPS: frozenset[str] = frozenset(
     [f"bin.{op.value}" for op in BinOp]
     + [f"un.{op.value}" for op in UnOp]
     + [f"atomic.{op.value}" for op in AtomicOp]
+    + [GRID_BARRIER_OP]
 )

@@ -16,6 +16,7 @@ __all__ = [
     "Barrier",
     "Body",
     "Block",
+    "GridBarrier",
     "If",
     "Let",
     "Loop",
@@ -159,6 +160,22 @@ class Barrier(Stmt):
 
     def __repr__(self) -> str:
         return "Barrier()"
+
+
+@dataclass(frozen=True, slots=True)
+class GridBarrier(Stmt):
+    """Grid-wide barrier: every lane of the grid reaches it before any lane goes on.
+
+    Every storage write before it is visible to every lane after it, and
+    workgroup memory is zero again after it. Legal only at the top level of
+    the program body, with no variable used across it and no ``Return`` in the
+    program (`vyre_async.ir.validate`: V034 to V036). Backends without a
+    native grid barrier run the program as one launch per segment
+    (`vyre_async.split_at_grid_barriers`).
+    """
+
+    def __repr__(self) -> str:
+        return "GridBarrier()"
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,10 @@ regardless of the order of the writes. A loop variable is divergent iff its
 bounds are. A ``Barrier`` is then illegal under divergent control, and after a
 divergent ``Return`` earlier in program order or anywhere in a loop body that
 also encloses the barrier.
+
+A ``GridBarrier`` ends the top-level scope: it is legal only at the top level
+of the body, a variable declared before it cannot be used after it (it may be
+declared again), and a program with one has no ``Return``.
 """
 
 from __future__ import annotations
@@ -51,7 +55,18 @@ from vyre_async.ir.limits import (
 )
 from vyre_async.ir.ops import AtomicOp, BuiltinKind, bin_result, un_result
 from vyre_async.ir.program import Program
-from vyre_async.ir.stmt import Assign, Barrier, Block, If, Let, Loop, Return, Stmt, Store
+from vyre_async.ir.stmt import (
+    Assign,
+    Barrier,
+    Block,
+    GridBarrier,
+    If,
+    Let,
+    Loop,
+    Return,
+    Stmt,
+    Store,
+)
 from vyre_async.ir.types import Access, BufferDecl, DType
 
 __all__ = ["DIAGNOSTIC_CODES", "Diagnostic", "validate", "validate_or_raise"]
@@ -93,6 +108,9 @@ DIAGNOSTIC_CODES: dict[str, str] = {
     "V031": "too many nodes",
     "V032": "unknown node type",
     "V033": "name is not valid Unicode",
+    "V034": "grid barrier not at the top level of the body",
+    "V035": "variable used across a grid barrier",
+    "V036": "return in a program with a grid barrier",
 }
 
 _CONDITION_DTYPES = (DType.BOOL, DType.U32)
@@ -467,6 +485,12 @@ class _Scopes:
     def declare(self, name: str, binding: _Binding) -> None:
         self._frames[-1][name] = binding
 
+    def close_top(self) -> list[str]:
+        """End the top-level scope (at a top-level GridBarrier); return its variables."""
+        names = list(self._frames[0])
+        self._frames[0] = {}
+        return names
+
     @contextmanager
     def nested(self) -> Iterator[None]:
         self._frames.append({})
@@ -490,14 +514,21 @@ class _BodyChecker:
         self._loops: tuple[int, ...] = ()
         self._barriers: list[_Site] = []
         self._returns: list[_Site] = []
+        self._grid_barriers = 0
+        self._expired: dict[str, str] = {}  # variable -> the GridBarrier that ended its scope
         self._too_deep = False  # V030 already reported for the current root expression
 
     def run(self, body: Sequence[Stmt]) -> list[Diagnostic]:
         """Return the diagnostics of ``body``, barrier ones merged in program order."""
         self._body(body, "body", 0)
         divergent = self._flow.solve()
-        keyed = [((i, 1), d) for i, d in enumerate(self._diagnostics)]
-        keyed += [((p, 0), d) for p, d in self._barrier_diagnostics(divergent)]
+        keyed = [((i, 1, 0), d) for i, d in enumerate(self._diagnostics)]
+        keyed += [((p, 0, o), d) for p, o, d in self._barrier_diagnostics(divergent)]
+        if self._grid_barriers:
+            keyed += [
+                ((site.position, 0, site.order), _return_with_grid_barrier(site))
+                for site in self._returns
+            ]
         return [d for _, d in sorted(keyed, key=lambda item: item[0])]
 
     def _report(self, code: str, path: str, message: str, fix: str) -> None:
@@ -519,6 +550,8 @@ class _BodyChecker:
                 self._store(stmt, path)
             case Barrier():
                 self._barriers.append(self._site(path))
+            case GridBarrier():
+                self._grid_barrier(path, depth)
             case Return():
                 self._returns.append(self._site(path))
             case If() | Loop() | Block():
@@ -543,6 +576,20 @@ class _BodyChecker:
             case Block():
                 with self._scopes.nested():
                     self._body(stmt.body, f"{path}.body", depth)
+
+    def _grid_barrier(self, path: str, depth: int) -> None:
+        self._grid_barriers += 1
+        if depth:
+            self._report(
+                "V034",
+                path,
+                "GridBarrier inside an If, Loop or Block; it must be a statement of the "
+                "program body itself",
+                "move the GridBarrier to the top level of the body (every lane must reach it)",
+            )
+            return
+        for name in self._scopes.close_top():
+            self._expired[name] = path
 
     def _let(self, stmt: Let, path: str) -> None:
         value = self._root(stmt.value, f"{path}.value")
@@ -652,7 +699,9 @@ class _BodyChecker:
         order = len(self._barriers) + len(self._returns)
         return _Site(path, len(self._diagnostics), order, self._control, self._loops)
 
-    def _barrier_diagnostics(self, divergent: frozenset[int]) -> Iterator[tuple[int, Diagnostic]]:
+    def _barrier_diagnostics(
+        self, divergent: frozenset[int]
+    ) -> Iterator[tuple[int, int, Diagnostic]]:
         first_return: _Site | None = None
         in_loop: dict[int, _Site] = {}
         for site in self._returns:
@@ -664,12 +713,12 @@ class _BodyChecker:
         for site in self._barriers:
             control = site.divergent_control(divergent)
             if control is not None:
-                yield site.position, _divergent_barrier(site, control)
+                yield site.position, site.order, _divergent_barrier(site, control)
             earlier = first_return if first_return and first_return.order < site.order else None
             looped = next((in_loop[loop] for loop in site.loops if loop in in_loop), None)
             returned = earlier or looped
             if returned is not None:
-                yield site.position, _barrier_after_return(site, returned)
+                yield site.position, site.order, _barrier_after_return(site, returned)
 
     # Expressions -------------------------------------------------------------------
 
@@ -851,6 +900,17 @@ class _BodyChecker:
         return decl
 
     def _undeclared_variable(self, name: str, path: str) -> None:
+        barrier = self._expired.get(name)
+        if barrier is not None:
+            self._report(
+                "V035",
+                path,
+                f"variable {name!r} was declared before the GridBarrier at {barrier} and "
+                "is used after it; variables do not live across a grid barrier",
+                f"store it to a buffer before the barrier and Load it after, or compute "
+                f"{name!r} again after the barrier with Let({name!r}, ...)",
+            )
+            return
         self._report(
             "V010",
             path,
@@ -895,6 +955,17 @@ def _divergent_barrier(site: _Site, control: _Control) -> Diagnostic:
         "written under divergent control)",
         fix=f"move the Barrier out of the {control.kind}, or make its {what} uniform "
         "(literals, wgid, nwg, BufLen, UNIFORM loads)",
+    )
+
+
+def _return_with_grid_barrier(site: _Site) -> Diagnostic:
+    return Diagnostic(
+        code="V036",
+        path=site.path,
+        message="Return in a program with a GridBarrier: every lane must reach every grid "
+        "barrier, so no lane may end early",
+        fix="guard the work with If(condition, [...]) instead of returning (for example "
+        "If(gid() < n, [...]) in each phase)",
     )
 
 

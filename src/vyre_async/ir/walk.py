@@ -6,8 +6,9 @@ from collections.abc import Iterable, Iterator
 
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async.ir.expr import Atomic, Bin, Cast, Expr, Fma, Load, Select, Un
+from vyre_async.ir.ops import GRID_BARRIER_OP
 from vyre_async.ir.program import Program
-from vyre_async.ir.stmt import Assign, Block, If, Let, Loop, Stmt, Store
+from vyre_async.ir.stmt import Assign, Block, GridBarrier, If, Let, Loop, Stmt, Store
 
 __all__ = [
     "child_exprs",
@@ -91,10 +92,15 @@ def uses_workgroup_memory(program: Program) -> bool:
 
 
 def ops_used(program: Program) -> frozenset[str]:
-    """Return the operations ``program`` uses, named as in `CORE_OPS` (memoised)."""
+    """Return the operations ``program`` uses, named as in `CORE_OPS` (memoised).
+
+    A `GridBarrier` anywhere in the body counts as ``"stmt.grid_barrier"``.
+    """
     cached = program.memo.get("ops_used")
     if cached is None:
         found: set[str] = set()
+        if any(isinstance(stmt, GridBarrier) for stmt in iter_stmts(program.body)):
+            found.add(GRID_BARRIER_OP)
         for expr in iter_exprs(program.body):
             if isinstance(expr, Bin):
                 found.add(f"bin.{expr.op.value}")

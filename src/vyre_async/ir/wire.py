@@ -2,18 +2,24 @@
 
 Layout (little-endian; ``str`` = u32 byte length + UTF-8; ``seq<T>`` = u32 count + items)::
 
-    wire   : b"VYIR" | u16 version (1) | u16 flags (0) | 32-byte blake3(body) | body
+    wire   : b"VYIR" | u16 version (1 or 2) | u16 flags (0) | 32-byte blake3(body) | body
     body   : str op_id | u32 workgroup[3] | seq<buffer> | seq<stmt>
     buffer : str name | u32 binding | u8 access | u8 dtype | u32 count
     stmt   : u8 tag, then  Let(str name, expr) | Assign(str name, expr)
              | Store(str buffer, expr index, expr value) | If(expr cond, seq<stmt>, seq<stmt>)
              | Loop(str var, expr start, expr end, seq<stmt>) | Return() | Block(seq<stmt>)
-             | Barrier()
+             | Barrier() | GridBarrier()
     expr   : u8 tag, then  Const(u8 dtype, u32 bits) | Var(str) | Load(str, expr)
              | BufLen(str) | Builtin(u8 kind, u8 axis) | Bin(u8 op, expr, expr)
              | Un(u8 op, expr) | Select(expr, expr, expr) | Cast(u8 dtype, expr)
              | Fma(expr, expr, expr) | Atomic(u8 op, str, expr index, expr value,
                u8 has_expected, [expr expected])
+
+Version 2 adds the ``GridBarrier`` statement (tag 8) and nothing else. A program
+is written in the lowest version that holds it: version 1 unless it has a grid
+barrier, so every program without one keeps its version-1 bytes (and older
+readers keep reading it). The decoder reads both and refuses a grid barrier in
+version-1 bytes and version-2 bytes without one (both non-canonical).
 
 Every numeric code is fixed by the tables below (never by enum order) and never
 changes within a wire version. Canonicalisation: buffers are ordered by
@@ -66,8 +72,20 @@ from vyre_async.ir.limits import (
 )
 from vyre_async.ir.ops import AtomicOp, BinOp, BuiltinKind, UnOp
 from vyre_async.ir.program import Program
-from vyre_async.ir.stmt import Assign, Barrier, Block, If, Let, Loop, Return, Stmt, Store
+from vyre_async.ir.stmt import (
+    Assign,
+    Barrier,
+    Block,
+    GridBarrier,
+    If,
+    Let,
+    Loop,
+    Return,
+    Stmt,
+    Store,
+)
 from vyre_async.ir.types import Access, BufferDecl, DType
+from vyre_async.ir.walk import iter_stmts
 
 __all__ = [
     "ACCESS_CODES",
@@ -83,6 +101,7 @@ __all__ = [
     "WIRE_FLAGS",
     "WIRE_MAGIC",
     "WIRE_VERSION",
+    "WIRE_VERSIONS",
     "decode_program",
     "encode_program",
     "fingerprint",
@@ -91,14 +110,16 @@ __all__ = [
 __dir__ = _public_dir(__name__)
 
 # --------------------------------------------------------------------------------------
-# Frozen code tables. Append-only: a code is never renumbered or reused in version 1.
+# Frozen code tables. Append-only: a code is never renumbered or reused.
 # --------------------------------------------------------------------------------------
 
 #: The four magic bytes every wire form starts with.
 WIRE_MAGIC: Final = b"VYIR"
-#: The wire version this module writes and the only one it reads.
-WIRE_VERSION: Final = 1
-#: The only flags value of version 1.
+#: The newest wire version this module writes and reads (version 2: `GridBarrier`).
+WIRE_VERSION: Final = 2
+#: The versions this module reads; it writes the lowest one that holds the program.
+WIRE_VERSIONS: Final = (1, 2)
+#: The only flags value of versions 1 and 2.
 WIRE_FLAGS: Final = 0
 #: Bytes before the body: magic, version, flags, blake3 digest of the body.
 HEADER_SIZE: Final = 4 + 2 + 2 + 32
@@ -187,7 +208,7 @@ BUILTIN_CODES: Final[Mapping[BuiltinKind, int]] = MappingProxyType(
 )
 #: Tags of statement nodes.
 STMT_TAGS: Final[Mapping[type[Stmt], int]] = MappingProxyType(
-    {Let: 0, Assign: 1, Store: 2, If: 3, Loop: 4, Return: 5, Block: 6, Barrier: 7}
+    {Let: 0, Assign: 1, Store: 2, If: 3, Loop: 4, Return: 5, Block: 6, Barrier: 7, GridBarrier: 8}
 )
 #: Tags of expression nodes.
 EXPR_TAGS: Final[Mapping[type[Expr], int]] = MappingProxyType(
@@ -209,7 +230,8 @@ EXPR_TAGS: Final[Mapping[type[Expr], int]] = MappingProxyType(
 _CANONICAL_NAN: Final = 0x7FC0_0000
 _U32 = struct.Struct("<I")
 _PREFIX = struct.Struct("<4sHH")
-_HEADER_PREFIX: Final = _PREFIX.pack(WIRE_MAGIC, WIRE_VERSION, WIRE_FLAGS)
+_HEADER_PREFIX: Final = _PREFIX.pack(WIRE_MAGIC, 1, WIRE_FLAGS)
+_HEADER_PREFIX_V2: Final = _PREFIX.pack(WIRE_MAGIC, 2, WIRE_FLAGS)
 _WORKGROUP = struct.Struct("<III")
 _BUFFER_TAIL = struct.Struct("<IBBI")  # binding, access, dtype, count (after the name)
 _CONST = struct.Struct("<BBI")  # tag, dtype, bits
@@ -231,8 +253,9 @@ def _tag_bytes(tag: int, codes: Mapping[Any, int]) -> dict[Any, bytes]:
     return {member: bytes((tag, code)) for member, code in codes.items()}
 
 
-_T_LET, _T_ASSIGN, _T_STORE, _T_IF, _T_LOOP, _T_RETURN, _T_BLOCK, _T_BARRIER = (
-    bytes((STMT_TAGS[cls],)) for cls in (Let, Assign, Store, If, Loop, Return, Block, Barrier)
+_T_LET, _T_ASSIGN, _T_STORE, _T_IF, _T_LOOP, _T_RETURN, _T_BLOCK, _T_BARRIER, _T_GRID = (
+    bytes((STMT_TAGS[cls],))
+    for cls in (Let, Assign, Store, If, Loop, Return, Block, Barrier, GridBarrier)
 )
 _E_CONST = EXPR_TAGS[Const]
 _E_VAR, _E_LOAD, _E_BUFLEN, _E_SELECT, _E_FMA = (
@@ -509,6 +532,9 @@ def _encode_body(program: Program, *, zero_counts: bool = False) -> bytes:
     def s_barrier(s: Barrier, nesting: int) -> None:
         append(_T_BARRIER)
 
+    def s_grid_barrier(s: GridBarrier, nesting: int) -> None:
+        append(_T_GRID)
+
     stmt_enc: dict[type, Callable[[Any, int], None]] = _StmtDispatch(
         {
             Let: s_let,
@@ -519,6 +545,7 @@ def _encode_body(program: Program, *, zero_counts: bool = False) -> bytes:
             Return: s_return,
             Block: s_block,
             Barrier: s_barrier,
+            GridBarrier: s_grid_barrier,
         }
     )
 
@@ -605,7 +632,8 @@ def encode_program(program: Program) -> bytes:
     body = _encode_body(program)
     digest = _digest(body)
     program.memo.setdefault("fingerprint", digest)
-    return b"".join((_HEADER_PREFIX, digest, body))
+    grid = any(type(stmt) is GridBarrier for stmt in iter_stmts(program.body))
+    return b"".join((_HEADER_PREFIX_V2 if grid else _HEADER_PREFIX, digest, body))
 
 
 def fingerprint(program: Program) -> bytes:
@@ -766,10 +794,23 @@ class _Decoder:
     decoded once and shared; names are decoded once per distinct byte string.
     """
 
-    __slots__ = ("consts", "data", "end", "names", "node_at", "nodes", "pos", "variables")
+    __slots__ = (
+        "consts",
+        "data",
+        "end",
+        "grid_barriers",
+        "names",
+        "node_at",
+        "nodes",
+        "pos",
+        "variables",
+        "version",
+    )
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, version: int = WIRE_VERSION) -> None:
         self.data = data
+        self.version = version
+        self.grid_barriers = 0
         self.pos = HEADER_SIZE
         self.end = len(data)
         self.nodes = 0
@@ -873,6 +914,12 @@ class _Decoder:
             body = self.stmts(0, "the program body")
             if self.pos != self.end:
                 self.fail(f"{self.end - self.pos} trailing byte(s) after the program body")
+            if self.version == 2 and not self.grid_barriers:
+                self.fail(
+                    "non-canonical version 2: the program has no GridBarrier, so its "
+                    "canonical form is version 1",
+                    4,
+                )
             return Program(buffers, workgroup, body, op_id)
         except InvalidProgram as exc:
             if hasattr(exc, "offset"):
@@ -938,7 +985,14 @@ class _Decoder:
             return Block(self.stmts(nesting + 1, "a Block body"))
         if tag == 7:
             return Barrier()
-        self.fail(f"unknown statement tag {tag} (known: 0..7)", self.pos - 1)
+        if tag == 8:
+            if self.version < 2:
+                self.fail(
+                    "a GridBarrier (tag 8) in version-1 bytes: it needs version 2", self.pos - 1
+                )
+            self.grid_barriers += 1
+            return GridBarrier()
+        self.fail(f"unknown statement tag {tag} (known: 0..8)", self.pos - 1)
 
     def expr(self, depth: int) -> Expr:
         if depth > MAX_EXPR_DEPTH:
@@ -1039,7 +1093,7 @@ def decode_program(data: bytes | bytearray | memoryview) -> Program:
         The program; ``decode_program(encode_program(p)) == p``.
 
     Raises:
-        InvalidProgram: the bytes are not a canonical version-1 wire form: bad
+        InvalidProgram: the bytes are not a canonical version-1 or -2 wire form: bad
             magic, unknown version or flags, digest mismatch, truncation,
             trailing bytes, unknown codes, invalid UTF-8, non-canonical order or
             NaN, or a structural limit exceeded. Never any other exception.
@@ -1075,15 +1129,15 @@ def _decode(raw: bytes) -> Program:
     magic, version, flags = _PREFIX.unpack_from(raw, 0)
     if magic != WIRE_MAGIC:
         _header_fail(f"bad magic {magic!r} (expected {WIRE_MAGIC!r})", 0)
-    if version != WIRE_VERSION:
+    if version not in WIRE_VERSIONS:
         raise InvalidProgram(
             f"invalid program wire bytes: unknown wire version {version} "
-            f"(this build reads version {WIRE_VERSION})",
+            f"(this build reads versions 1 and {WIRE_VERSION})",
             fix="re-encode the program with this vyre-async version's Program.to_wire()",
             offset=4,
         )
     if flags != WIRE_FLAGS:
-        _header_fail(f"unknown flags 0x{flags:04X} (version {WIRE_VERSION} defines none)", 6)
+        _header_fail(f"unknown flags 0x{flags:04X} (version {version} defines none)", 6)
     body_digest = _digest(raw[HEADER_SIZE:])
     if body_digest != raw[8:HEADER_SIZE]:
         _header_fail(
@@ -1092,7 +1146,7 @@ def _decode(raw: bytes) -> Program:
             "(corrupted or tampered bytes)",
             8,
         )
-    return _Decoder(raw).program()
+    return _Decoder(raw, version).program()
 
 
 def _header_fail(message: str, offset: int) -> NoReturn:
