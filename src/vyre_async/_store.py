@@ -33,6 +33,7 @@ from vyre_async._frontend import DispatchFrontEnd
 from vyre_async._pipeline import CompiledPipeline
 from vyre_async._seams import BackendLike
 from vyre_async.errors import BackendError, InvalidProgram, KernelCompileFailed, UnsupportedFeature
+from vyre_async.ir.ops import GRID_BARRIER_OP
 from vyre_async.ir.program import Program
 from vyre_async.ir.validate import validate_or_raise
 from vyre_async.ir.walk import ops_used
@@ -237,11 +238,7 @@ class PipelineStore:
         validate_or_raise(program)
         missing = ops_used(program) - backend.supported_ops()
         if missing:
-            raise UnsupportedFeature(
-                f"backend {backend.id!r} does not implement {', '.join(sorted(missing))}",
-                fix="rewrite the program without these operations or use another backend",
-                feature=sorted(missing),
-            )
+            raise _missing_ops(backend.id, missing)
         identity = self.identity(program, config)
         hot_key = (id(program), id(config))
         if len(self._hot) >= 4 * self.memory.capacity:
@@ -337,3 +334,19 @@ class PipelineStore:
                 self.disk_cache.touch(i.hex for i in self.memory.identities())
                 self.disk_cache.put(identity.hex, payload)
         return make(native, compile_s, "compiled")
+
+
+def _missing_ops(backend_id: str, missing: frozenset[str]) -> UnsupportedFeature:
+    """The error for a program using operations the backend does not implement."""
+    if missing == {GRID_BARRIER_OP}:
+        fix = (
+            "use a backend that runs grid barriers (reference, cupy, wgpu), or dispatch "
+            "the programs of vyre_async.split_at_grid_barriers(program) one after another"
+        )
+    else:
+        fix = "rewrite the program without these operations or use another backend"
+    return UnsupportedFeature(
+        f"backend {backend_id!r} does not implement {', '.join(sorted(missing))}",
+        fix=fix,
+        feature=sorted(missing),
+    )

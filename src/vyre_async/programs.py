@@ -24,6 +24,8 @@ from vyre_async.ir import (
     BufferDecl,
     BufLen,
     DType,
+    Expr,
+    GridBarrier,
     If,
     Let,
     Load,
@@ -42,7 +44,11 @@ from vyre_async.ir import (
 
 __all__ = [
     "Workload",
+    "array_sum",
+    "array_sum_oracle",
     "elementwise_xor",
+    "exclusive_scan",
+    "exclusive_scan_oracle",
     "histogram",
     "prefix_scan",
     "saxpy",
@@ -236,6 +242,195 @@ def prefix_scan(n: int) -> Program:
     )
 
 
+def _power_of_two_workgroup(workgroup: int) -> None:
+    if (
+        isinstance(workgroup, bool)
+        or not isinstance(workgroup, int)
+        or not (2 <= workgroup <= 1024 and not workgroup & (workgroup - 1))
+    ):
+        raise InvalidProgram(
+            f"workgroup must be a power of two in 2..1024, got {workgroup!r}",
+            fix="pass workgroup=256 (or 2, 4, ... 1024)",
+        )
+
+
+def _element_count(n: int, what: str) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 0xFFFF_FFFF:
+        raise InvalidProgram(
+            f"{what} takes 1 to 2**32 - 1 elements, got {n!r}",
+            fix="pass the element count of the input as a positive int",
+        )
+
+
+def _levels(n: int, workgroup: int) -> list[int]:
+    """Sizes of the reduction levels above ``n`` elements: ceil(n / w), ... down to 1."""
+    sizes = []
+    while n > 1:
+        n = -(-n // workgroup)
+        sizes.append(n)
+    return sizes or [1]
+
+
+def _tree(scratch: str, lane: Expr, workgroup: int) -> list[Stmt]:
+    """Halve ``scratch`` into its element 0: ``s[l] += s[l + stride]``, a barrier per round."""
+    body: list[Stmt] = []
+    stride = workgroup // 2
+    while stride:
+        body += [
+            If(
+                lane.lt(u32(stride)),
+                [Store(scratch, lane, Load(scratch, lane) + Load(scratch, lane + u32(stride)))],
+            ),
+            Barrier(),
+        ]
+        stride //= 2
+    return body
+
+
+def array_sum(n: int, *, workgroup: int = 256) -> Program:
+    """Return the f32 sum of all ``n`` elements of ``x`` in one program (grid barriers).
+
+    Each phase reduces one level: workgroup ``g`` adds the ``workgroup``
+    values ``level[g*w : g*w + w]`` (zeros past the end) as a tree in shared
+    memory (``s[l] += s[l + stride]`` for stride = w/2, ..., 1) into the next
+    level's element ``g``; a `GridBarrier` separates the levels, so
+    ``ceil(log_w(n))`` phases reduce any length to one value. The order of the
+    additions is fixed by that rule, so every backend returns the same bits
+    (`standard_workloads`' oracle replays it in numpy).
+
+    Outputs: ``total`` (1 element), then ``partials`` (every level's sums but
+    the last, level after level; one unused element when ``n <= workgroup``).
+
+    Raises:
+        InvalidProgram: ``n`` is not in 1..2**32-1, or ``workgroup`` is not a
+            power of two in 2..1024.
+    """
+    _element_count(n, "array_sum")
+    _power_of_two_workgroup(workgroup)
+    levels = _levels(n, workgroup)
+    lane, group, i = lid(), wgid(), Var("i")
+    body: list[Stmt] = []
+    source, base, size = "x", 0, n  # this phase's input: source[base : base + size]
+    offset = 0  # where the next level goes in partials
+    for k, blocks in enumerate(levels):
+        last = k == len(levels) - 1
+        target, target_at = ("total", u32(0)) if last else ("partials", u32(offset) + group)
+        if k:
+            body.append(GridBarrier())
+        body.append(
+            If(
+                group.lt(u32(blocks)),
+                [
+                    Let("i", group * u32(workgroup) + lane),
+                    Store(
+                        "scratch",
+                        lane,
+                        Select(i.lt(u32(size)), Load(source, i + u32(base)), f32(0.0)),
+                    ),
+                    Barrier(),
+                    *_tree("scratch", lane, workgroup),
+                    If(lane.eq(u32(0)), [Store(target, target_at, Load("scratch", u32(0)))]),
+                ],
+            )
+        )
+        source, base, size = "partials", offset, blocks
+        offset += blocks
+    return Program(
+        [
+            BufferDecl("x", 0, Access.READ, DType.F32, n),
+            BufferDecl("total", 1, Access.WRITE, DType.F32, 1),
+            BufferDecl("partials", 2, Access.WRITE, DType.F32, max(1, sum(levels[:-1]))),
+            BufferDecl("scratch", 3, Access.WORKGROUP, DType.F32, workgroup),
+        ],
+        workgroup,
+        body,
+        op_id="std.array_sum",
+    )
+
+
+def exclusive_scan(n: int, *, workgroup: int = 256) -> Program:
+    """Return the exclusive prefix sum (wrapping u32) of ``n`` elements in one program.
+
+    ``out[i] = x[0] + ... + x[i-1]`` (``out[0] = 0``) for any ``n``, with
+    grid barriers between the phases. Up the levels, each workgroup scans its
+    ``workgroup`` elements in shared memory (Hillis-Steele, a barrier per
+    round), stores its block's exclusive scan in place and its block's total
+    one level up; down the levels, every element adds the scanned total of its
+    block. ``2 * ceil(log_w(n)) - 1`` phases in all.
+
+    Outputs: ``out`` (``n`` elements), then ``sums`` (the upper levels' scans;
+    one unused element when ``n <= workgroup``).
+
+    Raises:
+        InvalidProgram: ``n`` is not in 1..2**32-1, or ``workgroup`` is not a
+            power of two in 2..1024.
+    """
+    _element_count(n, "exclusive_scan")
+    _power_of_two_workgroup(workgroup)
+    sizes = [n, *_levels(n, workgroup)]  # elements per level; the last is 1 block
+    offsets = [0]  # level k >= 1 lives at sums[offsets[k] : offsets[k] + sizes[k]]
+    for size in sizes[1:-1]:
+        offsets.append(offsets[-1] + size)
+    lane, group, i = lid(), wgid(), Var("i")
+
+    def at(level: int, index: Expr) -> tuple[str, Expr]:
+        return ("out", index) if level == 0 else ("sums", index + u32(offsets[level - 1]))
+
+    top = len(sizes) - 2  # the level scanned by one workgroup
+    body: list[Stmt] = []
+    for k in range(top + 1):  # up: scan each block of level k, its total to level k + 1
+        if k:
+            body.append(GridBarrier())
+        source, index = ("x", i) if k == 0 else at(k, i)
+        scan: list[Stmt] = [
+            Let("i", group * u32(workgroup) + lane),
+            Store("ping", lane, Select(i.lt(u32(sizes[k])), Load(source, index), u32(0))),
+            Barrier(),
+        ]
+        src, dst, stride = "ping", "pong", 1
+        while stride < workgroup:
+            shifted = Select(lane.ge(u32(stride)), Load(src, lane - u32(stride)), u32(0))
+            scan += [Store(dst, lane, Load(src, lane) + shifted), Barrier()]
+            src, dst, stride = dst, src, stride * 2
+        before = Select(lane.gt(u32(0)), Load(src, lane - u32(1)), u32(0))
+        scan.append(If(i.lt(u32(sizes[k])), [Store(*at(k, i), before)]))
+        if k < top:
+            total_at = at(k + 1, group)
+            scan.append(
+                If(
+                    lane.eq(u32(workgroup - 1)),
+                    [Store(total_at[0], total_at[1], Load(src, lane))],
+                )
+            )
+        body.append(If(group.lt(u32(sizes[k + 1])), scan))
+    for k in range(top - 1, -1, -1):  # down: add each block's scanned total
+        body += [
+            GridBarrier(),
+            Let("i", gid()),
+            If(
+                i.lt(u32(sizes[k])),
+                [
+                    Store(
+                        *at(k, i),
+                        Load(*at(k, i)) + Load(*at(k + 1, i / u32(workgroup))),
+                    )
+                ],
+            ),
+        ]
+    return Program(
+        [
+            BufferDecl("x", 0, Access.READ, DType.U32, n),
+            BufferDecl("out", 1, Access.WRITE, DType.U32, n),
+            BufferDecl("sums", 2, Access.WRITE, DType.U32, max(1, sum(sizes[1:-1]))),
+            BufferDecl("ping", 3, Access.WORKGROUP, DType.U32, workgroup),
+            BufferDecl("pong", 4, Access.WORKGROUP, DType.U32, workgroup),
+        ],
+        workgroup,
+        body,
+        op_id="std.exclusive_scan",
+    )
+
+
 def tiled_matmul(m: int, k: int, n: int, *, tile: int = 16) -> Program:
     """Return ``C[mxn] = A[mxk] · B[kxn]`` (f32, row-major) with shared-memory tiles.
 
@@ -387,16 +582,66 @@ def _scan_oracle(inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     return [np.cumsum(inputs[0], dtype=np.uint64).astype(np.uint32)]
 
 
+def _tree_sums(values: np.ndarray, workgroup: int) -> np.ndarray:
+    """Each block of ``workgroup`` f32 values (zeros past the end) halved as `array_sum` does."""
+    blocks = -(-values.size // workgroup)
+    flat = np.zeros(blocks * workgroup, np.float32)
+    flat[: values.size] = values
+    acc = flat.reshape(blocks, workgroup)
+    stride = workgroup // 2
+    while stride:
+        acc[:, :stride] = acc[:, :stride] + acc[:, stride : 2 * stride]
+        stride //= 2
+    return acc[:, 0].copy()
+
+
+def array_sum_oracle(x: np.ndarray, workgroup: int = 256) -> list[np.ndarray]:
+    """Return `array_sum`'s outputs (``total``, ``partials``) for ``x``, computed with numpy."""
+    level = np.asarray(x, np.float32).reshape(-1)
+    partials = []
+    while True:
+        level = _tree_sums(level, workgroup)
+        if level.size == 1:
+            break
+        partials.append(level)
+    return [level, np.concatenate(partials) if partials else np.zeros(1, np.float32)]
+
+
+def _exclusive(values: np.ndarray) -> np.ndarray:
+    """Exclusive prefix sum, wrapping at 2**32."""
+    out = np.zeros(values.size, np.uint64)
+    np.cumsum(values[:-1], dtype=np.uint64, out=out[1:])
+    return out.astype(np.uint32)
+
+
+def exclusive_scan_oracle(x: np.ndarray, workgroup: int = 256) -> list[np.ndarray]:
+    """Return `exclusive_scan`'s outputs (``out``, ``sums``) for ``x``, computed with numpy."""
+    level = np.asarray(x, np.uint32).reshape(-1)
+    sums = []
+    out = _exclusive(level)
+    while level.size > workgroup:
+        blocks = -(-level.size // workgroup)
+        padded = np.zeros(blocks * workgroup, np.uint64)
+        padded[: level.size] = level
+        level = padded.reshape(blocks, workgroup).sum(axis=1, dtype=np.uint64).astype(np.uint32)
+        sums.append(_exclusive(level))
+    return [out, np.concatenate(sums) if sums else np.zeros(1, np.uint32)]
+
+
 def standard_workloads(*, scale: int = 1) -> list[Workload]:
-    """Return the six standard workloads, sized by ``scale`` (1 = small, for tests).
+    """Return the eight standard workloads, sized by ``scale`` (1 = small, for tests).
 
     Sizes at scale 1: xor 1000, saxpy 1000, sum 5000 (256 lanes, 4 items each),
-    histogram 3000 values, scan 1000, matmul 40x24x33 (tile 16).
+    histogram 3000 values, scan 1000, matmul 40x24x33 (tile 16), array_sum
+    20000 (64 lanes: 3 levels, 2 grid barriers), exclusive_scan 3000 (32 lanes:
+    3 levels, 4 grid barriers).
     """
     xor_n, saxpy_n, sum_n, hist_n = 1000 * scale, 1000 * scale, 5000 * scale, 3000 * scale
     scan_n = min(1000, 250 * scale + 750)
     m, k, n = 40 * scale, 24 * scale, 33 * scale
     sum_wg, sum_k = 256, 4
+    array_n, array_wg = 20000 * scale, 64
+    xscan_n, xscan_wg = 3000 * scale, 32
 
     return [
         Workload(
@@ -450,5 +695,19 @@ def standard_workloads(*, scale: int = 1) -> list[Workload]:
                 np.array([m, k, n], np.uint32),
             ],
             oracle=_matmul_oracle(m, k, n),
+        ),
+        Workload(
+            name="array_sum",
+            program=array_sum(array_n, workgroup=array_wg),
+            grid=None,
+            make_inputs=lambda rng: [_f32(rng, array_n)],
+            oracle=lambda ins: array_sum_oracle(ins[0], array_wg),
+        ),
+        Workload(
+            name="exclusive_scan",
+            program=exclusive_scan(xscan_n, workgroup=xscan_wg),
+            grid=None,
+            make_inputs=lambda rng: [_u32(rng, xscan_n)],
+            oracle=lambda ins: exclusive_scan_oracle(ins[0], xscan_wg),
         ),
     ]

@@ -51,6 +51,7 @@ from vyre_async.ir import (
     DType,
     Expr,
     Fma,
+    GridBarrier,
     If,
     Let,
     Load,
@@ -484,6 +485,7 @@ class _Interpreter:
         self.grid = grid
         self.workgroup = workgroup
         self.shared: list[dict[str, list[Any]]] = []
+        self.zeros: dict[str, Any] = {}  # WORKGROUP buffer -> its zero (grid barriers reset)
         self.by_wg: dict[int, list[_Lane]] = {}
 
     # memory ---------------------------------------------------------------------------
@@ -509,11 +511,13 @@ class _Interpreter:
     def launch(self) -> None:
         ng = self.grid[0] * self.grid[1] * self.grid[2]
         nl = self.workgroup[0] * self.workgroup[1] * self.workgroup[2]
+        zeros = {
+            d.name: _ZERO[d.dtype] if d.dtype is not DType.BOOL else 0
+            for d in self.program.workgroup_buffers
+        }
+        self.zeros = zeros
         self.shared = [
-            {
-                d.name: [_ZERO[d.dtype] if d.dtype is not DType.BOOL else 0] * d.count
-                for d in self.program.workgroup_buffers
-            }
+            {d.name: [zeros[d.name]] * d.count for d in self.program.workgroup_buffers}
             for _ in range(ng)
         ]
         lanes = []
@@ -589,6 +593,14 @@ class _Interpreter:
                     live = sum(1 for lane in self.by_wg[wg] if lane.alive)
                     if n != live:
                         raise BarrierDivergence(f"workgroup {wg}: {n} of {live} live lanes")
+            case GridBarrier():
+                total = sum(len(group) for group in self.by_wg.values())
+                if len(lanes) != total or not all(lane.alive for lane in lanes):
+                    raise BarrierDivergence(f"grid barrier: {len(lanes)} of {total} lanes")
+                self.shared = [
+                    {name: [self.zeros[name]] * len(values) for name, values in memory.items()}
+                    for memory in self.shared
+                ]
             case Return():
                 for lane in lanes:
                     lane.alive = False

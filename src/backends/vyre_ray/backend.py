@@ -42,6 +42,7 @@ import numpy as np
 from opentelemetry import propagate, trace
 
 from vyre_async.abc import (
+    CORE_OPS,
     DRIVER_VERSION,
     FEATURES,
     BackendCapabilities,
@@ -463,6 +464,12 @@ class RayExecutor(Executor):
         return f"ray pool of {len(self._members)} ({', '.join(self._inner)}): " + "; ".join(
             self._devices
         )
+
+    def supported_ops(self) -> frozenset[str]:
+        """Every operation of `CORE_OPS`: programs ship whole, as wire bytes, to a worker
+        whose own backend runs them (grid barriers included, natively or split); a worker
+        backend that lacks one refuses the dispatch with its `UnsupportedFeature`."""
+        return CORE_OPS
 
     def compiler_fingerprint(self) -> str:
         """Workers compile for themselves; the pool's pipelines are the programs' wire bytes."""

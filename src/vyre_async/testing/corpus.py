@@ -39,6 +39,7 @@ from vyre_async.ir import (
     DType,
     Expr,
     Fma,
+    GridBarrier,
     If,
     Let,
     Load,
@@ -136,6 +137,10 @@ SEMANTIC_RULES: dict[str, str] = {
     "before the first).",
     "launch.builtins": "`gid` (global invocation id), `lid` (local id in the workgroup), "
     "`wgid` (workgroup id), `nwg` (number of workgroups), per axis.",
+    "grid.barrier": "`GridBarrier()`: every lane of the grid finishes the statements before "
+    "it before any lane runs one after it, and every storage write before it is visible "
+    "after it.",
+    "grid.workgroup_reset": "workgroup memory is zero again after a grid barrier.",
 }
 
 
@@ -1487,6 +1492,174 @@ def _launch_cases() -> list[Case]:
     return cases
 
 
+def _grid_cases() -> list[Case]:
+    """Grid-wide barriers: placement, many phases, workgroup memory, cross-workgroup reads."""
+    cases: list[Case] = []
+    g, i = gid(), Var("i")
+    # A barrier first and last (empty phases) around one phase.
+    prog = Program(
+        [
+            BufferDecl("a", 0, Access.READ, DType.U32),
+            BufferDecl("out", 1, Access.WRITE, DType.U32, 10),
+        ],
+        4,
+        [
+            GridBarrier(),
+            Let("i", g),
+            If(i.lt(BufLen("out")), [Store("out", i, Load("a", i) * u32(3) + u32(1))]),
+            GridBarrier(),
+        ],
+        op_id="case.grid_first_last",
+    )
+    data = [5, 0, 7, 1, 9, 2, 8, 3, 6, 4]
+    cases.append(
+        Case(
+            name="grid_barrier_first_and_last",
+            rules=("grid.barrier",),
+            program=prog,
+            inputs=(_u32s(*data),),
+            expected=(_u32s(*[3 * v + 1 for v in data]),),
+        )
+    )
+    # Seven phases ping-ponging between two buffers; each lane reads a neighbour that
+    # another workgroup wrote in the phase before (12 lanes, 3 workgroups of 4).
+    n, phases = 12, 7
+    body: list[Stmt] = []
+    buffers = ("a", "b")
+    for k in range(phases):
+        src, dst = buffers[k % 2], buffers[(k + 1) % 2]
+        if k:
+            body.append(GridBarrier())
+        body += [
+            Let("i", g),
+            Store(dst, i, Load(src, i) * u32(2) + Load(src, (i + u32(k + 1)) % u32(n))),
+        ]
+    prog = Program(
+        [
+            BufferDecl("a", 0, Access.READ_WRITE, DType.U32),
+            BufferDecl("b", 1, Access.WRITE, DType.U32, n),
+        ],
+        4,
+        body,
+        op_id="case.grid_phases",
+    )
+    start = [(7 * v + 3) % 50 for v in range(n)]
+    state = {"a": list(start), "b": [0] * n}
+    for k in range(phases):
+        old, new = state[buffers[k % 2]], state[buffers[(k + 1) % 2]]
+        new[:] = [(old[v] * 2 + old[(v + k + 1) % n]) & M32 for v in range(n)]
+    cases.append(
+        Case(
+            name="grid_barrier_many_phases",
+            rules=("grid.barrier", "mem.read_write_init", "mem.write_zeroed"),
+            program=prog,
+            inputs=(_u32s(*start),),
+            expected=(_u32s(*state["a"]), _u32s(*state["b"])),
+        )
+    )
+    # Workgroup memory written before a grid barrier reads zero after it; written
+    # again after it, it is shared as usual.
+    wg = 4
+    lane = lid()
+    prog = Program(
+        [
+            BufferDecl("first", 0, Access.WRITE, DType.U32, 8),
+            BufferDecl("second", 1, Access.WRITE, DType.U32, 8),
+            BufferDecl("s", 2, Access.WORKGROUP, DType.U32, wg),
+        ],
+        wg,
+        [
+            Store("s", lane, g + u32(1)),
+            Barrier(),
+            Let("i", g),
+            Store("first", i, Load("s", (lane + u32(1)) % u32(wg))),
+            GridBarrier(),
+            Let("old", Load("s", lane)),
+            Barrier(),
+            Store("s", lane, u32(100) + g),
+            Barrier(),
+            Store("second", g, Var("old") * u32(1000) + Load("s", u32(wg - 1) - lane)),
+        ],
+        op_id="case.grid_workgroup_memory",
+    )
+    first = [(v // wg) * wg + (v % wg + 1) % wg + 1 for v in range(8)]
+    second = [100 + (v // wg) * wg + (wg - 1 - v % wg) for v in range(8)]
+    cases.append(
+        Case(
+            name="grid_barrier_workgroup_memory_is_zero_after",
+            rules=("grid.barrier", "grid.workgroup_reset", "mem.workgroup", "ctl.barrier"),
+            program=prog,
+            inputs=(),
+            expected=(_u32s(*first), _u32s(*second)),
+            grid=(2, 1, 1),
+        )
+    )
+    # A cross-workgroup reduction: per-workgroup partial sums, then one lane adds
+    # them, then every lane reads the total and a partial of another workgroup.
+    values = [(37 * v + 11) % 1000 for v in range(24)]
+    prog = Program(
+        [
+            BufferDecl("x", 0, Access.READ, DType.U32),
+            BufferDecl("parts", 1, Access.WRITE, DType.U32, 6),
+            BufferDecl("out", 2, Access.WRITE, DType.U32, 24),
+        ],
+        4,
+        [
+            If(
+                lid().eq(u32(0)),
+                [
+                    Let("acc", u32(0)),
+                    Loop(
+                        "t",
+                        u32(0),
+                        u32(4),
+                        [Assign("acc", Var("acc") + Load("x", wgid() * u32(4) + Var("t")))],
+                    ),
+                    Store("parts", wgid(), Var("acc")),
+                ],
+            ),
+            GridBarrier(),
+            If(
+                g.eq(u32(0)),
+                [
+                    Let("sum", u32(0)),
+                    Loop("t", u32(0), nwg(), [Assign("sum", Var("sum") + Load("parts", Var("t")))]),
+                    Store("x_total", u32(0), Var("sum")),
+                ],
+            ),
+            GridBarrier(),
+            Store(
+                "out",
+                g,
+                Load("x_total", u32(0)) * u32(10) + Load("parts", u32(5) - wgid()),
+            ),
+        ],
+        op_id="case.grid_reduce",
+    )
+    prog = Program(
+        (*prog.buffers, BufferDecl("x_total", 3, Access.WRITE, DType.U32, 1)),
+        prog.workgroup_size,
+        prog.body,
+        prog.op_id,
+    )
+    parts = [sum(values[4 * w : 4 * w + 4]) for w in range(6)]
+    total = sum(parts)
+    cases.append(
+        Case(
+            name="grid_barrier_cross_workgroup_reduction",
+            rules=("grid.barrier", "launch.infer"),
+            program=prog,
+            inputs=(_u32s(*values),),
+            expected=(
+                _u32s(*parts),
+                _u32s(*[total * 10 + parts[5 - v // 4] for v in range(24)]),
+                _u32s(total),
+            ),
+        )
+    )
+    return cases
+
+
 def _standard_cases() -> list[Case]:
     rules = {
         "xor": ("ctl.all_lanes", "launch.infer"),
@@ -1495,6 +1668,8 @@ def _standard_cases() -> list[Case]:
         "histogram": ("atomic.final", "mem.read_write_init", "mem.workgroup"),
         "scan": ("ctl.barrier", "int.wrap", "cond.nonzero"),
         "matmul": ("ctl.barrier", "f32.no_contraction", "launch.override", "uniformity"),
+        "array_sum": ("grid.barrier", "ctl.barrier", "f32.rne", "mem.workgroup"),
+        "exclusive_scan": ("grid.barrier", "grid.workgroup_reset", "int.wrap", "uniformity"),
     }
     out = []
     for workload in standard_workloads():
@@ -1523,6 +1698,7 @@ def cases() -> list[Case]:
         + _control_cases()
         + _atomic_cases()
         + _launch_cases()
+        + _grid_cases()
     )
     names = [c.name for c in out]
     assert len(names) == len(set(names)), "case names must be unique"

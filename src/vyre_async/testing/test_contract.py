@@ -27,6 +27,7 @@ from vyre_async import (
     BackendClosed,
     BackendError,
     BufferDecl,
+    CooperativeResidencyExceeded,
     DispatchConfig,
     DispatchTimeout,
     DType,
@@ -42,7 +43,21 @@ from vyre_async import (
 from vyre_async._backend import poll_until
 from vyre_async._pending import wait_for_callbacks
 from vyre_async._shadow import compare_outputs
-from vyre_async.ir import Assign, Expr, If, Let, Load, Loop, Stmt, Store, Var, gid, lid, u32
+from vyre_async.ir import (
+    Assign,
+    Expr,
+    If,
+    Let,
+    Load,
+    Loop,
+    Stmt,
+    Store,
+    Var,
+    gid,
+    lid,
+    ops_used,
+    u32,
+)
 from vyre_async.ir.limits import MAX_WORKGROUP_LANES
 from vyre_async.programs import elementwise_xor, standard_workloads
 from vyre_async.testing.corpus import Case, cases
@@ -151,6 +166,12 @@ async def test_dispatches_settle_as_soon_as_their_work_ends(vyre_backend: VyreBa
 @bounded()
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 async def test_corpus_byte_for_byte(vyre_backend: VyreBackend, case: Case) -> None:
+    missing = ops_used(case.program) - vyre_backend.supported_ops()
+    if missing:  # a backend runs an operation or refuses it up front, with a Fix
+        with pytest.raises(UnsupportedFeature) as refused:
+            vyre_backend.dispatch(case.program, case.inputs, case.config())
+        assert "Fix:" in str(refused.value) and min(missing) in str(refused.value)
+        return
     if case.error is not None:
         with pytest.raises(case.error) as info:
             await vyre_backend.dispatch(case.program, case.inputs, case.config())
@@ -193,6 +214,36 @@ async def test_errors_before_launch_carry_a_fix(vyre_backend: VyreBackend) -> No
             call()
         assert str(info.value).rpartition("\n")[2].startswith("Fix: ")
     assert (await vyre_backend.dispatch(program, ok))[0].tolist() == [0] * 8
+
+
+@bounded()
+async def test_a_grid_barrier_program_is_one_dispatch_and_cooperative_means_one_launch(
+    vyre_backend: VyreBackend,
+) -> None:
+    """`GridBarrier` programs settle one dispatch with the final outputs (natively or split);
+    ``cooperative=True`` runs them as one launch where the backend has ``grid_sync`` and is
+    refused with a Fix where it has not (or where the grid cannot be co-resident)."""
+    workload = next(w for w in standard_workloads() if w.name == "exclusive_scan")
+    inputs = workload.inputs(seed=3)
+    expected = workload.expected(inputs)
+    cooperative = DispatchConfig(cooperative=True)
+    if "stmt.grid_barrier" not in vyre_backend.supported_ops():
+        with pytest.raises(UnsupportedFeature, match=r"stmt\.grid_barrier"):
+            vyre_backend.dispatch(workload.program, inputs)
+        return
+    outputs = await vyre_backend.dispatch(workload.program, inputs)
+    assert compare_outputs(workload.name, workload.program, inputs, outputs, expected) is None
+    if not vyre_backend.capabilities().grid_sync:
+        with pytest.raises(UnsupportedFeature) as refused:
+            vyre_backend.dispatch(workload.program, inputs, cooperative)
+        assert "Fix:" in str(refused.value)
+        return
+    try:
+        outputs = await vyre_backend.dispatch(workload.program, inputs, cooperative)
+    except CooperativeResidencyExceeded as exc:  # grid_sync, but not this grid on this device
+        assert "Fix:" in str(exc)
+        return
+    assert compare_outputs(workload.name, workload.program, inputs, outputs, expected) is None
 
 
 @bounded()
@@ -253,7 +304,8 @@ async def test_outputs_belong_to_the_caller(vyre_backend: VyreBackend) -> None:
 
 @bounded()
 async def test_many_dispatches_in_flight_complete_correctly(vyre_backend: VyreBackend) -> None:
-    workloads = standard_workloads()
+    supported = vyre_backend.supported_ops()
+    workloads = [w for w in standard_workloads() if ops_used(w.program) <= supported]
     jobs = []
     for seed in range(48):
         w = workloads[seed % len(workloads)]
