@@ -565,6 +565,36 @@ MUTANTS: tuple[Mutant, ...] = (
         "lavapipe under wgpu presented as the machine's GPU by acquire_preferred_backend",
     ),
     Mutant(
+        "reference-grid-barrier-keeps-workgroup-memory",
+        "src/backends/vyre_reference/compile.py",
+        "                return self._grid_barrier()",
+        "                return None",
+        (
+            "tests/ir/test_split.py::test_the_corpus_grid_programs_split_into_what_they_compute"
+            "[grid_barrier_workgroup_memory_is_zero_after]",
+        ),
+        "the reference keeps a phase's workgroup memory past a GridBarrier (the IR zeroes it)",
+    ),
+    Mutant(
+        "validate-variables-live-across-a-grid-barrier",
+        "src/vyre_async/ir/validate.py",
+        "        for name in self._scopes.close_top():",
+        "        for name in ():",
+        ("tests/ir/test_validate.py::test_rule_is_reported_at_the_offending_node[V035]",),
+        "a variable declared before a GridBarrier stays in scope after it (a split cannot carry it)",
+    ),
+    Mutant(
+        "split-loses-the-first-phase",
+        "src/vyre_async/ir/split.py",
+        "kept = [part for part in parts if part] or [[]]",
+        "kept = [part for part in parts[1:] if part] or [[]]",
+        (
+            "tests/ir/test_split.py::test_the_corpus_grid_programs_split_into_what_they_compute"
+            "[grid_barrier_many_phases]",
+        ),
+        "split_at_grid_barriers drops the statements before the first barrier",
+    ),
+    Mutant(
         "timeline-zero-length-phase-kept",
         "src/vyre_async/timeline.py",
         "if p_start == p_end:",

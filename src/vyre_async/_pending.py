@@ -773,7 +773,8 @@ class DispatchCompleter:
         """Record an interval (``time.time_ns()`` clock) shown as a child span of the dispatch.
 
         Names: ``vyre.compile``, ``vyre.wait``, ``vyre.upload``, ``vyre.launch``,
-        ``vyre.readback``.
+        ``vyre.readback``, and ``vyre.segment`` once per segment of a program run
+        split at its grid barriers (`vyre_async.split_at_grid_barriers`), in order.
         """
         record = self._core.record
         if record.phases is None:

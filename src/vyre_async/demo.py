@@ -18,7 +18,7 @@ from vyre_async._backend import VyreBackend
 from vyre_async._config import DispatchConfig
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async._registry import acquire_backend, acquire_preferred_backend
-from vyre_async.ir import validate
+from vyre_async.ir import split_at_grid_barriers, validate
 from vyre_async.programs import Workload, standard_workloads
 
 __all__ = ["run_demo"]
@@ -27,13 +27,17 @@ __dir__ = _public_dir(__name__)
 
 def describe(workloads: list[Workload]) -> None:
     print("standard programs:")
+    width = max((len(w.name) for w in workloads), default=0)
     for w in workloads:
         p = w.program
-        status = "valid" if not validate(p) else "INVALID"
+        problems = validate(p)
+        status = "valid" if not problems else "INVALID"
+        phases = 1 if problems else len(split_at_grid_barriers(p))
         buffers = ", ".join(f"{b.name}:{b.access.value}:{b.dtype.value}" for b in p.buffers)
         print(
-            f"  {w.name:<10} {status}  fingerprint {p.fingerprint().hex()[:16]}  "
-            f"{len(p.to_wire()):>5} wire bytes  workgroup {p.workgroup_size}  [{buffers}]"
+            f"  {w.name:<{width}} {status}  fingerprint {p.fingerprint().hex()[:16]}  "
+            f"{len(p.to_wire()):>5} wire bytes  {phases} phase{'s' * (phases != 1)}  "
+            f"workgroup {p.workgroup_size}  [{buffers}]"
         )
 
 

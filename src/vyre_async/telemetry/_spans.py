@@ -51,7 +51,14 @@ __all__ = [
 SPAN_NAME = "vyre.dispatch"
 #: Phases of a dispatch, in the order they usually happen (child span names with the
 #: ``"phases"`` detail).
-PHASES = ("vyre.compile", "vyre.wait", "vyre.upload", "vyre.launch", "vyre.readback")
+PHASES = (
+    "vyre.compile",
+    "vyre.wait",
+    "vyre.upload",
+    "vyre.launch",
+    "vyre.readback",
+    "vyre.segment",  # one per segment of a program split at its grid barriers
+)
 #: The span attribute that carries each phase's duration in seconds.
 PHASE_ATTRIBUTES = {name: f"vyre.phase.{name.removeprefix('vyre.')}_s" for name in PHASES}
 
