@@ -171,8 +171,10 @@ class InvalidArgument(InvalidProgram):
 class CooperativeResidencyExceeded(BackendError):
     """A cooperative (grid-sync) launch needs more resident workgroups than the device holds.
 
-    Raised only by backends with ``grid_sync``; the built-in backends have none
-    and reject ``DispatchConfig(cooperative=True)`` with `UnsupportedFeature`.
+    Raised only by backends with ``grid_sync`` (cupy, when a cooperative launch's
+    grid cannot all be resident on the device at once); backends without
+    ``grid_sync`` reject ``DispatchConfig(cooperative=True)`` with
+    `UnsupportedFeature`.
     """
 
     code = ErrorCode.COOPERATIVE_RESIDENCY_EXCEEDED

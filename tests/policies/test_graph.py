@@ -570,7 +570,9 @@ async def test_dispatch_rejections_propagate(backend: VyreBackend) -> None:
     graph.resource("a", "u32", N)
     graph.resource("o", "u32", N)
     graph.arm(
-        binop("xor", N), {"a": "a", "b": "a", "out": "o"}, config=DispatchConfig(cooperative=True)
+        binop("xor", N),
+        {"a": "a", "b": "a", "out": "o"},
+        config=DispatchConfig(persistent_thread="force"),  # the reference has no such path
     )
     with pytest.raises(UnsupportedFeature):
         await graph.run(backend)

@@ -22,6 +22,13 @@ workgroup memory whose loops outlast that is rerun in resumable slices
 (`vyre_wgpu.codegen.generate`, `_run_sliced`); other programs carry a loop
 guard, and a dispatch whose loop was cut fails with `UnsupportedFeature`
 instead of returning wrong outputs.
+
+WebGPU has no grid-wide barrier. A program with `GridBarrier` statements runs
+as its segments (`vyre_async.split_at_grid_barriers`): one shader and compute
+pipeline per segment, all over one bind group layout, dispatched in order in one
+compute pass of the dispatch's command buffer (WebGPU orders the dispatches of a
+pass and makes one's storage writes visible to the next), on the same buffers,
+with one read-back at the end.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import re
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,8 +66,13 @@ from vyre_async.errors import (
     KernelCompileFailed,
     UnsupportedFeature,
 )
+from vyre_async.ir.expr import Atomic, BufLen, Load
+from vyre_async.ir.ops import CORE_OPS, GRID_BARRIER_OP
 from vyre_async.ir.program import Program
+from vyre_async.ir.split import split_at_grid_barriers
+from vyre_async.ir.stmt import Store
 from vyre_async.ir.types import Access, BufferDecl
+from vyre_async.ir.walk import iter_exprs, iter_stmts, ops_used
 from vyre_wgpu.codegen import (
     CODEGEN_VERSION,
     ENTRY,
@@ -249,13 +261,23 @@ def create_backend(*, adapter: str | None = None, **kwargs: Any) -> VyreBackend:
 
 @dataclass(slots=True)
 class _Native:
-    """A compiled program: its shader, module and bind group layout; pipelines by workgroup."""
+    """A compiled program: its shaders, modules and bind group layout; pipelines by workgroup.
+
+    A program without grid barriers has one shader (``shaders == (shader,)``). One
+    with grid barriers (``segmented``) has one shader per segment of
+    `split_at_grid_barriers`, in order, all over one bind group layout: ``shader``
+    then describes the bindings they share (the status and lane-state words when
+    any segment uses them, the largest lane record) and holds every segment's WGSL.
+    """
 
     shader: ShaderSource
-    module: Any
+    shaders: tuple[ShaderSource, ...]
+    modules: tuple[Any, ...]
     group_layout: Any
     layout: Any
-    pipelines: dict[tuple[int, int, int], Any] = field(default_factory=dict)
+    segmented: bool = False
+    #: One compute pipeline per shader, by workgroup size.
+    pipelines: dict[tuple[int, int, int], tuple[Any, ...]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -264,6 +286,9 @@ class _Shape:
 
     pipeline: Any
     sizes: tuple[int, ...]  # bytes of each storage binding (>= 4)
+    #: A program with grid barriers: every segment's pipeline, in order (``pipeline``
+    #: is the first); None for every other program (one pipeline).
+    segments: tuple[Any, ...] | None
     #: One (workgroup offset, workgroup counts, info block) per launch of the grid: a
     #: grid wider than the adapter's workgroups per dimension runs as several launches.
     chunks: tuple[tuple[tuple[int, int, int], tuple[int, int, int], bytes], ...]
@@ -289,6 +314,106 @@ class _Bound:
     buffers: list[Any]
     status: Any
     state: Any
+    #: Programs with grid barriers: the host-side interval (``time.time_ns()``) in which
+    #: each segment's launches were recorded, in order, while spans want phases.
+    phases: list[tuple[int, int]] | None = None
+
+
+def _trimmed(segment: Program) -> Program:
+    """``segment`` without the WORKGROUP buffers its body never names.
+
+    They are not bindings (the storage bindings stay as they are), and each segment
+    starts with zeroed workgroup memory, so one it does not touch is dead weight: its
+    shader would zero-fill it, and a declared one keeps lavapipe's loops from being
+    sliced (`vyre_wgpu.codegen.generate`).
+    """
+    shared = {decl.name for decl in segment.workgroup_buffers}
+    if not shared:
+        return segment
+    named = {stmt.buffer for stmt in iter_stmts(segment.body) if isinstance(stmt, Store)}
+    named.update(
+        expr.buffer for expr in iter_exprs(segment.body) if isinstance(expr, Load | BufLen | Atomic)
+    )
+    if shared <= named:
+        return segment
+    kept = [d for d in segment.buffers if d.access is not Access.WORKGROUP or d.name in named]
+    return Program(kept, segment.workgroup_size, segment.body, segment.op_id)
+
+
+def _shared_interface(shaders: tuple[ShaderSource, ...]) -> ShaderSource:
+    """What the segments of one program share: its bindings, and every segment's WGSL.
+
+    The storage bindings and ``vy_info`` are the same in every segment (the same
+    buffers); the status and lane-state words are bound when any segment uses them,
+    and the lane record is the largest segment's.
+    """
+    first = shaders[0]
+    count = len(shaders)
+    return replace(
+        first,
+        source="".join(
+            f"// ---- segment {i + 1} of {count} ----\n{shader.source}"
+            for i, shader in enumerate(shaders)
+        ),
+        status_binding=next(
+            (s.status_binding for s in shaders if s.status_binding is not None), None
+        ),
+        state_binding=next((s.state_binding for s in shaders if s.state_binding is not None), None),
+        state_words=max(s.state_words for s in shaders),
+        workgroup_bytes=max(s.workgroup_bytes for s in shaders),
+        uses_barrier=any(s.uses_barrier for s in shaders),
+    )
+
+
+def _shader_record(shader: ShaderSource) -> dict[str, Any]:
+    return {
+        "source": shader.source,
+        "bindings": [
+            [
+                b.index,
+                b.name,
+                b.decl.name,
+                b.decl.binding,
+                b.decl.access.value,
+                b.decl.dtype.value,
+                b.decl.count,
+                b.atomic,
+            ]
+            for b in shader.bindings
+        ],
+        "info_binding": shader.info_binding,
+        "info_words": shader.info_words,
+        "status_binding": shader.status_binding,
+        "state_binding": shader.state_binding,
+        "state_words": shader.state_words,
+        "workgroup_size": list(shader.workgroup_size),
+        "workgroup_bytes": shader.workgroup_bytes,
+        "uses_barrier": shader.uses_barrier,
+    }
+
+
+def _shader_from_record(record: dict[str, Any]) -> ShaderSource:
+    bindings = tuple(
+        ShaderBinding(
+            index=index,
+            name=name,
+            decl=BufferDecl(decl_name, binding, access, dtype, count),
+            atomic=atomic,
+        )
+        for index, name, decl_name, binding, access, dtype, count, atomic in record["bindings"]
+    )
+    return ShaderSource(
+        source=record["source"],
+        bindings=bindings,
+        info_binding=record["info_binding"],
+        info_words=record["info_words"],
+        status_binding=record["status_binding"],
+        state_binding=record["state_binding"],
+        state_words=record["state_words"],
+        workgroup_size=tuple(record["workgroup_size"]),
+        workgroup_bytes=record["workgroup_bytes"],
+        uses_barrier=record["uses_barrier"],
+    )
 
 
 def _status(raw: np.ndarray, offset: int) -> int:
@@ -356,6 +481,10 @@ class WgpuExecutor(Executor):
         self._thread.start()
 
     # Identity and description ------------------------------------------------------
+    def supported_ops(self) -> frozenset[str]:
+        """Every core operation, the grid-wide barrier included (run as one launch per segment)."""
+        return CORE_OPS
+
     def capabilities(self) -> BackendCapabilities:
         lim = self._limits
         kind = "CPU adapter" if self.cpu_adapter else str(self.adapter_info.get("adapter_type"))
@@ -392,25 +521,43 @@ class WgpuExecutor(Executor):
 
     # Pipelines ---------------------------------------------------------------------
     def build_pipeline(self, program: Program, config: DispatchConfig) -> _Native:
-        shader = generate(
-            program, loop_guard=self.loop_cap is not None, slice_budget=self.slice_budget
-        )
-        native = self._compile(shader)
-        self._pipeline(native, shader.workgroup_size)  # (lavapipe runs LLVM at the first launch)
+        """Generate and compile the WGSL of ``program``: one shader, or one per segment.
+
+        A program with grid barriers gets one shader per segment of
+        `split_at_grid_barriers` (each without the WORKGROUP buffers it never
+        touches, which are zero at its start anyway), compiled over one bind group
+        layout; the driver caches the result under ``program``'s own identity.
+        """
+        guard = self.loop_cap is not None
+        if GRID_BARRIER_OP not in ops_used(program):
+            shader = generate(program, loop_guard=guard, slice_budget=self.slice_budget)
+            native = self._compile((shader,))
+        else:
+            native = self._compile(
+                tuple(
+                    generate(_trimmed(segment), loop_guard=guard, slice_budget=self.slice_budget)
+                    for segment in split_at_grid_barriers(program)
+                ),
+                segmented=True,
+            )
+        self._pipelines(native, native.shader.workgroup_size)  # (lavapipe: LLVM at first launch)
         return native
 
-    def _compile(self, shader: ShaderSource) -> _Native:
+    def _compile(self, shaders: tuple[ShaderSource, ...], *, segmented: bool = False) -> _Native:
         wgpu = self._wgpu
         device = self._device
-        try:
-            module = device.create_shader_module(code=shader.source)
-        except Exception as exc:
-            raise KernelCompileFailed(
-                f"wgpu rejected the generated WGSL: {exc}",
-                fix="report the program's wire bytes to the vyre-async maintainers: "
-                "generated code must always compile",
-                source=shader.source,
-            ) from exc
+        modules = []
+        for shader in shaders:
+            try:
+                modules.append(device.create_shader_module(code=shader.source))
+            except Exception as exc:
+                raise KernelCompileFailed(
+                    f"wgpu rejected the generated WGSL: {exc}",
+                    fix="report the program's wire bytes to the vyre-async maintainers: "
+                    "generated code must always compile",
+                    source=shader.source,
+                ) from exc
+        shader = _shared_interface(shaders) if segmented else shaders[0]
         entries = []
         for binding in shader.bindings:
             kind = (
@@ -441,98 +588,81 @@ class WgpuExecutor(Executor):
                         "buffer": {"type": wgpu.BufferBindingType.storage},
                     }
                 )
+        # One layout for every segment: a segment that does not use the status or
+        # lane-state word simply leaves that entry of the layout unused.
         group_layout = device.create_bind_group_layout(entries=entries)
         layout = device.create_pipeline_layout(bind_group_layouts=[group_layout])
-        return _Native(shader=shader, module=module, group_layout=group_layout, layout=layout)
+        return _Native(
+            shader=shader,
+            shaders=shaders,
+            modules=tuple(modules),
+            group_layout=group_layout,
+            layout=layout,
+            segmented=segmented,
+        )
 
-    def _pipeline(self, native: _Native, workgroup: tuple[int, int, int]) -> Any:
-        """The compute pipeline of ``native`` for one workgroup size.
+    def _pipelines(self, native: _Native, workgroup: tuple[int, int, int]) -> tuple[Any, ...]:
+        """The compute pipelines of ``native`` (one per shader) for one workgroup size.
 
         Drivers compile here or at the pipeline's first launch (lavapipe: LLVM at the
         first launch, so its cost shows in the first dispatch).
         """
-        pipeline = native.pipelines.get(workgroup)
-        if pipeline is None:
+        pipelines = native.pipelines.get(workgroup)
+        if pipelines is None:
             constants = {"vy_wx": workgroup[0], "vy_wy": workgroup[1], "vy_wz": workgroup[2]}
-            try:
-                pipeline = self._device.create_compute_pipeline(
-                    layout=native.layout,
-                    compute={"module": native.module, "entry_point": ENTRY, "constants": constants},
-                )
-            except Exception as exc:
-                raise KernelCompileFailed(
-                    f"wgpu could not build the compute pipeline for workgroup {workgroup}: {exc}",
-                    fix="report the program's wire bytes to the vyre-async maintainers",
-                ) from exc
-            native.pipelines[workgroup] = pipeline
-        return pipeline
+            built = []
+            for module in native.modules:
+                try:
+                    built.append(
+                        self._device.create_compute_pipeline(
+                            layout=native.layout,
+                            compute={
+                                "module": module,
+                                "entry_point": ENTRY,
+                                "constants": constants,
+                            },
+                        )
+                    )
+                except Exception as exc:
+                    raise KernelCompileFailed(
+                        f"wgpu could not build the compute pipeline for workgroup {workgroup}: "
+                        f"{exc}",
+                        fix="report the program's wire bytes to the vyre-async maintainers",
+                    ) from exc
+            pipelines = native.pipelines[workgroup] = tuple(built)
+        return pipelines
 
     def serialize_pipeline(self, native: Any) -> bytes | None:
         """The WGSL and its reflection (bindings, blocks, sizes): all WebGPU lets one keep.
 
+        A program with grid barriers keeps every segment's (``{"segments": [...]}``).
         The driver's compiled form is not reachable through WebGPU; Mesa keeps
         its own shader cache (``MESA_SHADER_CACHE_DIR``, under vyre's cache
         directory unless you set it).
         """
-        shader: ShaderSource = native.shader
-        record = {
-            "source": shader.source,
-            "bindings": [
-                [
-                    b.index,
-                    b.name,
-                    b.decl.name,
-                    b.decl.binding,
-                    b.decl.access.value,
-                    b.decl.dtype.value,
-                    b.decl.count,
-                    b.atomic,
-                ]
-                for b in shader.bindings
-            ],
-            "info_binding": shader.info_binding,
-            "info_words": shader.info_words,
-            "status_binding": shader.status_binding,
-            "state_binding": shader.state_binding,
-            "state_words": shader.state_words,
-            "workgroup_size": list(shader.workgroup_size),
-            "workgroup_bytes": shader.workgroup_bytes,
-            "uses_barrier": shader.uses_barrier,
-        }
+        record: dict[str, Any]
+        if native.segmented:
+            record = {"segments": [_shader_record(shader) for shader in native.shaders]}
+        else:
+            record = _shader_record(native.shader)
         return json.dumps(record, separators=(",", ":")).encode()
 
     def load_pipeline(self, payload: bytes, program: Program, config: DispatchConfig) -> _Native:
         """Rebuild a pipeline from `serialize_pipeline` bytes (the disk cache)."""
         record = json.loads(payload)
-        bindings = tuple(
-            ShaderBinding(
-                index=index,
-                name=name,
-                decl=BufferDecl(decl_name, binding, access, dtype, count),
-                atomic=atomic,
+        if "segments" in record:
+            native = self._compile(
+                tuple(_shader_from_record(part) for part in record["segments"]), segmented=True
             )
-            for index, name, decl_name, binding, access, dtype, count, atomic in record["bindings"]
-        )
-        shader = ShaderSource(
-            source=record["source"],
-            bindings=bindings,
-            info_binding=record["info_binding"],
-            info_words=record["info_words"],
-            status_binding=record["status_binding"],
-            state_binding=record["state_binding"],
-            state_words=record["state_words"],
-            workgroup_size=tuple(record["workgroup_size"]),
-            workgroup_bytes=record["workgroup_bytes"],
-            uses_barrier=record["uses_barrier"],
-        )
-        native = self._compile(shader)
-        self._pipeline(native, shader.workgroup_size)
+        else:
+            native = self._compile((_shader_from_record(record),))
+        self._pipelines(native, native.shader.workgroup_size)
         return native
 
     # Dispatch ----------------------------------------------------------------------
     def plan_shape(self, native: Any, plan: BindingPlan, config: DispatchConfig) -> _Shape:
         shader: ShaderSource = native.shader
-        pipeline = self._pipeline(native, plan.geometry.workgroup)
+        pipelines = self._pipelines(native, plan.geometry.workgroup)
         counts = dict(zip((d.name for d in plan.program.buffers), plan.counts, strict=True))
         lens = [counts[b.name] for b in shader.bindings]
         words = np.zeros(shader.info_words, np.uint32)
@@ -575,7 +705,8 @@ class WgpuExecutor(Executor):
             b.index for b in shader.bindings if b.decl.access is Access.WRITE and counts[b.name]
         )
         return _Shape(
-            pipeline=pipeline,
+            pipeline=pipelines[0],
+            segments=pipelines if native.segmented else None,
             sizes=sizes,
             chunks=tuple(chunks),
             outputs=tuple(outputs),
@@ -691,6 +822,8 @@ class WgpuExecutor(Executor):
                 else:  # long loops: run it again from the start, in slices (below)
                     reruns.append(launch)
                 continue
+            if shape.segments is not None:
+                _record_segments(launch, bound.phases)
             launch.completer.resolve(_outputs(raw, shape, len(live) > 1), device_s=device_s)
         for launch in reruns:  # after every finished launch of the submission has settled
             try:
@@ -720,7 +853,12 @@ class WgpuExecutor(Executor):
         """Run a launch whose loops outlast one slice, slice after slice (codegen `generate`).
 
         Between slices the dispatch can be stopped (timeout, an unwanted result)
-        or ended by closing the backend, like at the start of any dispatch.
+        or ended by closing the backend, like at the start of any dispatch. A
+        grid-barrier program runs segment after segment, each in as many slices as
+        its loops need (a segment that is not sliced runs once, its loop guard
+        checked); its ``vyre.segment`` phases are then, per segment launch, the
+        host-side interval from writing its first slice's words to reading its last
+        slice's status back (so they include the device's run of it).
         """
         wgpu = self._wgpu
         device = self._device
@@ -747,26 +885,32 @@ class WgpuExecutor(Executor):
             for index, position in shape.writes:
                 device.queue.write_buffer(bound.buffers[index], 0, launch.inputs[position])
             zero = np.zeros(1, np.uint32)
+            pipelines = shape.segments if shape.segments is not None else (shape.pipeline,)
+            phases: list[tuple[int, int]] = []
             for _ in range(launch.config.iterations):
-                slice_no = 0
-                while True:
-                    if not self._still_wanted(launch):
-                        return
-                    device.queue.write_buffer(bound.state, 0, np.array([slice_no], np.uint32))
-                    device.queue.write_buffer(bound.status, 0, zero)
-                    encoder = device.create_command_encoder()
-                    self._encode(encoder, launch, bound, 1)
-                    encoder.copy_buffer_to_buffer(bound.status, 0, status_back, 0, 4)
-                    device.queue.submit([encoder.finish()])
-                    status_back.map_sync(wgpu.MapMode.READ)
-                    status = int(np.frombuffer(status_back.read_mapped(copy=True), np.uint32)[0])
-                    status_back.unmap()
-                    if status & 1:
-                        launch.completer.fail(_loop_cut(launch, self.loop_cap))
-                        return
-                    if not status & 2:
-                        break
-                    slice_no += 1
+                for pipeline in pipelines:  # a grid-barrier program: segment after segment
+                    started = time.time_ns()
+                    slice_no = 0
+                    while True:
+                        if not self._still_wanted(launch):
+                            return
+                        device.queue.write_buffer(bound.state, 0, np.array([slice_no], np.uint32))
+                        device.queue.write_buffer(bound.status, 0, zero)
+                        encoder = device.create_command_encoder()
+                        self._encode_pass(encoder, shape, bound, pipeline)
+                        encoder.copy_buffer_to_buffer(bound.status, 0, status_back, 0, 4)
+                        device.queue.submit([encoder.finish()])
+                        status_back.map_sync(wgpu.MapMode.READ)
+                        status_words = np.frombuffer(status_back.read_mapped(copy=True), np.uint32)
+                        status = int(status_words[0])
+                        status_back.unmap()
+                        if status & 1:
+                            launch.completer.fail(_loop_cut(launch, self.loop_cap))
+                            return
+                        if not status & 2:
+                            break
+                        slice_no += 1
+                    phases.append((started, time.time_ns()))
             encoder = device.create_command_encoder()
             readback = device.create_buffer(size=shape.readback_bytes, usage=self._usage_readback)
             self._encode_readback(encoder, launch, bound, readback, 0)
@@ -775,6 +919,9 @@ class WgpuExecutor(Executor):
         finally:  # the lane state can be large: never keep it
             for buffer in (*bound.buffers, bound.status, bound.state, status_back):
                 buffer.destroy()
+        if shape.segments is not None:
+            launch.completer.annotate("vyre.segments", len(shape.segments))
+            _record_segments(launch, phases if launch.completer.wants_phases else None, "ran")
         launch.completer.resolve(_outputs(raw, shape), device_s=time.perf_counter() - start)
 
     def _read(self, readback: Any) -> np.ndarray:
@@ -818,12 +965,56 @@ class WgpuExecutor(Executor):
 
     def _encode(self, encoder: Any, launch: Launch, bound: _Bound, iterations: int) -> None:
         shape: _Shape = launch.shape
+        if shape.segments is not None:
+            self._encode_segments(encoder, launch, bound, iterations)
+            return
         compute = encoder.begin_compute_pass()
         compute.set_pipeline(shape.pipeline)
         for _ in range(iterations):  # fixpoint iterations: the buffers carry over
             for group, (_, counts, _) in zip(bound.groups, shape.chunks, strict=True):
                 compute.set_bind_group(0, group)
                 compute.dispatch_workgroups(*counts)
+        compute.end()
+
+    def _encode_segments(
+        self, encoder: Any, launch: Launch, bound: _Bound, iterations: int
+    ) -> None:
+        """Record a grid-barrier program: its segments' launches in order, in one pass.
+
+        WebGPU orders the dispatches of a pass and makes the storage writes of one
+        visible to the next: the boundary between two segments is the grid barrier.
+        Each launch zero-fills its workgroup memory first (the shader does).
+
+        While a span wants phases, ``bound.phases`` gets, per segment launch, the
+        host-side interval (``time.time_ns()``) in which the device thread recorded
+        it into the command buffer: the time spent recording, not the time the
+        device ran it (WebGPU gives no per-dispatch device times without timestamp
+        queries; all segments run after the one submit).
+        """
+        shape: _Shape = launch.shape
+        segments = shape.segments or (shape.pipeline,)
+        launch.completer.annotate("vyre.segments", len(segments))
+        phases: list[tuple[int, int]] | None = [] if launch.completer.wants_phases else None
+        bound.phases = phases
+        compute = encoder.begin_compute_pass()
+        for _ in range(iterations):  # fixpoint iterations: the whole program, each time
+            for pipeline in segments:
+                start = time.time_ns() if phases is not None else 0
+                compute.set_pipeline(pipeline)
+                for group, (_, counts, _) in zip(bound.groups, shape.chunks, strict=True):
+                    compute.set_bind_group(0, group)
+                    compute.dispatch_workgroups(*counts)
+                if phases is not None:
+                    phases.append((start, time.time_ns()))
+        compute.end()
+
+    def _encode_pass(self, encoder: Any, shape: _Shape, bound: _Bound, pipeline: Any) -> None:
+        """One compute pass: ``pipeline`` over every chunk of the grid (sliced reruns)."""
+        compute = encoder.begin_compute_pass()
+        compute.set_pipeline(pipeline)
+        for group, (_, counts, _) in zip(bound.groups, shape.chunks, strict=True):
+            compute.set_bind_group(0, group)
+            compute.dispatch_workgroups(*counts)
         compute.end()
 
     def _encode_readback(
@@ -889,6 +1080,25 @@ class WgpuExecutor(Executor):
 
     def device_lost(self) -> bool:
         return self._lost
+
+
+def _record_segments(
+    launch: Launch, phases: list[tuple[int, int]] | None, measured: str = "recorded"
+) -> None:
+    """Record a grid-barrier dispatch's segment launches on its span, in order.
+
+    ``measured`` says what each interval is (attribute ``vyre.segment.interval``):
+    ``recorded``, the host-side time the device thread spent recording the segment
+    into the submission's command buffer (not its run on the device); ``ran``, the
+    host-side time from writing a segment's first slice to reading back its last
+    slice's status (a sliced rerun: submit and wait included).
+    """
+    if not phases:
+        return
+    completer = launch.completer
+    completer.annotate("vyre.segment.interval", measured)
+    for start, end in phases:
+        completer.record_phase("vyre.segment", start, end)
 
 
 def _closed_error() -> BackendClosed:

@@ -60,7 +60,18 @@ from vyre_async.ir.expr import (
 )
 from vyre_async.ir.ops import AtomicOp, BinOp, BuiltinKind, UnOp
 from vyre_async.ir.program import Program
-from vyre_async.ir.stmt import Assign, Barrier, Block, If, Let, Loop, Return, Stmt, Store
+from vyre_async.ir.stmt import (
+    Assign,
+    Barrier,
+    Block,
+    GridBarrier,
+    If,
+    Let,
+    Loop,
+    Return,
+    Stmt,
+    Store,
+)
 from vyre_async.ir.types import Access, BufferDecl, DType
 from vyre_async.ir.walk import iter_exprs, iter_stmts
 from vyre_wgpu.prelude import PRELUDE, PRELUDE_VERSION
@@ -166,9 +177,12 @@ def generate(
             first, unsliced attempt) sets bit 0 instead. Other programs record
             in bit 0 a loop that ended before its bound.
 
+    A program with `GridBarrier` statements has no single shader: generate one
+    per segment of `vyre_async.split_at_grid_barriers` (the executor does).
+
     Raises:
         InvalidProgram: the program names an undeclared buffer or variable or is
-            ill-typed (never for a valid program).
+            ill-typed (never for a valid program), or holds a `GridBarrier`.
     """
     return _Emitter(program, loop_guard, slice_budget).run()
 
@@ -498,6 +512,12 @@ class _Emitter:
                     self.line("vy_live = false;")
                 else:
                     self.ret()
+            case GridBarrier():
+                raise InvalidProgram(
+                    "a GridBarrier has no WGSL form: WebGPU has no grid-wide barrier",
+                    fix="generate one shader per segment of "
+                    "vyre_async.split_at_grid_barriers(program)",
+                )
             case _:
                 raise InvalidProgram(
                     f"unknown statement {stmt!r}",
