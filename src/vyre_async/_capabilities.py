@@ -48,6 +48,9 @@ class BackendCapabilities:
     max_workgroup_lanes: int = 1
     max_storage_buffer_bytes: int = 0
     max_workgroup_memory_bytes: int = 0
+    #: Storage buffers one launch may bind (0: not reported; the IR's own limit applies).
+    #: The fusion policy keeps a fused launch within it.
+    max_storage_buffers: int = 0
     #: Most workgroups per grid axis, checked by the driver before every new launch
     #: shape reaches the executor (None: not reported, no limit checked).
     max_grid_size: tuple[int, int, int] | None = None

@@ -61,6 +61,7 @@ from vyre_async.telemetry import _spans
 if TYPE_CHECKING:
     from vyre_async._execution import ExecutionDecision
     from vyre_async._executor import Executor
+    from vyre_async._fusion import FusionRequest
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -217,6 +218,8 @@ class DispatchFrontEnd:
         self._caps: BackendCapabilities | None = None
         self._limit: int | None = None
         self._specs: dict[int, tuple[Program, tuple[tuple[Any, np.dtype[Any], int], ...]]] = {}
+        #: Member programs whose fused program this backend has compiled (`vyre_async._fusion`).
+        self.fused_programs = _BoundedSet(TEMPLATE_CAPACITY)
 
     def capabilities(self) -> BackendCapabilities:
         """Return the executor's capabilities, read once (the checks use its limits)."""
@@ -322,12 +325,15 @@ class DispatchFrontEnd:
         batch: Sequence[Sequence[InputLike]],
         config: DispatchConfig | None,
         decision: ExecutionDecision,
+        fusion: FusionRequest | None = None,
     ) -> list[PendingDispatch]:
         """Plan every item of ``batch``, then hand them to the executor's ``enqueue_batch``.
 
         Every item is checked and planned before any starts: a bad one raises
         with nothing launched, and each planned one is failed with that error.
-        Every span gets ``decision``'s attributes.
+        Every span gets ``decision``'s attributes. With ``fusion``, the fusion
+        policy then decides whether the items run as one fused launch instead
+        (`vyre_async._fusion.fuse_batch`; every span gets its verdict).
 
         Raises:
             InvalidProgram: an item does not fit the program, or the batch's
@@ -356,7 +362,13 @@ class DispatchFrontEnd:
                 raise
         launches = [launch for launch, _ in planned]
         try:
-            self.executor.enqueue_batch(launches, decision)
+            fused = False
+            if fusion is not None and len(launches) > 1:
+                from vyre_async._fusion import fuse_batch  # (with the first fused batch)
+
+                fused = fuse_batch(self, launches, fusion, decision)
+            if not fused:
+                self.executor.enqueue_batch(launches, decision)
         except BaseException as exc:  # e.g. a shut-down backend: nobody gets these results
             self._reject(calls, planned, exc)
             raise
@@ -629,6 +641,19 @@ class DispatchFrontEnd:
                 fix='use DispatchConfig(persistent_thread="auto")',
                 feature="persistent_threads",
             )
+
+
+class _BoundedSet(set[Any]):
+    """A set that forgets everything once it would hold more than ``capacity`` items."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def add(self, item: Any) -> None:
+        if len(self) >= self.capacity:
+            self.clear()
+        super().add(item)
 
 
 def _no_store(program: Program, config: DispatchConfig) -> tuple[Any, bool]:

@@ -108,6 +108,7 @@ class CompiledPipeline:
         config: DispatchConfig | None = None,
         *,
         mode: ModeKind | None = None,
+        fusion: str = "auto",
     ) -> list[PendingDispatch]:
         """Launch the pipeline once per input set; return the pending results in order.
 
@@ -127,12 +128,19 @@ class CompiledPipeline:
             mode: Run the batch in this mode instead of the policy's choice
                 (``"plain"``, ``"persistent"`` or ``"command_reuse"``; the verdict's
                 reason is then ``"requested"``): for benchmarks and calibration.
+            fusion: ``"auto"``: the fusion policy (``docs/policies.md``) decides from
+                the backend's calibration whether the items run as one fused launch
+                (each workgroup range runs one item; each item's outputs are byte for
+                byte those of its own launch); ``"force"``: fused whenever that is
+                legal; ``"disable"``: one launch per item. Every span records the
+                verdict (``vyre.policy.fusion``, ``...reason``).
 
         Raises:
             InvalidProgram: ``batch`` is not a list, an input set does not fit the
                 program (nothing is launched), or ``mode`` is not one of the three.
             UnsupportedFeature: the config asks for something the backend lacks, or
                 ``mode`` names a path the backend does not have.
+            InvalidArgument: ``fusion`` is not ``"auto"``, ``"force"`` or ``"disable"``.
             BackendClosed: the backend was closed.
         """
         if not isinstance(batch, list | tuple):
@@ -150,7 +158,12 @@ class CompiledPipeline:
         )
         if mode is not None:
             decision = requested_mode(self.backend, decision, mode, cfg)
-        return self.front.dispatch_batch(self, items, config, decision)
+        request = None
+        if len(items) > 1:
+            from vyre_async._fusion import fusion_request
+
+            request = fusion_request(fusion, self.backend)
+        return self.front.dispatch_batch(self, items, config, decision, request)
 
     def __repr__(self) -> str:
         return (

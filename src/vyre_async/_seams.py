@@ -52,6 +52,7 @@ class PipelineLike(Protocol):
         config: DispatchConfig | None = None,
         *,
         mode: Any = None,
+        fusion: str = "auto",
     ) -> list[PendingDispatch]: ...
 
 

@@ -75,6 +75,7 @@ if TYPE_CHECKING:  # (loaded on first use: `__getattr__` below)
         Calibration,
         measure_arm_overlap,
         measure_batch_costs,
+        measure_fusion_gain,
         measure_host_costs,
         measure_resident_gain,
     )
@@ -121,6 +122,7 @@ __all__ = [
     "measure_arm_overlap",
     "measure_batch_costs",
     "measure_host_costs",
+    "measure_fusion_gain",
     "measure_resident_gain",
     "normalize_inputs",
     "plan_dispatch",
@@ -140,6 +142,7 @@ _LAZY = {
     "measure_host_costs": "vyre_async._calibration",
     "measure_batch_costs": "vyre_async._calibration",
     "measure_arm_overlap": "vyre_async._calibration",
+    "measure_fusion_gain": "vyre_async._calibration",
     "measure_resident_gain": "vyre_async._calibration",
     "ExecutionDecision": "vyre_async._execution",
     "VyreBackend": "vyre_async._backend",

@@ -56,6 +56,7 @@ class CalibratedBackend(BytesBackend):
             launch_ns=self.launch_ns,
             concurrent_overlap_bps=0,
             resident_gain_bps=0,
+            fusion_gain_bps=0,
             measured_at=1.0,
         )
 
@@ -85,6 +86,7 @@ MEASUREMENTS: dict[str, object] = {
     "compile_ns": 12,
     "concurrent_overlap_bps": 500,
     "resident_gain_bps": -500,
+    "fusion_gain_bps": 700,
     "timing": "device_events",
     "measured_at": 2.0,
 }
@@ -97,6 +99,7 @@ BASE = Calibration(
     launch_ns=1000,
     concurrent_overlap_bps=0,
     resident_gain_bps=0,
+    fusion_gain_bps=0,
     measured_at=1.0,
 )
 

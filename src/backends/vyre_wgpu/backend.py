@@ -498,6 +498,8 @@ class WgpuExecutor(Executor):
             max_workgroup_lanes=int(lim["max-compute-invocations-per-workgroup"]),
             max_storage_buffer_bytes=int(lim["max-storage-buffer-binding-size"]),
             max_workgroup_memory_bytes=int(lim["max-compute-workgroup-storage-size"]),
+            # Every buffer is a storage binding, and vy_status and vy_state may take two.
+            max_storage_buffers=max(1, int(lim["max-storage-buffers-per-shader-stage"]) - 2),
             # Wider grids run as several launches (plan_shape): no limit to report.
             max_grid_size=None,
             device_name=f"{self.adapter_info.get('device', '?')} "

@@ -12,7 +12,7 @@ three modules:
   measures only when asked to;
 - `vyre_async._calibration.probes`: the measurements a backend's ``calibrate``
   runs (`measure_host_costs`, `measure_batch_costs`, `measure_arm_overlap`,
-  `measure_resident_gain`) and their probe programs.
+  `measure_resident_gain`, `measure_fusion_gain`) and their probe programs.
 """
 
 from vyre_async._calibration.probes import (
@@ -21,6 +21,7 @@ from vyre_async._calibration.probes import (
     launch_probe_program,
     measure_arm_overlap,
     measure_batch_costs,
+    measure_fusion_gain,
     measure_host_costs,
     measure_resident_gain,
     resident_gain_probe_program,
@@ -50,6 +51,7 @@ __all__ = [
     "measure_arm_overlap",
     "measure_batch_costs",
     "measure_host_costs",
+    "measure_fusion_gain",
     "measure_resident_gain",
     "resident_gain_probe_program",
 ]

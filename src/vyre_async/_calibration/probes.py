@@ -29,6 +29,7 @@ __all__ = [
     "measure_arm_overlap",
     "measure_batch_costs",
     "measure_host_costs",
+    "measure_fusion_gain",
     "measure_resident_gain",
     "resident_gain_probe_program",
 ]
@@ -327,3 +328,63 @@ def measure_batch_costs(
         costs["persistent_item_ns"] = int(item)
         costs["persistent_setup_ns"] = int(max(small - 4 * item, 0.0))
     return costs
+
+
+#: Dispatches in `measure_fusion_gain`'s batch, and the words of each one's xor.
+FUSION_GAIN_MEMBERS = 16
+FUSION_GAIN_ELEMENTS = 256
+
+
+def measure_fusion_gain(
+    backend: BackendLike, *, rounds: int = 5, members: int = FUSION_GAIN_MEMBERS
+) -> int | None:
+    """Measure how much faster a batch of tiny dispatches runs fused than separately.
+
+    The probe is a ``dispatch_batch`` of ``members`` elementwise xors of
+    `FUSION_GAIN_ELEMENTS` words, each on its own inputs, run fused
+    (``fusion="force"``: one launch) and separately (``fusion="disable"``),
+    every batch awaited. After one warm-up of each (which compiles the fused
+    pipeline), each round times 3 batches of each way, alternating the order;
+    the round's gain is ``(separate - fused) / separate`` of the medians. The
+    result is the median over ``rounds``, clamped to -1..1, in basis points.
+    Host clocks; blocks the calling thread. Tens of milliseconds on the
+    reference backend.
+
+    Returns:
+        Basis points in -10000..10000, or None when the probe could not run
+        (logged on the ``vyre_async.calibration`` logger).
+    """
+    from vyre_async.programs import elementwise_xor
+
+    try:
+        pipeline = backend.compile(elementwise_xor(FUSION_GAIN_ELEMENTS))
+        words = np.arange(FUSION_GAIN_ELEMENTS, dtype=np.uint32)
+        batch = [[words, words + np.uint32(k)] for k in range(max(2, members))]
+
+        def run(fusion: str) -> float:
+            start = time.perf_counter()
+            for pending in pipeline.dispatch_batch(batch, fusion=fusion):
+                pending.result()
+            return time.perf_counter() - start
+
+        def fused() -> float:
+            return run("force")
+
+        def separate() -> float:
+            return run("disable")
+
+        fused()
+        separate()
+        samples: list[float] = []
+        for number in range(max(1, rounds)):
+            ways = (fused, separate) if number % 2 == 0 else (separate, fused)
+            times: dict[Callable[[], float], list[float]] = {way: [] for way in ways}
+            for _ in range(3):
+                for way in ways:
+                    times[way].append(way())
+            apart = max(_median(times[separate]), 1e-9)
+            samples.append((apart - _median(times[fused])) / apart)
+    except Exception as exc:  # a backend that cannot run the probe is not calibrated for it
+        _log.warning("fusion gain of backend %r not measured (%s)", backend.id, exc)
+        return None
+    return max(-10_000, min(10_000, round(_median(samples) * 10_000)))

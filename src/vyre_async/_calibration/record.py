@@ -32,7 +32,7 @@ _NS_FIELDS = (
     "compile_ns",
 )
 _RATE_FIELDS = ("h2d_bytes_per_s", "d2h_bytes_per_s")
-_BPS_FIELDS = ("concurrent_overlap_bps", "resident_gain_bps")
+_BPS_FIELDS = ("concurrent_overlap_bps", "resident_gain_bps", "fusion_gain_bps")
 _IDENTITY_FIELDS = ("backend_id", "backend_version", "device_fingerprint")
 
 
@@ -75,6 +75,13 @@ class Calibration:
             backend's ``calibrate()`` left it None; None on a backend without
             resident buffers); the arm graph's residency policy
             (`vyre_async.policies.decide_residency`) reads it.
+        fusion_gain_bps: How much faster a batch of 16 tiny dispatches runs fused
+            into one launch than as 16 launches, in basis points of the separate
+            time (negative: fused was slower, as on the reference engine, which
+            interprets the fused kernel's member selection over every lane).
+            Measured by `measure_fusion_gain` (`calibration_for` fills it in when
+            the backend's ``calibrate()`` left it None); the fusion policy
+            (`vyre_async.policies.pipeline_fusion.decide_fusion`) reads it.
         timing: How times were taken: ``"host"`` clocks or ``"device_events"``.
         measured_at: Unix time of the measurement.
 
@@ -96,6 +103,7 @@ class Calibration:
     compile_ns: int | None = None
     concurrent_overlap_bps: int | None = None
     resident_gain_bps: int | None = None
+    fusion_gain_bps: int | None = None
     timing: str = "host"
     measured_at: float = 0.0
 

@@ -48,7 +48,11 @@ from vyre_async._cache.files import (
 from vyre_async._calibration import (
     record as record_module,  # (its format version, read at each use)
 )
-from vyre_async._calibration.probes import measure_arm_overlap, measure_resident_gain
+from vyre_async._calibration.probes import (
+    measure_arm_overlap,
+    measure_fusion_gain,
+    measure_resident_gain,
+)
 from vyre_async._calibration.record import (
     _IDENTITY_FIELDS,
     Calibration,
@@ -392,7 +396,11 @@ def calibration_for(
     elif (
         record is not None
         and measure
-        and (record.concurrent_overlap_bps is None or record.resident_gain_bps is None)
+        and (
+            record.concurrent_overlap_bps is None
+            or record.resident_gain_bps is None
+            or record.fusion_gain_bps is None
+        )
     ):
         filled = _with_policy_inputs(backend, record)  # a record written before the fields
         if filled != record:
@@ -437,13 +445,21 @@ def format_calibration(record: Calibration) -> str:
                 else f"{record.resident_gain_bps / 100:+.0f} % faster with resident buffers "
                 "than with host arrays"
             ),
+            "  fusion gain:      "
+            + (
+                "not measured"
+                if record.fusion_gain_bps is None
+                else f"{record.fusion_gain_bps / 100:+.0f} % faster fused than as separate "
+                "launches (16 tiny dispatches)"
+            ),
         ]
     )
 
 
 def _with_policy_inputs(backend: BackendLike, record: Calibration) -> Calibration:
-    """``record`` with ``concurrent_overlap_bps`` and ``resident_gain_bps`` measured on
-    ``backend`` where they are None (a field that cannot be measured stays None)."""
+    """``record`` with ``concurrent_overlap_bps``, ``resident_gain_bps`` and
+    ``fusion_gain_bps`` measured on ``backend`` where they are None (a field that
+    cannot be measured stays None)."""
     if record.concurrent_overlap_bps is None:
         overlap = measure_arm_overlap(backend)
         if overlap is not None:
@@ -452,6 +468,10 @@ def _with_policy_inputs(backend: BackendLike, record: Calibration) -> Calibratio
         gain = measure_resident_gain(backend)
         if gain is not None:
             record = replace(record, resident_gain_bps=gain)
+    if record.fusion_gain_bps is None:
+        fused = measure_fusion_gain(backend)
+        if fused is not None:
+            record = replace(record, fusion_gain_bps=fused)
     return record
 
 

@@ -141,6 +141,8 @@ SEMANTIC_RULES: dict[str, str] = {
     "it before any lane runs one after it, and every storage write before it is visible "
     "after it.",
     "grid.workgroup_reset": "workgroup memory is zero again after a grid barrier.",
+    "fusion.members": "a fused program (`vyre_async.ir.fusion.fuse_programs`) gives every "
+    "member exactly the outputs it has launched alone.",
 }
 
 
@@ -1660,6 +1662,70 @@ def _grid_cases() -> list[Case]:
     return cases
 
 
+def _fusion_cases() -> list[Case]:
+    """Fused programs: members of different sizes, barriers, returns and builtins."""
+    g, lane = gid(), lid()
+    # Member 0: an xor over 10 lanes (3 workgroups of 4, the last one partly idle).
+    xor = Program(
+        [
+            BufferDecl("a", 0, Access.READ, DType.U32),
+            BufferDecl("b", 1, Access.READ, DType.U32),
+            BufferDecl("out", 2, Access.WRITE, DType.U32, 10),
+        ],
+        4,
+        [If(g.lt(BufLen("out")), [Store("out", g, Load("a", g) ^ Load("b", g))])],
+        op_id="case.fuse_xor",
+    )
+    # Member 1: each workgroup reverses its lanes through workgroup memory (a Barrier),
+    # and records its workgroup id and the number of workgroups.
+    rev = Program(
+        [
+            BufferDecl("x", 0, Access.READ_WRITE, DType.U32),
+            BufferDecl("ids", 1, Access.WRITE, DType.U32, 2),
+            BufferDecl("s", 2, Access.WORKGROUP, DType.U32, 4),
+        ],
+        4,
+        [
+            Store("s", lane, Load("x", g)),
+            Barrier(),
+            Store("x", g, Load("s", u32(3) - lane)),
+            If(lane.eq(u32(0)), [Store("ids", wgid(), wgid() * u32(100) + nwg())]),
+        ],
+        op_id="case.fuse_reverse",
+    )
+    # Member 2: lanes at or past 5 return; the others store their gid squared.
+    ret = Program(
+        [BufferDecl("sq", 0, Access.WRITE, DType.U32, 8)],
+        4,
+        [If(g.ge(u32(5)), [Return()]), Store("sq", g, g * g)],
+        op_id="case.fuse_return",
+    )
+    from vyre_async.ir.fusion import fuse_programs  # (the corpus is built once)
+
+    fused = fuse_programs([xor, rev, ret])
+    grids = [(3, 1, 1), (2, 1, 1), (2, 1, 1)]
+    a = [(13 * v + 5) % 97 for v in range(10)]
+    b = [(7 * v + 3) % 89 for v in range(10)]
+    x = [10 + v for v in range(8)]
+    inputs = fused.fused_inputs([[_u32s(*a), _u32s(*b)], [_u32s(*x)], []], grids)
+    reversed_x = [x[(v // 4) * 4 + 3 - v % 4] for v in range(8)]
+    return [
+        Case(
+            name="fusion_members_keep_their_own_outputs",
+            rules=("fusion.members", "ctl.barrier", "ctl.return", "launch.builtins"),
+            program=fused.program,
+            inputs=tuple(inputs),
+            expected=(
+                _u32s(*[p ^ q for p, q in zip(a, b, strict=True)]),
+                _u32s(*reversed_x),
+                _u32s(0 * 100 + 2, 1 * 100 + 2),
+                _u32s(*[v * v if v < 5 else 0 for v in range(8)]),
+            ),
+            grid=fused.grid(grids),
+        )
+    ]
+
+
 def _standard_cases() -> list[Case]:
     rules = {
         "xor": ("ctl.all_lanes", "launch.infer"),
@@ -1699,6 +1765,7 @@ def cases() -> list[Case]:
         + _atomic_cases()
         + _launch_cases()
         + _grid_cases()
+        + _fusion_cases()
     )
     names = [c.name for c in out]
     assert len(names) == len(set(names)), "case names must be unique"

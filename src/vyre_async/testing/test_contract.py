@@ -247,6 +247,20 @@ async def test_a_grid_barrier_program_is_one_dispatch_and_cooperative_means_one_
 
 
 @bounded()
+async def test_a_fused_batch_gives_every_item_its_own_outputs(vyre_backend: VyreBackend) -> None:
+    """``dispatch_batch(..., fusion="force")`` runs the items as fused launches: each item's
+    outputs are exactly those of the same batch run one launch per item."""
+    program = elementwise_xor(200)
+    pipeline = vyre_backend.compile(program)
+    rng = np.random.default_rng(5)
+    batch = [[rng.integers(0, 2**32, 200, dtype=np.uint32) for _ in range(2)] for _ in range(5)]
+    fused = [await p for p in pipeline.dispatch_batch(batch, fusion="force")]
+    apart = [await p for p in pipeline.dispatch_batch(batch, fusion="disable")]
+    for (a, b), got, want in zip(batch, fused, apart, strict=True):
+        assert got[0].tolist() == want[0].tolist() == (a ^ b).tolist()
+
+
+@bounded()
 async def test_a_result_is_taken_once(vyre_backend: VyreBackend) -> None:
     pending = vyre_backend.dispatch(elementwise_xor(4), [np.ones(4, np.uint32)] * 2)
     await pending
