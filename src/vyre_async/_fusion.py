@@ -98,6 +98,16 @@ def fusion_request(mode: object, backend: BackendLike) -> FusionRequest:
 
 
 def _verdict(front: FrontEnd, launches: Sequence[Launch], request: FusionRequest) -> FusionVerdict:
+    cal = request.calibration
+    n = len(launches)
+    # The common answers first, without describing every member: never, or not here.
+    if request.mode == "disable":
+        return FusionVerdict.separate(n, "disabled")
+    if request.mode == "auto":
+        if cal is None or cal.fusion_gain_bps is None:
+            return FusionVerdict.separate(n, "uncalibrated")
+        if cal.fusion_gain_bps <= 0:
+            return FusionVerdict.separate(n, "not_worth_it")
     config = launches[0].config
     blocked = None
     if any(launch.resident for launch in launches):
@@ -109,7 +119,6 @@ def _verdict(front: FrontEnd, launches: Sequence[Launch], request: FusionRequest
     members = [
         describe_member(launch.plan.program, launch.plan.geometry.workgroups) for launch in launches
     ]
-    cal = request.calibration
     programs = tuple(launch.plan.program for launch in launches)
     compiled = programs in front.fused_programs
     return decide_fusion(

@@ -305,24 +305,31 @@ async def test_a_grid_wider_than_one_launch_runs_every_segment_over_every_chunk(
     assert nxt[0] == (limit - 1) * 3 + limit + 10  # written by the first chunk's last group
 
 
-async def test_each_segment_is_a_phase_of_the_dispatch_span(
+async def test_segments_are_counted_on_the_span_and_timed_only_when_they_ran_alone(
     wgpu_backend: VyreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from vyre_async._pending import DispatchCompleter
 
     # Phases are taken for dispatches a span shows them on: as if one did.
     monkeypatch.setattr(DispatchCompleter, "wants_phases", property(lambda self: True))
-    program = _six_segments()
-    pending = wgpu_backend.dispatch(program, [np.zeros(64, np.uint32)])
+    pending = wgpu_backend.dispatch(_six_segments(), [np.zeros(64, np.uint32)])
     await pending
     record = pending.record
-    phases = [(start, end) for name, start, end in record.phases or () if name == "vyre.segment"]
-    assert len(phases) == 6
-    assert all(start <= end for start, end in phases)
-    assert [start for start, _ in phases] == sorted(start for start, _ in phases)
-    assert record.attributes is not None
-    assert record.attributes["vyre.segments"] == 6
-    assert record.attributes["vyre.segment.interval"] == "recorded"
+    assert record.attributes is not None and record.attributes["vyre.segments"] == 6
+    # One submission: no segment's run time is known, so none is recorded as a phase.
+    assert not [p for p in record.phases or () if p[0] == "vyre.segment"]
+    # A sliced rerun times each segment from its first slice to its last status.
+    program = _spin_after_barrier(4, shared_in_loop=False)
+    counts = np.array([3, 70_000, 0, 140_001], np.uint32)
+    pending = wgpu_backend.dispatch(program, [counts, np.zeros(4, np.uint32)])
+    await pending
+    phases = [(a, b) for name, a, b in pending.record.phases or () if name == "vyre.segment"]
+    assert (
+        len(phases)
+        == len(split_at_grid_barriers(program))
+        == pending.record.attributes["vyre.segments"]
+    )
+    assert all(a <= b for a, b in phases) and phases == sorted(phases)
     # A program without grid barriers records no segments.
     plain = Program(
         [BufferDecl("o", 0, Access.WRITE, DType.U32, 4)], 4, [Store("o", gid(0), u32(1))]

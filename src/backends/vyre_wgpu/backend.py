@@ -1087,18 +1087,19 @@ class WgpuExecutor(Executor):
 def _record_segments(
     launch: Launch, phases: list[tuple[int, int]] | None, measured: str = "recorded"
 ) -> None:
-    """Record a grid-barrier dispatch's segment launches on its span, in order.
+    """Record a grid-barrier dispatch's segments on its span as ``vyre.segment`` phases.
 
-    ``measured`` says what each interval is (attribute ``vyre.segment.interval``):
-    ``recorded``, the host-side time the device thread spent recording the segment
-    into the submission's command buffer (not its run on the device); ``ran``, the
+    Only intervals that time a segment's run are recorded: ``measured="ran"``, the
     host-side time from writing a segment's first slice to reading back its last
-    slice's status (a sliced rerun: submit and wait included).
+    slice's status (a sliced rerun: submit and device time included). WebGPU gives
+    no per-dispatch device times without timestamp queries, so the segments of one
+    submission (``measured="recorded"``: only the microseconds spent recording each
+    into the command buffer are known) get no phases: a trace would read them as
+    run times.
     """
-    if not phases:
+    if not phases or measured != "ran":
         return
     completer = launch.completer
-    completer.annotate("vyre.segment.interval", measured)
     for start, end in phases:
         completer.record_phase("vyre.segment", start, end)
 

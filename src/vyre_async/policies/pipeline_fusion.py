@@ -103,6 +103,11 @@ class FusionVerdict:
         if self.kind == "separate" and self.savings_ns:
             raise ValueError("FusionVerdict: savings_ns must be 0 when kind is 'separate'")
 
+    @classmethod
+    def separate(cls, members: int, reason: str) -> FusionVerdict:
+        """The verdict that runs ``members`` dispatches one launch each, for ``reason``."""
+        return cls(kind="separate", reason=reason, groups=tuple((i,) for i in range(members)))
+
     @property
     def launches(self) -> int:
         """Launches the members take under this verdict."""
@@ -151,7 +156,7 @@ def describe_member(
 
 
 def _separate(n: int, reason: str) -> FusionVerdict:
-    return FusionVerdict(kind="separate", reason=reason, groups=tuple((i,) for i in range(n)))
+    return FusionVerdict.separate(n, reason)
 
 
 def _slot_bytes(counts: Counter[tuple[str, int]]) -> int:
@@ -242,12 +247,13 @@ def decide_fusion(
         return _separate(n, "grid_barrier")
     if any(m.workgroup != members[0].workgroup for m in members):
         return _separate(n, "workgroup_mismatch")
-    for i, m in enumerate(members):
-        others_touch = frozenset().union(
-            *(o.reads | o.writes for j, o in enumerate(members) if j != i)
-        )
-        if m.writes & others_touch:
-            return _separate(n, "conflict")
+    touched: Counter[str] = Counter()  # identity -> members that read or write it
+    written: set[str] = set()
+    for m in members:
+        touched.update(m.reads | m.writes)
+        written |= m.writes
+    if any(touched[identity] > 1 for identity in written):
+        return _separate(n, "conflict")
     groups = _groups(members, limit, wg_limit)
     if len(groups) == n:
         return _separate(n, "limits")
