@@ -37,7 +37,9 @@ from typing import Any
 import numpy as np
 
 from vyre_async import VyreBackend, acquire_backend, calibration_for
+from vyre_async.abc import measure_fusion_gain
 from vyre_async.errors import BackendError
+from vyre_async.ir import GridBarrier, Program
 from vyre_async.programs import (
     array_sum,
     array_sum_oracle,
@@ -94,7 +96,10 @@ def bench_fusion(backend: VyreBackend, device: str, rounds: int) -> dict[str, An
         "calibration": {
             "launch_ns": calibration.launch_ns if calibration else None,
             "compile_ns": calibration.compile_ns if calibration else None,
+            "fusion_gain_bps": calibration.fusion_gain_bps if calibration else None,
         },
+        # Measured here whether or not the backend has a calibration record.
+        "measure_fusion_gain_bps": measure_fusion_gain(backend),
         "members": {},
     }
     for n in SIZES:
@@ -107,7 +112,7 @@ def bench_fusion(backend: VyreBackend, device: str, rounds: int) -> dict[str, An
         ]
 
         def run(fusion: str, batch: list[list[np.ndarray]] = batch) -> list[list[np.ndarray]]:
-            pendings = pipeline.dispatch_batch(batch, fusion=fusion)  # type: ignore[call-arg]
+            pendings = pipeline.dispatch_batch(batch, fusion=fusion)
             return [p.result() for p in pendings]
 
         separate = run("disable")
@@ -116,17 +121,24 @@ def bench_fusion(backend: VyreBackend, device: str, rounds: int) -> dict[str, An
             for a, b in zip(got, want, strict=True):
                 if not np.array_equal(a, b):
                     raise SystemExit(f"{backend.id}: fused outputs differ from separate ones")
-        auto = pipeline.dispatch_batch(batch, fusion="auto")  # type: ignore[call-arg]
+        auto = pipeline.dispatch_batch(batch, fusion="auto")
         for p in auto:
             p.result()
         verdict = auto[0].record.attributes or {}
-        times = _interleave({"fused": lambda: run("force"), "separate": lambda: run("disable")}, rounds)
+        forced = pipeline.dispatch_batch(batch, fusion="force")
+        for p in forced:
+            p.result()
+        fused_launches = (forced[0].record.attributes or {}).get("vyre.policy.fusion.launches")
+        times = _interleave(
+            {"fused": lambda: run("force"), "separate": lambda: run("disable")}, rounds
+        )
         fused_ms, separate_ms = _median_ms(times["fused"]), _median_ms(times["separate"])
         out["members"][str(n)] = {
             "fused_ms": fused_ms,
             "separate_ms": separate_ms,
             "fused_per_member_us": round(fused_ms * 1e3 / n, 1),
             "separate_per_member_us": round(separate_ms * 1e3 / n, 1),
+            "fused_launches": fused_launches,
             "speedup": round(separate_ms / fused_ms, 2),
             "auto_verdict": {
                 k: v for k, v in verdict.items() if str(k).startswith("vyre.policy.fusion")
@@ -135,45 +147,51 @@ def bench_fusion(backend: VyreBackend, device: str, rounds: int) -> dict[str, An
     return out
 
 
+def _phases(program: Program) -> int:
+    return 1 + sum(isinstance(s, GridBarrier) for s in program.body)
+
+
+def _grid_case(
+    backend: VyreBackend, n: int, rng: np.random.Generator, rounds: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    x = rng.standard_normal(n).astype(np.float32)
+    u = rng.integers(0, 2**32, n, dtype=np.uint32)
+    total_p, scan_p = array_sum(n), exclusive_scan(n)
+    got = backend.dispatch_sync(total_p, [x])
+    want = array_sum_oracle(x)
+    if not all(
+        np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(got, want, strict=True)
+    ):
+        raise SystemExit("array_sum differs from its oracle")
+    if not np.array_equal(backend.dispatch_sync(scan_p, [u])[0], exclusive_scan_oracle(u)[0]):
+        raise SystemExit("exclusive_scan differs from its oracle")
+    times = _interleave(
+        {
+            "array_sum": lambda: backend.dispatch_sync(total_p, [x]),
+            "np.sum": lambda: np.sum(x),
+            "exclusive_scan": lambda: backend.dispatch_sync(scan_p, [u]),
+            "np.cumsum": lambda: np.cumsum(u, dtype=np.uint32),
+        },
+        rounds,
+    )
+
+    def row(program: Program, ours: str, peer: str) -> dict[str, Any]:
+        return {
+            "phases": _phases(program),
+            "vyre_ms": _median_ms(times[ours]),
+            "numpy_ms": _median_ms(times[peer]),
+            "ratio": round(statistics.median(times[ours]) / statistics.median(times[peer]), 1),
+        }
+
+    return row(total_p, "array_sum", "np.sum"), row(scan_p, "exclusive_scan", "np.cumsum")
+
+
 def bench_grid_programs(rounds: int) -> dict[str, Any]:
     backend = acquire_backend("reference")
     rng = np.random.default_rng(11)
     out: dict[str, Any] = {"backend": "reference", "sum": {}, "scan": {}}
     for n in GRID_SIZES:
-        x = rng.standard_normal(n).astype(np.float32)
-        u = rng.integers(0, 2**32, n, dtype=np.uint32)
-        total_p, scan_p = array_sum(n), exclusive_scan(n)
-        got = backend.dispatch_sync(total_p, [x])
-        want = array_sum_oracle(x)
-        if not all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(got, want)):
-            raise SystemExit("array_sum differs from its oracle")
-        got = backend.dispatch_sync(scan_p, [u])
-        if not np.array_equal(got[0], exclusive_scan_oracle(u)[0]):
-            raise SystemExit("exclusive_scan differs from its oracle")
-        times = _interleave(
-            {
-                "array_sum": lambda: backend.dispatch_sync(total_p, [x]),
-                "np.sum": lambda: np.sum(x),
-                "exclusive_scan": lambda: backend.dispatch_sync(scan_p, [u]),
-                "np.cumsum": lambda: np.cumsum(u, dtype=np.uint32),
-            },
-            rounds,
-        )
-        phases = lambda p: 1 + sum(type(s).__name__ == "GridBarrier" for s in p.body)  # noqa: E731
-        out["sum"][str(n)] = {
-            "phases": phases(total_p),
-            "vyre_ms": _median_ms(times["array_sum"]),
-            "numpy_ms": _median_ms(times["np.sum"]),
-            "ratio": round(statistics.median(times["array_sum"]) / statistics.median(times["np.sum"]), 1),
-        }
-        out["scan"][str(n)] = {
-            "phases": phases(scan_p),
-            "vyre_ms": _median_ms(times["exclusive_scan"]),
-            "numpy_ms": _median_ms(times["np.cumsum"]),
-            "ratio": round(
-                statistics.median(times["exclusive_scan"]) / statistics.median(times["np.cumsum"]), 1
-            ),
-        }
+        out["sum"][str(n)], out["scan"][str(n)] = _grid_case(backend, n, rng, rounds)
     return out
 
 
