@@ -581,7 +581,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        for name in self._scopes.close_top():",
         "        for name in ():",
         ("tests/ir/test_validate.py::test_rule_is_reported_at_the_offending_node[V035]",),
-        "a variable declared before a GridBarrier stays in scope after it (a split cannot carry it)",
+        "a variable declared before a GridBarrier stays in scope past it (no split carries it)",
     ),
     Mutant(
         "split-loses-the-first-phase",

@@ -36,9 +36,9 @@ from tests.cupy.emulator import (
 )
 from tests.cupy.op_table import OpCase, op_cases
 from tests.cupy.unit_programs import race_probes, unit_cases
-from vyre_async.ir import Program
+from vyre_async.ir import Program, split_at_grid_barriers
 from vyre_async.programs import elementwise_xor
-from vyre_cupy.codegen import KernelSource, generate
+from vyre_cupy.codegen import KernelSource, generate, has_grid_barrier
 
 if TYPE_CHECKING:
     from tests.cupy.fake_cupy import FakeDevice
@@ -105,6 +105,7 @@ class Toolchain:
     corpus: list[Case]
     ops: list[OpCase]  # operator table, then the unit programs: compared with the reference
     probes: list[tuple[str, Program, bool]]  # race-detector probes, after them in the build
+    segments: list[Program]  # the segments of the corpus's grid-barrier programs (nvcc only)
     corpus_build: BuildJob
     ops_build: BuildJob
     nvcc: NvccJob | None
@@ -127,12 +128,21 @@ def toolchain() -> Iterator[Toolchain]:
     probes = race_probes()
     corpus_build = build_emulator([c.program for c in corpus])
     ops_build = build_emulator([o.program for o in ops] + [p for _, p, _ in probes])
+    segments = grid_segments([c.program for c in corpus])
     programs = [c.program for c in corpus] + [o.program for o in ops] + [p for _, p, _ in probes]
-    nvcc = start_nvcc(programs) if NVCC else None
+    nvcc = start_nvcc(programs + segments) if NVCC else None
     device_programs = fake_device_programs()
     device_build = build_emulator(device_programs, library=True)
     yield Toolchain(
-        corpus, ops, probes, corpus_build, ops_build, nvcc, device_programs, device_build
+        corpus,
+        ops,
+        probes,
+        segments,
+        corpus_build,
+        ops_build,
+        nvcc,
+        device_programs,
+        device_build,
     )
     for job in (corpus_build, ops_build, device_build, nvcc):
         if job is not None:
@@ -161,7 +171,18 @@ def fake_device_programs() -> list[Program]:
         resident_gain_probe_program(),
     ]
     programs += [o.program for o in op_cases() + unit_cases()]
-    return programs + extra_programs()
+    programs += extra_programs()
+    return programs + grid_segments(programs)
+
+
+def grid_segments(programs: list[Program]) -> list[Program]:
+    """The segments of those of ``programs`` with grid barriers (the split path's kernels)."""
+    return [
+        segment
+        for program in programs
+        if has_grid_barrier(program)
+        for segment in split_at_grid_barriers(program)
+    ]
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from vyre_async.ir import (
     u32,
 )
 
-__all__ = ["accumulate", "extra_programs", "gate", "graph_programs"]
+__all__ = ["accumulate", "extra_programs", "gate", "graph_programs", "grid_programs"]
 
 
 def accumulate() -> Program:
@@ -70,6 +70,19 @@ def graph_programs() -> list[Program]:
     return [_resident_variant(binop("xor", 64)), _resident_variant(binop("add", 64))]
 
 
+def grid_programs() -> list[Program]:
+    """Exclusive scans on each side of the fake device's co-residency limit (``test_cupy_grid``).
+
+    32-lane workgroups, 4 SMs of 32 blocks: 128 workgroups fit at once, 129 do not.
+    """
+    from vyre_async.programs import exclusive_scan
+
+    return [exclusive_scan(32 * blocks, workgroup=32) for blocks in (128, 129)]
+
+
 def extra_programs() -> list[Program]:
-    """Return every extra program (one kernel each in the fake device's library)."""
-    return [accumulate(), gate(), *graph_programs()]
+    """Return every extra program (one kernel each in the fake device's library).
+
+    Programs with grid barriers also get one kernel per segment (``conftest.py``).
+    """
+    return [accumulate(), gate(), *graph_programs(), *grid_programs()]

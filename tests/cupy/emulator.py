@@ -3,7 +3,10 @@
 The emulation harness (``emulation/cuda_emu.h``) defines the CUDA built-ins
 for host compilation: one OS thread per lane of a workgroup (so
 ``__syncthreads()`` is a real barrier), workgroups one after another, atomics
-as compiler builtins, intrinsics by their documented semantics. Many kernels
+as compiler builtins, intrinsics by their documented semantics. A kernel with
+grid-wide barriers (``KernelSource.grid_sync``) runs as a cooperative launch:
+one thread per lane of the whole grid, workgroups taking turns phase by phase
+(``emulation/cooperative_groups.h`` stands in for CUDA's header). Many kernels
 are built into ONE binary with ONE ``g++`` invocation, and a batch of launches
 runs in ONE process, so the whole conformance corpus costs one compile and one
 run. Built binaries are cached under the temp dir, keyed by a hash of
@@ -84,6 +87,9 @@ NVCC_FLAGS = (
     "-prec-sqrt=true",
     "-arch=sm_90",
 )
+#: How generated kernels with grid-wide barriers include cooperative groups: ``-I``
+#: finds the emulator's stand-in (``emulation/cooperative_groups.h``) first.
+COOPERATIVE_INCLUDE = "#include <cooperative_groups.h>"
 _MAGIC = 0x554D4556
 _CACHE = Path(tempfile.gettempdir()) / "vyre-cupy-emulator"
 
@@ -302,10 +308,12 @@ def build_emulator(programs: Sequence[Program], *, library: bool = False) -> Bui
     trailer = "library.inc" if library else "harness.inc"
     unit = translation_unit(kernels, trailer=trailer)
     digest = hashlib.sha256()
+    headers = ["cuda_emu.h", trailer]
+    if COOPERATIVE_INCLUDE in unit:  # (only then: other builds keep their cache keys)
+        headers.append("cooperative_groups.h")
     for part in (
         unit,
-        (EMULATION_DIR / "cuda_emu.h").read_text(),
-        (EMULATION_DIR / trailer).read_text(),
+        *((EMULATION_DIR / name).read_text() for name in headers),
         " ".join(gxx_flags(library=library)),  # GXX_FLAGS and the build's own
         _toolchain_id(),
     ):
@@ -429,7 +437,7 @@ class Emulator:
             *geometry.grid,
             *geometry.workgroup,
             request.iterations,
-            int(request.trace),
+            int(request.trace) | (2 if kernel.grid_sync else 0),  # bit 1: cooperative launch
             len(kernel.params),
         ]
         out = bytearray(struct.pack(f"<{len(words)}I", *words))

@@ -15,6 +15,13 @@ bindings — with the semantics the backend relies on:
 - kernels run in the CPU emulator built as a shared library
   (``emulation/library.inc``); "NVRTC" hands the generated source through, and
   ``Module.load`` finds the kernel compiled from that exact source in the library;
+- cooperative launches (``function(..., enable_cooperative_groups=True)``) of
+  kernels with grid-wide barriers run every lane of the grid as a thread
+  (``vy_emu::launch_cooperative``); the device reports ``CooperativeLaunch``
+  (``cooperative``), answers ``cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor``
+  (``blocks_per_sm``), refuses a cooperative launch larger than that times its
+  SMs (``cudaErrorCooperativeLaunchTooLarge``, as CUDA does) and counts each
+  kind of launch (``cooperative_launches``);
 - fault injection: out-of-memory past ``memory_limit``, and a sticky
   ``cudaErrorIllegalAddress`` for the next launch (``fail_next_launch``);
 - undefined behaviour: the library runs under UBSan, built to report and go on
@@ -223,6 +230,20 @@ class FakeDevice:
         self.kernels: dict[str, int] = {}
         for index, program in enumerate(programs):
             self.kernels.setdefault(generate(program).source, index)
+            # (the backend compiles grid-barrier segments without their batch kernel)
+            self.kernels.setdefault(generate(program, batch=False).source, index)
+        #: ``CooperativeLaunch`` as the device reports it (read when a backend probes).
+        self.cooperative = True
+        #: Blocks of a kernel one SM holds (the occupancy API); None: ``2048 // lanes``
+        #: (at most 32), about what a real SM holds of a small kernel.
+        self.blocks_per_sm: int | None = None
+        self.sm_count = 132
+        self.cooperative_launches = 0
+        #: Calls of the occupancy API (``cupy.cuda.driver``) by the backend.
+        self.occupancy_calls = 0
+        #: Every plain or cooperative launch, in order: ``(kernel index, grid, block,
+        #: cooperative, stream)``.
+        self.launch_log: list[tuple[int, tuple[int, ...], tuple[int, ...], bool, int]] = []
         self.launch_lock = threading.Lock()  # threaded kernels share static __shared__ arrays
         #: Seconds every plain kernel launch takes beyond the emulation: slept on the
         #: stream thread, or (``timed``) added to the device timeline.
@@ -288,6 +309,7 @@ class FakeDevice:
         cuda.Device = lambda ordinal=0: types.SimpleNamespace(
             id=ordinal,
             attributes={
+                "CooperativeLaunch": int(device.cooperative),
                 "MaxThreadsPerBlock": 1024,
                 "MaxBlockDimX": 1024,
                 "MaxBlockDimY": 1024,
@@ -298,7 +320,7 @@ class FakeDevice:
                 "MaxSharedMemoryPerBlock": 49152,
                 "WarpSize": 32,
                 "ConcurrentKernels": 1,
-                "MultiProcessorCount": 132,
+                "MultiProcessorCount": device.sm_count,
             },
         )
         cuda.Stream = lambda non_blocking=False: FakeStream(device)
@@ -306,6 +328,10 @@ class FakeDevice:
         cuda.get_elapsed_time = lambda start, end: (end.stamp - start.stamp) * 1e3
         cuda.alloc = self._alloc
         cuda.alloc_pinned_memory = PinnedMemory
+
+        driver: Any = types.ModuleType("cupy_backends.cuda.api.driver")
+        driver.occupancyMaxActiveBlocksPerMultiprocessor = self.occupancy
+        cuda.driver = driver
 
         cupy: Any = types.ModuleType("cupy")
         cupy.__version__ = "13.6.0+fake"
@@ -343,6 +369,7 @@ class FakeDevice:
             "cupy": cupy,
             "cupy.cuda": cuda,
             "cupy.cuda.function": function,
+            "cupy.cuda.driver": driver,
             **packages,
             "cupy_backends.cuda.libs": libs,
             "cupy_backends.cuda.libs.nvrtc": nvrtc,
@@ -361,6 +388,20 @@ class FakeDevice:
                 raise OutOfMemoryError(f"out of memory allocating {nbytes} bytes")
             self.allocated += nbytes
         return DeviceMemory(self, nbytes)
+
+    def occupancy(self, function: int, block_size: int, dynamic_shared: int) -> int:
+        """``cuOccupancyMaxActiveBlocksPerMultiprocessor`` of a loaded function (by ``ptr``)."""
+        self.check()
+        assert isinstance(function, int) and function > 0, "a CUfunction handle"
+        assert dynamic_shared == 0, "generated kernels use static shared memory only"
+        self.occupancy_calls += 1
+        return self.resident_per_sm(block_size)
+
+    def resident_per_sm(self, block_size: int) -> int:
+        """Blocks of ``block_size`` lanes one SM holds (what the occupancy API answers)."""
+        if self.blocks_per_sm is not None:
+            return self.blocks_per_sm
+        return max(1, min(32, 2048 // max(1, block_size)))
 
     def _synchronize(self) -> None:
         """``cudaDeviceSynchronize``: wait until every stream ran what it was given."""
@@ -409,7 +450,15 @@ class FakeDevice:
         self._stream(stream).enqueue(lambda: ctypes.memset(ptr, value, size))
 
     def launch(
-        self, index: int, threaded: bool, grid: Any, block: Any, args: Any, *, batch: bool = False
+        self,
+        index: int,
+        threaded: bool,
+        grid: Any,
+        block: Any,
+        args: Any,
+        *,
+        batch: bool = False,
+        cooperative: bool = False,
     ) -> None:
         """Run kernel ``index`` (its batch kernel when ``batch``) now, on a stream thread."""
         if self.fail_next_launch:
@@ -422,6 +471,9 @@ class FakeDevice:
         if batch:
             status = self.lib.vy_emu_launch_batch(index, *grid, *block, pointers)
             self.batch_launches += 1
+        elif cooperative:  # every lane of the grid a thread (static shared arrays: the lock)
+            with self.launch_lock:
+                status = self.lib.vy_emu_launch(index, *grid, *block, pointers, 2)
         else:
             with self.launch_lock if threaded else _NO_LOCK:
                 status = self.lib.vy_emu_launch(index, *grid, *block, pointers, int(not threaded))
@@ -626,6 +678,7 @@ class FakeModule:
         self.device = device
         self.index: int | None = None
         self.threaded = False
+        self.grid_sync = False
 
     def load(self, image: bytes) -> None:
         self.device.check()
@@ -636,18 +689,60 @@ class FakeModule:
             raise CUDARuntimeError(200)
         self.index = self.device.kernels[source]
         self.threaded = "__syncthreads" in source
+        self.grid_sync = "this_grid().sync()" in source
 
-    def get_function(self, name: str) -> Callable[..., None]:
+    def get_function(self, name: str) -> FakeFunction:
         assert self.index is not None and name in ("vyre_main", "vyre_main_batch")
         batch = name == "vyre_main_batch"
-        index, threaded, device = self.index, self.threaded and not batch, self.device
+        return FakeFunction(
+            self.device, self.index, self.threaded and not batch, batch, self.grid_sync
+        )
 
-        def launch(grid: tuple[int, ...], block: tuple[int, ...], args: Any, stream: Any) -> None:
-            device.check()
-            if device.null:
-                return
-            assert len(grid) == len(block) == 3 and all(g >= 1 for g in grid + block)
-            values = tuple(args)
-            stream.enqueue(lambda: device.launch(index, threaded, grid, block, values, batch=batch))
 
-        return launch
+class FakeFunction:
+    """``cupy.cuda.function.Function``: ``ptr`` (the CUfunction) and a launch by call."""
+
+    _handles = itertools.count(1)
+
+    def __init__(
+        self, device: FakeDevice, index: int, threaded: bool, batch: bool, grid_sync: bool
+    ) -> None:
+        self.device = device
+        self.index = index
+        self.threaded = threaded
+        self.batch = batch
+        self.grid_sync = grid_sync
+        self.ptr = next(self._handles)
+
+    def __call__(
+        self,
+        grid: tuple[int, ...],
+        block: tuple[int, ...],
+        args: Any,
+        shared_mem: int = 0,
+        stream: Any = None,
+        enable_cooperative_groups: bool = False,
+    ) -> None:
+        device, index = self.device, self.index
+        device.check()
+        if device.null:
+            return
+        assert len(grid) == len(block) == 3 and all(g >= 1 for g in grid + block)
+        assert shared_mem == 0 and stream is not None
+        cooperative = bool(enable_cooperative_groups)
+        # A grid barrier in a plain launch is undefined on a GPU: here it is a test failure.
+        assert cooperative or not self.grid_sync, "a grid-sync kernel launched without cooperation"
+        if cooperative:
+            lanes = block[0] * block[1] * block[2]
+            blocks = grid[0] * grid[1] * grid[2]
+            if blocks > device.sm_count * device.resident_per_sm(lanes):
+                raise CUDARuntimeError(720)  # cudaErrorCooperativeLaunchTooLarge
+            device.cooperative_launches += 1
+        device.launch_log.append((index, tuple(grid), tuple(block), cooperative, stream.ptr))
+        values = tuple(args)
+        threaded, batch = self.threaded, self.batch
+        stream.enqueue(
+            lambda: device.launch(
+                index, threaded, grid, block, values, batch=batch, cooperative=cooperative
+            )
+        )

@@ -139,7 +139,9 @@ def fresh_device(toolchain: Toolchain, fake: FakeDevice) -> Iterator[FakeDevice]
 def test_probe_and_capabilities(backend: VyreBackend) -> None:
     caps = backend.capabilities()
     assert caps.device_name == "Emulated sm_90 (CPU)"
-    assert caps.async_compute and not caps.grid_sync and not caps.subgroup_ops
+    assert caps.async_compute and not caps.subgroup_ops
+    assert caps.grid_sync  # the fake device reports CooperativeLaunch (test_cupy_grid)
+    assert "stmt.grid_barrier" in backend.supported_ops()
     assert caps.max_workgroup_size == (1024, 1024, 64) and caps.max_workgroup_lanes == 1024
     assert caps.max_workgroup_memory_bytes == 48 * 1024 and caps.subgroup_size == 32
     assert "sm_90" in backend.device_fingerprint() and "cupy 13.6.0+fake" in (
@@ -554,6 +556,10 @@ def test_calibrate_measures_launch_modes_compile_and_copies(
         return sum(t.name == "vyre-cupy-completion" for t in threading.enumerate())
 
     backend = create_backend(disk_cache=None)
+    # The probes of calibration_for (fusion gain, arm overlap) dispatch on the backend
+    # itself, which starts its own completion thread: start it first.
+    xor = elementwise_xor(256)
+    backend.dispatch_sync(xor, [np.zeros(256, np.uint32)] * 2)
     threads = completion_threads()
     store = CalibrationStore(tmp_path)
     record = calibration_for(backend, measure=True, store=store)

@@ -6,12 +6,16 @@ clamps instead of masking) and random programs byte for byte against the
 reference on the GPU; subnormals surviving NVRTC (CuPy's own compile cache
 would force ``-ftz=true``); device event timing; resident buffers; the disk
 cache in a fresh process; one completion thread for thousands of dispatches in
-flight. ``test_cupy_fake_device`` runs most of them on the fake device, so their
-own logic is tested without a GPU.
+flight; grid-barrier programs as one cooperative launch, and split into one launch
+per segment when their grid cannot be co-resident. ``test_cupy_fake_device`` and
+``test_cupy_grid`` run most of them on the fake device, so their own logic is
+tested without a GPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -20,6 +24,7 @@ import textwrap
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,7 +35,15 @@ from tests.conformance.corpus import cases
 from tests.cupy.op_table import op_cases
 from tests.cupy.unit_programs import unit_cases
 from tests.strategies import programs, small_inputs_for
-from vyre_async import DispatchConfig, DType, InvalidProgram, UnsupportedFeature, VyreBackend
+from vyre_async import (
+    CooperativeResidencyExceeded,
+    DispatchConfig,
+    DType,
+    InvalidProgram,
+    UnsupportedFeature,
+    VyreBackend,
+    split_at_grid_barriers,
+)
 from vyre_async._shadow import compare_outputs
 from vyre_cupy import create_backend
 from vyre_reference import execute
@@ -263,3 +276,99 @@ def test_done_callbacks_and_shadow_comparisons_on_the_callback_thread(gpu: VyreB
 
     anyio.run(main)
     assert shadow.executor.stats.compared == 64 and shadow.executor.stats.divergences == 0
+
+
+# Grid-wide barriers ------------------------------------------------------------------------
+# Also run on the fake device by test_cupy_grid (their logic); only a GPU proves the
+# cooperative launch itself (cooperative_groups::this_grid().sync() across resident blocks,
+# the occupancy API of the real CuPy, cudaLaunchCooperativeKernel).
+
+
+def _grid_cases() -> list[Any]:
+    from vyre_async.ir.walk import ops_used
+
+    return [c for c in cases() if c.error is None and "stmt.grid_barrier" in ops_used(c.program)]
+
+
+def test_grid_barrier_programs_run_as_one_cooperative_launch(gpu: VyreBackend) -> None:
+    """Every grid-barrier case of the corpus, with ``cooperative=True``, equals the reference.
+
+    A device with cooperative launch claims ``grid_sync``; a small grid is co-resident, so
+    each program with two or more phases runs as ONE cooperative launch. A grid the
+    device cannot hold at once (more than 2 workgroups per SM: only on a small device,
+    such as the fake one's 4 SMs) is refused with `CooperativeResidencyExceeded` and
+    then runs split.
+    """
+    assert gpu.capabilities().grid_sync, "this GPU reports no cooperative launch"
+    sms = gpu.executor.device_context.info.attribute("MultiProcessorCount", 1)  # type: ignore[attr-defined]
+    grid_cases = _grid_cases()
+    assert len(grid_cases) >= 4
+    cooperative = 0
+    for case in grid_cases:
+        config = dataclasses.replace(case.config(), cooperative=True)
+        try:
+            pending = gpu.dispatch(case.program, case.inputs, config)
+        except CooperativeResidencyExceeded as exc:
+            blocks = int(str(exc).split("needs all ", 1)[1].split()[0])
+            assert blocks > 2 * sms, f"{case.name}: {blocks} workgroups refused on {sms} SMs"
+            pending = gpu.dispatch(case.program, case.inputs, case.config())
+            assert dict(pending.record.attributes or {})["vyre.grid_sync"] == "split"
+        outputs = pending.result()
+        reference = execute(
+            case.program,
+            list(case.inputs),
+            grid_override=case.grid,
+            fixpoint_iterations=case.fixpoint_iterations,
+        )
+        for want in (list(case.expected), reference):
+            divergence = compare_outputs(case.name, case.program, case.inputs, outputs, want)
+            assert divergence is None, str(divergence)
+        attributes = dict(pending.record.attributes or {})
+        segments = attributes["vyre.segments"]
+        assert segments == len(split_at_grid_barriers(case.program))
+        if segments == 1:
+            assert attributes["vyre.grid_sync"] == "split"
+        cooperative += attributes["vyre.grid_sync"] == "cooperative"
+    assert cooperative >= 3
+
+
+def test_a_grid_too_large_to_be_co_resident_runs_split(
+    gpu: VyreBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More workgroups than the device holds at once: one launch per segment, on one stream.
+
+    No SM holds more than 32 blocks, so ``32 * SMs + 1`` workgroups are never co-resident.
+    The result equals the numpy oracle; the span has one ``vyre.segment`` phase per
+    segment, in order, inside its ``vyre.launch`` phase; ``cooperative=True`` is refused
+    with `CooperativeResidencyExceeded`.
+    """
+    from vyre_async._pending import DispatchCompleter
+    from vyre_async.programs import exclusive_scan, exclusive_scan_oracle
+
+    monkeypatch.setattr(DispatchCompleter, "wants_phases", property(lambda self: True))
+    info = gpu.executor.device_context.info  # type: ignore[attr-defined]
+    workgroup = 32
+    n = workgroup * (32 * info.attribute("MultiProcessorCount", 1) + 1)
+    program = exclusive_scan(n, workgroup=workgroup)
+    x = np.random.default_rng(5).integers(0, 2**32, n, dtype=np.uint32)
+    pending = gpu.dispatch(program, [x])
+    outputs = pending.result()
+    for got, want in zip(outputs, exclusive_scan_oracle(x, workgroup), strict=True):
+        assert got.tobytes() == np.asarray(want).tobytes()
+    attributes = dict(pending.record.attributes or {})
+    segments = len(split_at_grid_barriers(program))
+    assert attributes["vyre.segments"] == segments > 1
+    assert attributes["vyre.grid_sync"] == "split"
+    assert attributes["vyre.grid_sync.reason"] == "not_co_resident"
+    phases = pending.record.phases or []
+    (launch,) = [(s, e) for name, s, e in phases if name == "vyre.launch"]
+    spans = [(s, e) for name, s, e in phases if name == "vyre.segment"]
+    assert len(spans) == segments
+    slack = 1000  # ns: rounding, and the first event sits just after the launch's own
+    assert launch[0] <= spans[0][0] <= launch[0] + slack
+    assert all(start <= end for start, end in spans)
+    assert all(end == start for (_, end), (start, _) in itertools.pairwise(spans))
+    assert spans[-1][1] <= launch[1] + slack
+    with pytest.raises(CooperativeResidencyExceeded) as refused:
+        gpu.dispatch(program, [x], DispatchConfig(cooperative=True))
+    assert "Fix:" in str(refused.value) and "cooperative=True" in str(refused.value)

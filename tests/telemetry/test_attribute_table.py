@@ -24,10 +24,12 @@ from tests.cupy.fake_cupy import FakeDevice
 from tests.driver.fakes import DelayBackend
 from tests.helpers import backend_of
 from tests.policies.kernels import binop
-from vyre_async import DispatchConfig, DispatchTimeout
+from vyre_async import DispatchConfig, DispatchTimeout, VyreBackend
 from vyre_async._graph import ArmGraph
+from vyre_async.ir.ops import CORE_OPS
 from vyre_async.programs import elementwise_xor
-from vyre_reference import reference_backend
+from vyre_async.testing.corpus import cases
+from vyre_reference import ReferenceExecutor, reference_backend
 
 pytestmark = pytest.mark.anyio
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "tracing.md"
@@ -99,6 +101,13 @@ async def _test_backend() -> None:
         await backend.aclose()
 
 
+class _NoLogicalAnd(ReferenceExecutor):
+    id = "no-land"
+
+    def supported_ops(self) -> frozenset[str]:
+        return CORE_OPS - {"bin.land"}
+
+
 async def _reference() -> None:
     """Shape prediction, a batch, and arm graphs joined on the device and on the host."""
     backend = reference_backend(inline_ns=0)
@@ -107,6 +116,14 @@ async def _reference() -> None:
             await backend.dispatch(XOR, INPUTS)
         for pending in backend.compile(XOR).dispatch_batch([INPUTS] * 3):
             await pending
+        for pending in backend.compile(XOR).dispatch_batch([INPUTS] * 3, fusion="force"):
+            await pending
+        no_land = VyreBackend(_NoLogicalAnd(), prefetch=False)  # cannot build a fused program
+        try:
+            for pending in no_land.compile(XOR).dispatch_batch([INPUTS] * 2, fusion="force"):
+                await pending
+        finally:
+            await no_land.aclose()
         for residency in ("auto", "host"):
             graph = ArmGraph(label="g")
             for name in "xy":
@@ -137,6 +154,18 @@ async def _cuda(fake_cupy: FakeDevice) -> None:
             await pending
     finally:
         await backend.shutdown()
+    # A grid-barrier program on a device without cooperative launch: split, each segment
+    # timed by device events.
+    fake_cupy.cooperative = False
+    try:
+        split = create_backend(disk_cache=None)
+    finally:
+        fake_cupy.cooperative = True
+    try:
+        case = next(c for c in cases() if c.name == "grid_barrier_many_phases")
+        await split.dispatch(case.program, case.inputs, case.config())
+    finally:
+        await split.shutdown()
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # spans do not depend on the loop

@@ -19,6 +19,8 @@ The package, bottom to top (each module imports only those below it):
 - `vyre_cupy.launch`: one launch — templates, staging, flights, readback,
   resident-buffer ordering;
 - `vyre_cupy.batch`: persistent kernel and graph replay, on top of `launch`;
+- `vyre_cupy.grid`: programs with grid barriers (one cooperative launch, or
+  one launch per segment), on top of `launch`;
 - this module: the `vyre_async.abc.Executor` hooks, and `create_backend`
   (``VyreBackend(CupyExecutor(...))``); nothing imports it but the package's
   lazy exports and the registry (``vyre_cupy.backend:create_backend``).
@@ -40,6 +42,7 @@ import anyio
 import numpy as np
 
 from vyre_async.abc import (
+    CORE_OPS,
     DRIVER_VERSION,
     BackendCapabilities,
     BindingPlan,
@@ -70,24 +73,36 @@ from vyre_async.errors import (
     DispatchFailed,
     InvalidArgument,
     InvalidProgram,
+    KernelCompileFailed,
     UnsupportedFeature,
 )
 from vyre_async.ir.program import Program
+from vyre_async.ir.split import split_at_grid_barriers
 from vyre_async.ir.types import DType
 from vyre_cupy.batch import batch_obstacle, enqueue_persistent, enqueue_replay
-from vyre_cupy.codegen import CODEGEN_VERSION, KernelSource, generate
+from vyre_cupy.codegen import CODEGEN_VERSION, KernelSource, generate, has_grid_barrier
 from vyre_cupy.compile import (
     NVRTC_OPTIONS,
     CompiledKernel,
     choose_target,
     compile_kernel,
+    cooperative_options,
+    decode_grid,
     decode_kernel,
+    encode_grid,
     encode_kernel,
     load_function,
 )
 from vyre_cupy.context import DeviceContext
-from vyre_cupy.device import DeviceInfo, capabilities_of, nvrtc_module, probe
-from vyre_cupy.kernel import CudaKernel, KernelLayout
+from vyre_cupy.device import (
+    DeviceInfo,
+    capabilities_of,
+    cuda_include_dir,
+    nvrtc_module,
+    probe,
+)
+from vyre_cupy.grid import enqueue_grid, plan_grid
+from vyre_cupy.kernel import CudaKernel, GridKernel, GridShape, KernelLayout
 from vyre_cupy.launch import (
     DeviceBuffer,
     ResidentCopy,
@@ -173,13 +188,20 @@ class CupyExecutor(Executor):
         )
         self._resident: dict[int, ResidentBuffer] = {}
         self._closed = False  # set by close(): every later operation raises BackendClosed
+        self._cooperative_options: tuple[str, ...] | None = None  # NVRTC's -I, found once
 
     # Description ----------------------------------------------------------------
+    def supported_ops(self) -> frozenset[str]:
+        """Every operation of `CORE_OPS`, grid-wide barriers included (`vyre_cupy.grid`)."""
+        return CORE_OPS
+
     def capabilities(self) -> BackendCapabilities:
         """Report the device's limits and native features (`vyre_cupy.device.capabilities_of`).
 
         ``async_compute`` (concurrent streams), ``persistent_threads`` (the batch
-        kernel) and ``graph_replay`` (CUDA graphs) are claimed; nothing is emulated.
+        kernel), ``graph_replay`` (CUDA graphs) and, on a device with cooperative
+        launch, ``grid_sync`` (a grid-barrier program as one cooperative launch)
+        are claimed; nothing is emulated.
         """
         return self._caps
 
@@ -277,29 +299,87 @@ class CupyExecutor(Executor):
         return self.device_context.bridge.in_flight
 
     # Pipelines --------------------------------------------------------------------
-    def build_pipeline(self, program: Program, config: DispatchConfig) -> CudaKernel:
+    def build_pipeline(self, program: Program, config: DispatchConfig) -> CudaKernel | GridKernel:
         """Generate CUDA C, compile it with NVRTC and load it.
+
+        A program with grid barriers becomes a `GridKernel`: one kernel per
+        segment, and on a device with cooperative launch the cooperative kernel
+        too (a cooperative kernel NVRTC rejects is logged, and the program runs
+        split).
 
         Raises:
             KernelCompileFailed: NVRTC rejected the generated source.
             DeviceOutOfMemory, DeviceLost, DispatchFailed: loading the module failed.
         """
-        source = generate(program)
-        compiled = compile_kernel(source, nvrtc=self._nvrtc, target=self._target)
+        if has_grid_barrier(program):
+            return self._build_grid(program)
+        return self._build(generate(program), program)
+
+    def _build(
+        self, source: KernelSource, program: Program, options: tuple[str, ...] = ()
+    ) -> CudaKernel:
+        compiled = compile_kernel(source, nvrtc=self._nvrtc, target=self._target, options=options)
         if compiled.log:
             _log.debug("NVRTC log for %s:\n%s", program.op_id or "program", compiled.log)
         return CudaKernel(source, compiled, *self._load(compiled, source))
 
+    def _build_grid(self, program: Program) -> GridKernel:
+        segments = tuple(
+            self._build(generate(segment, batch=False), segment)
+            for segment in split_at_grid_barriers(program)
+        )
+        if len(segments) == 1:  # nothing to synchronise: one launch either way
+            return GridKernel(segments)
+        if not self._caps.grid_sync:
+            return GridKernel(
+                segments,
+                reason="no_cooperative_launch",
+                note=f"{self.info.name} has no cooperative launch",
+            )
+        try:
+            cooperative = self._build(
+                generate(program, batch=False), program, self._cooperative_nvrtc_options()
+            )
+        except KernelCompileFailed as exc:
+            first = exc.message.splitlines()[1:2] or [exc.message]
+            _log.warning(
+                "NVRTC rejected the cooperative kernel of %s; it runs split at its grid "
+                "barriers: %s",
+                program.op_id or "a grid-barrier program",
+                exc.message,
+            )
+            return GridKernel(
+                segments, reason="cooperative_kernel_failed", note=first[0].strip()[:200]
+            )
+        return GridKernel(segments, cooperative)
+
+    def _cooperative_nvrtc_options(self) -> tuple[str, ...]:
+        found = self._cooperative_options
+        if found is None:
+            found = cooperative_options(cuda_include_dir(self.device_context.cupy))
+            self._cooperative_options = found
+        return found
+
     def serialize_pipeline(self, native: Any) -> bytes | None:
-        """Return the cubin/PTX record the disk cache stores."""
+        """Return the cubin/PTX record the disk cache stores (every kernel of a grid program)."""
         if isinstance(native, CudaKernel):
             return encode_kernel(native.compiled)
+        if isinstance(native, GridKernel):
+            cooperative = native.cooperative
+            return encode_grid(
+                [segment.compiled for segment in native.segments],
+                None if cooperative is None else cooperative.compiled,
+                native.reason,
+                native.note,
+            )
         return None
 
     def load_pipeline(self, payload: bytes, program: Program, config: DispatchConfig) -> Any:
         """Load a kernel compiled by an earlier process (no NVRTC); rebuild it if unusable."""
-        source = generate(program)
         try:
+            if has_grid_barrier(program):
+                return self._load_grid(payload, program)
+            source = generate(program)
             compiled = decode_kernel(payload)
             if compiled.entry != source.entry or compiled.params != len(source.params):
                 raise ValueError("the cached kernel's ABI does not match the program")
@@ -312,6 +392,35 @@ class CupyExecutor(Executor):
             )
             return self.build_pipeline(program, config)
 
+    def _load_grid(self, payload: bytes, program: Program) -> GridKernel:
+        compiled, cooperative, reason, note = decode_grid(payload)
+        segments = split_at_grid_barriers(program)
+        if len(compiled) != len(segments):
+            raise ValueError("the cached kernels do not match the program's segments")
+        kernels = []
+        for segment, record in zip(segments, compiled, strict=True):
+            source = generate(segment, batch=False)
+            kernels.append(self._loaded(record, source))
+        if len(kernels) == 1:
+            return GridKernel(tuple(kernels))
+        if not self._caps.grid_sync:
+            return GridKernel(
+                tuple(kernels),
+                reason="no_cooperative_launch",
+                note=f"{self.info.name} has no cooperative launch",
+            )
+        if cooperative is None:
+            if reason != "cooperative_kernel_failed":
+                raise ValueError("the cached pipeline has no cooperative kernel")
+            return GridKernel(tuple(kernels), reason=reason, note=note)
+        source = generate(program, batch=False)
+        return GridKernel(tuple(kernels), self._loaded(cooperative, source))
+
+    def _loaded(self, compiled: CompiledKernel, source: KernelSource) -> CudaKernel:
+        if compiled.entry != source.entry or compiled.params != len(source.params):
+            raise ValueError("the cached kernel's ABI does not match the program")
+        return CudaKernel(source, compiled, *self._load(compiled, source))
+
     def _load(self, compiled: CompiledKernel, source: KernelSource) -> tuple[Any, Any]:
         ctx = self.device_context
         ctx.use_device()
@@ -319,13 +428,24 @@ class CupyExecutor(Executor):
             return load_function(compiled, batch_entry=source.batch_entry)
 
     # Dispatch ---------------------------------------------------------------------
-    def plan_shape(self, native: Any, plan: BindingPlan, config: DispatchConfig) -> KernelLayout:
+    def plan_shape(
+        self, native: Any, plan: BindingPlan, config: DispatchConfig
+    ) -> KernelLayout | GridShape:
         """Check the workgroup against the device and lay out the kernel's arguments, once.
+
+        For a grid-barrier program, also decide how the shape runs: one
+        cooperative launch when the device holds its whole grid at once, else
+        one launch per segment (`vyre_cupy.grid.plan_grid`).
 
         Raises:
             InvalidProgram: the pipeline was not compiled by a cupy executor.
             UnsupportedFeature: the workgroup exceeds the device's limits.
+            CooperativeResidencyExceeded: ``config.cooperative`` and the grid of a
+                grid-barrier program cannot be resident at once.
         """
+        if isinstance(native, GridKernel):
+            self._check_workgroup(plan.geometry.workgroup)
+            return plan_grid(self.device_context, native, plan, config)
         if not isinstance(native, CudaKernel):
             raise InvalidProgram(
                 "the pipeline was not compiled by the cupy backend",
@@ -350,8 +470,15 @@ class CupyExecutor(Executor):
             return
         native = launch.pipeline.native
         layout = launch.shape
-        if layout is None:  # (a launch built by hand, not by the driver)
-            layout = self.plan_shape(native, launch.plan, launch.config)
+        if layout.__class__ is not KernelLayout:  # a GridShape, or None (a launch built by hand)
+            if layout is None:
+                layout = self.plan_shape(native, launch.plan, launch.config)
+            if isinstance(layout, GridShape):
+                try:
+                    enqueue_grid(ctx, self, launch, layout)
+                except Exception as exc:
+                    completer.fail(ctx.failure(exc, "enqueueing the dispatch"))
+                return
         try:
             enqueue_launch(ctx, self, launch, native, layout)
         except Exception as exc:
@@ -365,7 +492,7 @@ class CupyExecutor(Executor):
         (`vyre_cupy.batch`). Launches that cannot run that way (resident inputs,
         mixed shapes, a kernel with barriers, ``iterations > 1`` for persistent)
         run as plain launches, with the reason on their spans
-        (``vyre.batch.mode.reason``).
+        (``vyre.batch.mode.reason``); so do grid-barrier programs (``grid_barrier``).
 
         Raises:
             BackendClosed: the backend was closed.
@@ -377,6 +504,8 @@ class CupyExecutor(Executor):
         if mode != "plain" and isinstance(native, CudaKernel):  # else enqueue says why not
             self._check_open()
             reason = batch_obstacle(launches, mode, native)
+        elif mode != "plain" and isinstance(native, GridKernel):
+            reason = "grid_barrier"  # each item runs its own launches (vyre_cupy.grid)
         if mode == "plain" or reason is not None or not isinstance(native, CudaKernel):
             annotate_mode(launches, decision, "plain", reason)
             for launch in launches:

@@ -10,9 +10,9 @@ Rules of the emitted code:
   order (``const`` for READ and UNIFORM buffers), then ``const unsigned*
   __restrict__ vy_lens`` holding each of those buffers' element counts in the
   same order. `BufLen` and every bounds check read ``vy_lens``, so one compiled
-  kernel serves every buffer size. ``WORKGROUP`` buffers are static
-  ``__shared__`` arrays, zeroed in a strided loop followed by
-  ``__syncthreads()`` at entry.
+  kernel serves every buffer size. ``WORKGROUP`` buffers the body names are
+  static ``__shared__`` arrays, zeroed in a strided loop followed by
+  ``__syncthreads()`` at entry (one it never names is left out).
 - **SSA evaluation.** Every sub-expression is evaluated into its own typed
   temporary, children before parents in IR pre-order (left to right). Both arms
   of a `Select` and both operands of ``land``/``lor`` are therefore always
@@ -22,6 +22,14 @@ Rules of the emitted code:
   atomics ``(i < n) ? atomicOp(&p[i], v) : 0u``, for shared arrays too.
 - **Semantics.** Every operator maps to a C operator whose result is fully
   defined, or to a helper of the prelude (`vyre_cupy.prelude`).
+- **Grid barriers.** A `GridBarrier` becomes ``__threadfence();
+  cooperative_groups::this_grid().sync();`` followed, when the kernel has
+  shared arrays, by their strided re-zeroing and a ``__syncthreads()`` (the IR
+  says workgroup memory is zero again after a grid barrier); such a kernel
+  (``KernelSource.grid_sync``) includes ``<cooperative_groups.h>`` and must be
+  launched cooperatively with its whole grid resident. The backend also runs
+  these programs split at their grid barriers (`vyre_async.split_at_grid_barriers`),
+  one ordinary kernel per segment.
 - **Batch kernel.** A program without barriers and shared memory also gets
   ``<entry>_batch``: a persistent kernel that runs a batch of same-shape work
   items in ONE launch. Its blocks loop over (item, workgroup) tasks
@@ -64,8 +72,20 @@ from vyre_async.ir.expr import (
 )
 from vyre_async.ir.ops import AtomicOp, BinOp, BuiltinKind, UnOp
 from vyre_async.ir.program import Program
-from vyre_async.ir.stmt import Assign, Barrier, Block, If, Let, Loop, Return, Stmt, Store
+from vyre_async.ir.stmt import (
+    Assign,
+    Barrier,
+    Block,
+    GridBarrier,
+    If,
+    Let,
+    Loop,
+    Return,
+    Stmt,
+    Store,
+)
 from vyre_async.ir.types import Access, BufferDecl, DType
+from vyre_async.ir.walk import iter_exprs, iter_stmts
 from vyre_cupy.prelude import PRELUDE, PRELUDE_VERSION
 
 __all__ = [
@@ -74,12 +94,14 @@ __all__ = [
     "KernelParam",
     "KernelSource",
     "generate",
+    "has_grid_barrier",
     "sanitize",
 ]
 __dir__ = _public_dir(__name__)
 
 #: Bump whenever generated code changes for the same program (part of the cache identity).
-CODEGEN_VERSION = f"2.{PRELUDE_VERSION}"
+#: 3: shared arrays the body never names are no longer declared (grid barriers added).
+CODEGEN_VERSION = f"3.{PRELUDE_VERSION}"
 #: Entry point name of a generated kernel unless the caller picks another.
 DEFAULT_ENTRY = "vyre_main"
 
@@ -143,6 +165,9 @@ class KernelSource:
             program uses barriers or shared memory and has none.
         line_paths: For each source line (index = line number - 1), the IR
             path of the statement it was generated from, or ``""``.
+        grid_sync: True when the kernel has grid-wide barriers
+            (``cooperative_groups::this_grid().sync()``): it must be launched
+            cooperatively, with every workgroup of its grid resident at once.
     """
 
     entry: str
@@ -152,6 +177,7 @@ class KernelSource:
     uses_barrier: bool
     line_paths: tuple[str, ...]
     batch_entry: str | None = None
+    grid_sync: bool = False
 
     def path_of_line(self, line: int) -> str:
         """Return the IR path of 1-based source ``line`` (``""`` outside the kernel body)."""
@@ -160,12 +186,24 @@ class KernelSource:
         return ""
 
 
-def generate(program: Program, *, entry: str = DEFAULT_ENTRY) -> KernelSource:
+def has_grid_barrier(program: Program) -> bool:
+    """True when ``program`` has a `GridBarrier` (a statement of its body itself, V034)."""
+    return any(isinstance(stmt, GridBarrier) for stmt in program.body)
+
+
+def generate(program: Program, *, entry: str = DEFAULT_ENTRY, batch: bool = True) -> KernelSource:
     """Return the CUDA C kernel of ``program`` (which must validate).
+
+    A program with grid barriers becomes ONE kernel that synchronises the grid
+    with cooperative groups (``grid_sync``; launch it cooperatively). Split it
+    with `vyre_async.split_at_grid_barriers` for one ordinary kernel per segment.
 
     Args:
         program: A valid program (run `vyre_async.ir.validate_or_raise` first).
         entry: The kernel's ``extern "C"`` name; a C identifier of at most 64 chars.
+        batch: Also emit the batch (persistent) kernel when the program allows
+            one (no barriers of either kind, no shared memory); False for the
+            plain kernel alone.
 
     Returns:
         The generated translation unit and its launch ABI.
@@ -182,13 +220,13 @@ def generate(program: Program, *, entry: str = DEFAULT_ENTRY) -> KernelSource:
             "with a digit)",
         )
     kernel = _Emitter(program, entry).run()
-    if kernel.uses_barrier:
-        return kernel
-    batch = _Emitter(program, f"{entry}_batch", batch=True).run_batch()
+    if kernel.uses_barrier or not batch or has_grid_barrier(program):
+        return kernel  # (a grid-barrier program runs as a GridKernel, never batched)
+    persistent = _Emitter(program, f"{entry}_batch", batch=True).run_batch()
     return dataclasses.replace(
         kernel,
-        source=kernel.source + batch,
-        line_paths=kernel.line_paths + ("",) * batch.count("\n"),
+        source=kernel.source + persistent,
+        line_paths=kernel.line_paths + ("",) * persistent.count("\n"),
         batch_entry=f"{entry}_batch",
     )
 
@@ -217,9 +255,11 @@ class _Emitter:
         self.vars = 0
         self.scopes: list[dict[str, tuple[str, DType]]] = [{}]
         self.uses_barrier = False
+        self.grid_sync = False
         self.used_lens: set[int] = set()
         self.buffers: dict[str, _Buffer] = {}
         self.params: list[KernelParam] = []
+        self.named = _buffers_named(program)
         shared = 0
         for decl in program.buffers:
             if decl.access is Access.WORKGROUP:
@@ -275,31 +315,21 @@ class _Emitter:
                 f"/* {sanitize(p.name)}: {p.decl.access.value} {p.decl.dtype.value} */,"
             )
         params.append("    const unsigned* __restrict__ vy_lens")
+        if self.grid_sync:
+            head.append("#include <cooperative_groups.h>")
         head += [f'extern "C" __global__ void {self.entry}(', *params, ") {"]
 
         prologue: list[str] = [
             f"  const unsigned n{i} = vy_lens[{i}];" for i in sorted(self.used_lens)
         ]
-        shared = [b for b in self.buffers.values() if b.param < 0]
+        shared = self.shared()
         for b in shared:
             prologue.append(
                 f"  __shared__ {_STORAGE_TYPE[b.decl.dtype]} {b.cname}[{b.decl.count}]; "
                 f"/* {sanitize(b.decl.name)}: workgroup {b.decl.dtype.value} */"
             )
         if shared:
-            prologue += [
-                "  {",
-                "    const unsigned vy_tid = threadIdx.x + blockDim.x * (threadIdx.y + "
-                "blockDim.y * threadIdx.z);",
-                "    const unsigned vy_nt = blockDim.x * blockDim.y * blockDim.z;",
-            ]
-            for b in shared:
-                zero = "0.0f" if b.decl.dtype is DType.F32 else "0"
-                prologue.append(
-                    f"    for (unsigned vy_i = vy_tid; vy_i < {b.decl.count}u; vy_i += vy_nt) "
-                    f"{b.cname}[vy_i] = {zero};"
-                )
-            prologue += ["  }", "  __syncthreads();"]
+            prologue += ["  " + line for line in _zero_shared(shared)]
         tail = ["}", ""]
 
         prelude_lines = PRELUDE.splitlines()
@@ -312,7 +342,16 @@ class _Emitter:
             shared_bytes=sum(4 * b.decl.count for b in shared),
             uses_barrier=self.uses_barrier or bool(shared),
             line_paths=tuple(paths),
+            grid_sync=self.grid_sync,
         )
+
+    def shared(self) -> list[_Buffer]:
+        """The kernel's shared (``WORKGROUP``) arrays its body uses, in declaration order.
+
+        An array no statement names is neither declared nor zeroed (a segment of
+        a grid-barrier program often uses only some of the program's arrays).
+        """
+        return [b for b in self.buffers.values() if b.param < 0 and b.decl.name in self.named]
 
     def run_batch(self) -> str:
         """Return the batch kernel's source (appended to the plain kernel's unit)."""
@@ -360,8 +399,12 @@ class _Emitter:
 
     # Statements -------------------------------------------------------------------
     def body(self, statements: tuple[Stmt, ...], where: str) -> None:
+        top = where == "body"
         for i, stmt in enumerate(statements):
             self.path = f"{where}[{i}]"
+            if top and isinstance(stmt, GridBarrier) and not _separates(statements, i):
+                self.line("/* grid barrier: no phase before or after it here */")
+                continue
             self.stmt(stmt, self.path)
 
     def stmt(self, stmt: Stmt, path: str) -> None:
@@ -410,6 +453,16 @@ class _Emitter:
             case Barrier():
                 self.uses_barrier = True
                 self.line("__syncthreads();")
+            case GridBarrier():
+                # Every lane of the grid arrives (its storage writes fenced) before any
+                # goes on; then workgroup memory is zero again, as the IR says.
+                self.uses_barrier = self.grid_sync = True
+                self.line("__threadfence();")
+                self.line("cooperative_groups::this_grid().sync(); /* grid barrier */")
+                shared = self.shared()
+                if shared:
+                    for text in _zero_shared(shared):
+                        self.line(text)
             case Return():
                 self.returns = True
                 self.line("goto vy_next;" if self.batch else "return;")
@@ -503,6 +556,44 @@ class _Emitter:
             f"unknown expression {expr!r} at {self.path}",
             fix="build programs from vyre_async.ir expressions",
         )
+
+
+def _buffers_named(program: Program) -> frozenset[str]:
+    """The buffers some statement or expression of ``program``'s body names."""
+    names = {stmt.buffer for stmt in iter_stmts(program.body) if isinstance(stmt, Store)}
+    names.update(
+        expr.buffer for expr in iter_exprs(program.body) if isinstance(expr, Load | Atomic | BufLen)
+    )
+    return frozenset(names)
+
+
+def _separates(body: tuple[Stmt, ...], at: int) -> bool:
+    """True when the grid barrier ``body[at]`` ends a phase that another one follows.
+
+    A barrier first, last, or followed by another adds nothing (the segments of
+    `vyre_async.split_at_grid_barriers` leave those empty phases out): the
+    kernel synchronises the grid once between two non-empty phases.
+    """
+    before = any(not isinstance(stmt, GridBarrier) for stmt in body[:at])
+    after = any(not isinstance(stmt, GridBarrier) for stmt in body[at + 1 :])
+    return before and after and not isinstance(body[at + 1], GridBarrier)
+
+
+def _zero_shared(shared: list[_Buffer]) -> list[str]:
+    """Lines zeroing ``shared`` in a strided loop over the workgroup, then ``__syncthreads()``."""
+    lines = [
+        "{",
+        "  const unsigned vy_tid = threadIdx.x + blockDim.x * (threadIdx.y + "
+        "blockDim.y * threadIdx.z);",
+        "  const unsigned vy_nt = blockDim.x * blockDim.y * blockDim.z;",
+    ]
+    for b in shared:
+        zero = "0.0f" if b.decl.dtype is DType.F32 else "0"
+        lines.append(
+            f"  for (unsigned vy_i = vy_tid; vy_i < {b.decl.count}u; vy_i += vy_nt) "
+            f"{b.cname}[vy_i] = {zero};"
+        )
+    return [*lines, "}", "__syncthreads();"]
 
 
 def _const(expr: Const) -> str:

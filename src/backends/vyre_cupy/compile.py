@@ -12,6 +12,11 @@ driver's `DiskPipelineCache` stores so a new process loads them with
 Target: a cubin for the device's own ``sm_XY`` when NVRTC supports it;
 otherwise PTX for the newest architecture NVRTC knows below it (the driver
 JIT-compiles it once at load time).
+
+A program with grid barriers compiles into several kernels (one per segment,
+and the cooperative kernel that includes ``<cooperative_groups.h>``, for which
+NVRTC is also given ``-I`` the CUDA headers: `cooperative_options`); the disk
+cache stores them as one record (`encode_grid`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,10 @@ __all__ = [
     "choose_target",
     "compile_failed",
     "compile_kernel",
+    "cooperative_options",
+    "decode_grid",
     "decode_kernel",
+    "encode_grid",
     "encode_kernel",
     "load_function",
 ]
@@ -53,6 +61,8 @@ SOURCE_NAME = "vyre_kernel.cu"
 
 _MAGIC = b"VYCU"
 _FORMAT = 1
+_GRID_MAGIC = b"VYCG"
+_GRID_FORMAT = 1
 _LOG_LINE = re.compile(re.escape(SOURCE_NAME) + r"\((\d+)\): (error|warning|catastrophic error)")
 
 
@@ -107,19 +117,33 @@ def choose_target(compute_capability: int, supported: Sequence[int]) -> str:
     return f"compute_{max(older)}"
 
 
-def compile_kernel(kernel: KernelSource, *, nvrtc: Any, target: str) -> CompiledKernel:
+def cooperative_options(include_dir: str | None) -> tuple[str, ...]:
+    """The options a cooperative kernel adds to `NVRTC_OPTIONS`: ``-I`` the CUDA headers.
+
+    ``<cooperative_groups.h>`` is a header of the CUDA toolkit, not built into
+    NVRTC; ``include_dir`` is where it was found (`vyre_cupy.device.cuda_include_dir`),
+    None to leave the search to NVRTC. Grid synchronisation needs no relocatable
+    device code since CUDA 11.
+    """
+    return (f"-I{include_dir}",) if include_dir else ()
+
+
+def compile_kernel(
+    kernel: KernelSource, *, nvrtc: Any, target: str, options: Sequence[str] = ()
+) -> CompiledKernel:
     """Compile ``kernel`` with NVRTC for ``target`` (see `choose_target`).
 
     Args:
         kernel: The generated source.
         nvrtc: CuPy's NVRTC bindings (`vyre_cupy.device.nvrtc_module`).
         target: ``sm_XY`` or ``compute_XY``.
+        options: More options after `NVRTC_OPTIONS` and ``-arch`` (`cooperative_options`).
 
     Raises:
         KernelCompileFailed: NVRTC rejected the source; the message quotes its
             log, the generated line and the IR statement it came from.
     """
-    options = (*NVRTC_OPTIONS, f"-arch={target}")
+    options = (*NVRTC_OPTIONS, f"-arch={target}", *options)
     program = nvrtc.createProgram(kernel.source, SOURCE_NAME, (), ())
     try:
         try:
@@ -206,6 +230,67 @@ def decode_kernel(payload: bytes) -> CompiledKernel:
         image=image,
         params=int(params),
         log=log.decode(errors="replace"),
+    )
+
+
+def encode_grid(
+    segments: Sequence[CompiledKernel], cooperative: CompiledKernel | None, reason: str, note: str
+) -> bytes:
+    """Return the disk-cache payload of a grid-barrier program's kernels (one record).
+
+    Args:
+        segments: One kernel per segment, in order.
+        cooperative: The cooperative kernel, or None.
+        reason: Why there is no cooperative kernel (a short code, ``""`` if there is one).
+        note: The same for people.
+    """
+    parts = [
+        reason.encode(),
+        note.encode(),
+        b"" if cooperative is None else encode_kernel(cooperative),
+        *(encode_kernel(kernel) for kernel in segments),
+    ]
+    out = bytearray(_GRID_MAGIC + struct.pack("<HI", _GRID_FORMAT, len(segments)))
+    for part in parts:
+        out += struct.pack("<I", len(part)) + part
+    return bytes(out)
+
+
+def decode_grid(
+    payload: bytes,
+) -> tuple[tuple[CompiledKernel, ...], CompiledKernel | None, str, str]:
+    """Rebuild ``(segments, cooperative, reason, note)`` from `encode_grid` bytes.
+
+    Raises:
+        ValueError: the payload is not a grid record of this format version.
+    """
+    view = memoryview(payload)
+    if len(view) < 10 or bytes(view[:4]) != _GRID_MAGIC:
+        raise ValueError("not a vyre_cupy grid-barrier kernel record")
+    version, count = struct.unpack_from("<HI", view, 4)
+    if version != _GRID_FORMAT:
+        raise ValueError(f"grid kernel record format {version}, expected {_GRID_FORMAT}")
+    if count < 1 or count > len(view):
+        raise ValueError(f"a grid kernel record of {count} segments")
+    at = 10
+    fields: list[bytes] = []
+    for _ in range(3 + count):
+        if at + 4 > len(view):
+            raise ValueError("truncated grid kernel record")
+        (size,) = struct.unpack_from("<I", view, at)
+        at += 4
+        if at + size > len(view):
+            raise ValueError("truncated grid kernel record")
+        fields.append(bytes(view[at : at + size]))
+        at += size
+    if at != len(view):
+        raise ValueError("trailing bytes after the grid kernel record")
+    reason, note, cooperative, *segments = fields
+    return (
+        tuple(decode_kernel(segment) for segment in segments),
+        decode_kernel(cooperative) if cooperative else None,
+        reason.decode(errors="replace"),
+        note.decode(errors="replace"),
     )
 
 

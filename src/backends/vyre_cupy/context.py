@@ -23,6 +23,7 @@ Layering: this module imports `vyre_cupy.device`, `errors`, `streams` and
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 from collections import deque
@@ -187,6 +188,18 @@ class DeviceContext:
         """Keep finished events for later dispatches (never one another operation waits on)."""
         if len(self._events) < _EVENTS_KEPT:
             self._events.extend(events)
+
+    def blocks_per_sm(self, function: Any, lanes: int) -> int:
+        """Blocks of ``lanes`` threads of loaded ``function`` one SM runs at once.
+
+        ``cuOccupancyMaxActiveBlocksPerMultiprocessor`` through CuPy's driver
+        bindings (``cupy.cuda.driver``), on ``function.ptr``; the kernels' shared
+        memory is static, so no dynamic shared memory is asked for.
+        """
+        driver = getattr(self.cupy.cuda, "driver", None)
+        if driver is None:  # (CuPy keeps the bindings in cupy_backends)
+            driver = importlib.import_module("cupy_backends.cuda.api.driver")
+        return int(driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, lanes, 0))
 
     def elapsed_ns(self, start: Any, end: Any) -> float:
         """Nanoseconds between two completed events (``cudaEventElapsedTime``)."""

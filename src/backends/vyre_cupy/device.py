@@ -8,7 +8,10 @@ is tested without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.util
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -19,7 +22,14 @@ from vyre_async.abc import public_dir as _public_dir
 from vyre_async.ir.limits import MAX_WORKGROUP_BYTES, MAX_WORKGROUP_LANES
 from vyre_cupy.errors import startup_failure
 
-__all__ = ["DeviceInfo", "capabilities_of", "import_cupy", "nvrtc_module", "probe"]
+__all__ = [
+    "DeviceInfo",
+    "capabilities_of",
+    "cuda_include_dir",
+    "import_cupy",
+    "nvrtc_module",
+    "probe",
+]
 __dir__ = _public_dir(__name__)
 
 #: Counts reach kernels as u32 words, so one buffer holds at most 2**32 - 1 elements.
@@ -75,9 +85,11 @@ def capabilities_of(info: DeviceInfo) -> BackendCapabilities:
     (dispatches run concurrently on a pool of non-blocking streams) when the
     device runs kernels concurrently; ``persistent_threads`` (a batch of launches
     as one launch of the program's batch kernel) and ``graph_replay`` (CUDA
-    graphs captured per launch shape), see `vyre_cupy.batch`. No grid sync,
-    subgroup ops or half precision: the backend has no native path for them.
-    Limits are the device's, capped by the IR's own limits.
+    graphs captured per launch shape), see `vyre_cupy.batch`; ``grid_sync`` when
+    the device supports cooperative launches (``CooperativeLaunch``), which run
+    a grid-barrier program as ONE kernel (`vyre_cupy.grid`). No subgroup ops or
+    half precision: the backend has no native path for them. Limits are the
+    device's, capped by the IR's own limits.
     """
     lanes = min(info.attribute("MaxThreadsPerBlock", 1024), MAX_WORKGROUP_LANES)
     shared = min(info.attribute("MaxSharedMemoryPerBlock", 48 * 1024), MAX_WORKGROUP_BYTES)
@@ -95,6 +107,7 @@ def capabilities_of(info: DeviceInfo) -> BackendCapabilities:
         device_name=info.name,
         persistent_threads=True,
         graph_replay=True,
+        grid_sync=info.attribute("CooperativeLaunch", 0) > 0,
         ordered_resident_buffers=True,  # stream waits on each buffer's last events
     )
 
@@ -160,6 +173,30 @@ def probe(ordinal: int = 0) -> tuple[ModuleType, DeviceInfo]:
     except Exception as exc:
         raise startup_failure(exc, stage="device", detail=f"probing device {ordinal}") from exc
     return cupy, info
+
+
+def cuda_include_dir(cupy: Any) -> str | None:
+    """Return a folder holding CUDA's ``cooperative_groups.h`` (NVRTC's ``-I``), or None.
+
+    Looks in ``$CUDA_PATH``, ``$CUDA_HOME``, ``cupy.cuda.get_cuda_path()``, the
+    NVIDIA header wheels (``nvidia/cuda_runtime``, ``nvidia/cu13``) and
+    ``/usr/local/cuda``, in that order.
+    """
+    roots = [os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME")]
+    with contextlib.suppress(Exception):  # (older CuPy, or no toolkit found)
+        roots.append(cupy.cuda.get_cuda_path())
+    folders = [os.path.join(root, "include") for root in roots if isinstance(root, str) and root]
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        spec = None
+    for base in (spec.submodule_search_locations or ()) if spec is not None else ():
+        folders += [os.path.join(base, name, "include") for name in ("cuda_runtime", "cu13")]
+    folders.append("/usr/local/cuda/include")
+    for folder in folders:
+        if os.path.isfile(os.path.join(folder, "cooperative_groups.h")):
+            return folder
+    return None
 
 
 def nvrtc_module(cupy: ModuleType) -> Any:

@@ -11,7 +11,10 @@ Plain data, below every module that launches anything:
   on its buffer counts — the arena layout, the ``vy_lens`` bytes, which input
   goes where, the kernel-argument offsets, where each output is read back, the
   static span attributes of its copy — so a warm dispatch rebuilds none of it;
-- `OutputSlot`: where one output sits in the pinned readback.
+- `OutputSlot`: where one output sits in the pinned readback;
+- `GridKernel`: the native artifact of a program with grid barriers (one
+  `CudaKernel` per segment, and the cooperative kernel), and `GridShape`: how
+  one launch shape of it runs, decided once (`vyre_cupy.grid`).
 
 Imports only the code generator, the compiler's record and the arena layout
 (never CuPy, never the modules that launch).
@@ -32,7 +35,7 @@ from vyre_cupy.codegen import KernelSource
 from vyre_cupy.compile import CompiledKernel
 from vyre_cupy.layout import ArenaLayout
 
-__all__ = ["CapturedGraph", "CudaKernel", "KernelLayout", "OutputSlot"]
+__all__ = ["CapturedGraph", "CudaKernel", "GridKernel", "GridShape", "KernelLayout", "OutputSlot"]
 __dir__ = _public_dir(__name__)
 
 
@@ -135,3 +138,58 @@ class CudaKernel:
     batch: Any = None
     graphs: OrderedDict[Any, CapturedGraph] = field(default_factory=OrderedDict, compare=False)
     templates: dict[tuple[int, ...], KernelLayout] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class GridKernel:
+    """The native artifact of a program with grid barriers (`vyre_async.ir.GridBarrier`).
+
+    Cached by the driver under the original program's identity, like a `CudaKernel`.
+
+    Attributes:
+        segments: One kernel per segment of `vyre_async.split_at_grid_barriers`,
+            in order; they share the program's buffers, so one `KernelLayout`
+            (kept on ``segments[0].templates``) serves them all.
+        cooperative: The whole program as ONE kernel synchronising the grid with
+            cooperative groups, or None (see ``reason``).
+        reason: Why there is no cooperative kernel: ``""`` (there is one, or the
+            program has one segment), ``"no_cooperative_launch"`` (the device
+            has none) or ``"cooperative_kernel_failed"`` (NVRTC rejected it).
+        note: ``reason`` for people (NVRTC's first words, for a failed compile).
+        occupancy: Blocks of the cooperative kernel one SM holds, by workgroup
+            lanes (asked once per lane count, when a launch shape is planned).
+    """
+
+    segments: tuple[CudaKernel, ...]
+    cooperative: CudaKernel | None = None
+    reason: str = ""
+    note: str = ""
+    occupancy: dict[int, int | None] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GridShape:
+    """How one launch shape of a grid-barrier program runs (`vyre_cupy.grid.plan_grid`).
+
+    Attributes:
+        layout: The launch's `KernelLayout` (the segments' shared one).
+        cooperative: True: one cooperative launch; False: one launch per segment.
+        kernel: What the launch path runs: a `CudaKernel` whose ``function``
+            launches the segments in order, or the cooperative kernel, on the
+            dispatch's stream (`vyre_cupy.grid.SegmentRun`).
+        functions: The launched functions, in order (the cooperative kernel's alone).
+        segments: How many segments the program has.
+        blocks: Workgroups in the grid.
+        resident: Workgroups of the cooperative kernel the device holds at once
+            (blocks per SM times SMs; 0 when unknown or without one).
+        attributes: The span attributes of every dispatch of the shape.
+    """
+
+    layout: KernelLayout
+    cooperative: bool
+    kernel: CudaKernel
+    functions: tuple[Any, ...]
+    segments: int
+    blocks: int
+    resident: int
+    attributes: Mapping[str, str | int]

@@ -8,6 +8,11 @@
 //   the body) calls arrive_and_drop(), so returned lanes do not count;
 // - workgroups run one after another (z, y, x order); __shared__ arrays are
 //   function statics, zeroed by the kernel itself at entry;
+// - a cooperative launch (launch_cooperative, for kernels with grid-wide barriers,
+//   cooperative_groups::this_grid().sync()) starts one thread per lane of the whole
+//   grid; workgroups take turns, one at a time and phase by phase (a phase ends at a
+//   grid barrier), so the function-static __shared__ arrays still serve one workgroup
+//   at a time (the kernel zeroes them again after every grid barrier);
 // - blockIdx/threadIdx/blockDim/gridDim are thread-locals (set per lane thread);
 // - atomics are __atomic builtins (relaxed); plain loads and stores are relaxed
 //   atomic accesses too, so a racy program is still well-defined C++;
@@ -16,7 +21,8 @@
 // With tracing on, every global/shared access is recorded and a launch is
 // flagged "racy" when two different lanes touch one word, at least one of them
 // writing, without a barrier ordering them (lanes of different workgroups are
-// never ordered). Only race-free launches must match the lockstep reference.
+// never ordered, except by a grid barrier). Only race-free launches must match the
+// lockstep reference.
 #pragma once
 
 #include <math.h>
@@ -29,6 +35,7 @@
 #include <atomic>
 #include <barrier>
 #include <bit>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -54,12 +61,14 @@ inline thread_local dim3 block_idx{0, 0, 0};
 inline thread_local unsigned lane = 0;    // linear lane within its workgroup
 inline thread_local unsigned wg = 0;      // linear workgroup index
 inline thread_local unsigned phase = 0;   // barriers passed in this workgroup
+inline thread_local unsigned grid_phase = 0;  // grid barriers passed (cooperative launches)
 inline thread_local std::barrier<>* wg_barrier = nullptr;
 
 // ---------------------------------------------------------------- tracing
 struct Access {
   uintptr_t addr;
   unsigned wg, lane, phase, kind;  // kind: 0 load, 1 store, 2 atomic
+  unsigned grid_phase;             // grid barriers passed: accesses across one are ordered
 };
 struct Range {
   uintptr_t lo, hi;
@@ -72,7 +81,7 @@ inline std::vector<Range> global_ranges;
 inline void record(const void* p, unsigned kind) {
   if (!tracing) return;
   std::lock_guard<std::mutex> guard(trace_mu);
-  trace_log.push_back(Access{reinterpret_cast<uintptr_t>(p), wg, lane, phase, kind});
+  trace_log.push_back(Access{reinterpret_cast<uintptr_t>(p), wg, lane, phase, kind, grid_phase});
 }
 
 inline bool is_global(uintptr_t addr) {
@@ -81,7 +90,8 @@ inline bool is_global(uintptr_t addr) {
   return false;
 }
 
-// True when two lanes touched one word, one of them writing, unordered by a barrier.
+// True when two lanes touched one word, one of them writing, unordered by a barrier
+// (within one grid phase: a grid barrier orders every lane of the grid).
 inline bool racy() {
   struct Key {
     uintptr_t addr;
@@ -95,14 +105,18 @@ inline bool racy() {
   std::sort(keys.begin(), keys.end(), [](const Key& x, const Key& y) {
     if (x.addr != y.addr) return x.addr < y.addr;
     if (x.space != y.space) return x.space < y.space;
+    if (x.a->grid_phase != y.a->grid_phase) return x.a->grid_phase < y.a->grid_phase;
     if (x.a->wg != y.a->wg) return x.a->wg < y.a->wg;
     return x.a->phase < y.a->phase;
   });
+  auto same = [](const Key& x, const Key& y) {
+    return x.addr == y.addr && x.space == y.space && x.a->grid_phase == y.a->grid_phase;
+  };
   size_t i = 0;
   while (i < keys.size()) {
     size_t j = i;
     bool writes = false, many_wgs = false;
-    while (j < keys.size() && keys[j].addr == keys[i].addr && keys[j].space == keys[i].space) {
+    while (j < keys.size() && same(keys[j], keys[i])) {
       writes |= keys[j].a->kind != 0;
       many_wgs |= keys[j].a->wg != keys[i].a->wg;
       ++j;
@@ -163,6 +177,9 @@ inline void __syncthreads() {
   ++vy_emu::phase;
   vy_emu::wg_barrier->arrive_and_wait();
 }
+
+// Every plain access is a relaxed atomic; the fence orders them like membar.gl.
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 // ---------------------------------------------------------------- atomics
 inline unsigned atomicAdd(unsigned* p, unsigned v) {
@@ -251,6 +268,7 @@ struct LaneStart {
 inline void set_block(unsigned w) {
   wg = w;
   phase = 0;
+  grid_phase = 0;
   block_idx = dim3{w % grid_dim.x, (w / grid_dim.x) % grid_dim.y, w / (grid_dim.x * grid_dim.y)};
 }
 
@@ -326,6 +344,106 @@ inline void launch(Kernel kernel, void** args, dim3 grid, dim3 block) {
   current.store(~0u);
   start.arrive_and_wait();
   for (unsigned t = 0; t < lanes; ++t) pthread_join(threads[t], nullptr);
+}
+
+// ---------------------------------------------------------------- cooperative launches
+// Grid-wide barriers (cooperative_groups::this_grid().sync(), see cooperative_groups.h
+// here): one thread per lane of the WHOLE grid. Workgroups take turns, one at a time:
+// workgroup w runs its lanes (threads, so __syncthreads() is real) until every one of
+// them reached the next grid barrier or the end of the kernel, then w + 1 runs the same
+// phase; after the last workgroup, workgroup 0 runs the next phase. Every lane of the
+// grid has therefore finished a phase before any lane starts the next (the mutex orders
+// their memory), and only one workgroup at a time uses the function-static __shared__
+// arrays (the generated kernel zeroes them again after each grid barrier).
+struct GridTurns {
+  std::mutex mu;
+  std::unique_ptr<std::condition_variable[]> wake;  // one per workgroup
+  unsigned groups, lanes;
+  unsigned turn = 0;     // the workgroup that runs
+  unsigned phase = 0;    // the grid phase it runs
+  unsigned arrived = 0;  // its lanes that finished that phase
+  GridTurns(unsigned g, unsigned l) : wake(new std::condition_variable[g]), groups(g), lanes(l) {}
+};
+inline thread_local GridTurns* grid_turns = nullptr;
+
+inline void wait_turn() {
+  GridTurns& g = *grid_turns;
+  std::unique_lock<std::mutex> lock(g.mu);
+  g.wake[wg].wait(lock, [&] { return g.turn == wg && g.phase == grid_phase; });
+}
+
+inline void end_turn() {
+  GridTurns& g = *grid_turns;
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (++g.arrived < g.lanes) return;
+  g.arrived = 0;
+  if (++g.turn == g.groups) {
+    g.turn = 0;
+    ++g.phase;
+  }
+  g.wake[g.turn].notify_all();
+}
+
+inline void grid_sync() {
+  if (grid_turns == nullptr) {
+    fprintf(stderr, "cuda_emu: a grid barrier outside a cooperative launch\n");
+    abort();  // on a GPU: undefined (a hang or cudaErrorLaunchFailure)
+  }
+  end_turn();
+  ++grid_phase;
+  ++phase;  // also a barrier of the workgroup (for the race detector)
+  wait_turn();
+}
+
+struct GridLane {
+  Kernel kernel;
+  void** args;
+  dim3 grid, block;
+  unsigned w, t;
+  std::barrier<>* barrier;
+  GridTurns* turns;
+};
+
+inline void* grid_lane_main(void* raw) {
+  GridLane* s = static_cast<GridLane*>(raw);
+  grid_dim = s->grid;
+  block_dim = s->block;
+  set_block(s->w);
+  set_lane(s->t);
+  wg_barrier = s->barrier;
+  grid_turns = s->turns;
+  wait_turn();
+  s->kernel(s->args);
+  wg_barrier->arrive_and_drop();
+  end_turn();
+  grid_turns = nullptr;
+  return nullptr;
+}
+
+// Run one cooperative launch: every lane of the grid a thread, workgroups in turns.
+inline void launch_cooperative(Kernel kernel, void** args, dim3 grid, dim3 block) {
+  const unsigned lanes = block.x * block.y * block.z;
+  const unsigned groups = grid.x * grid.y * grid.z;
+  if (lanes == 0 || groups == 0) return;
+  GridTurns turns(groups, lanes);
+  std::vector<std::unique_ptr<std::barrier<>>> barriers;
+  for (unsigned w = 0; w < groups; ++w) barriers.emplace_back(new std::barrier<>(lanes));
+  const size_t total = static_cast<size_t>(groups) * lanes;
+  std::vector<GridLane> starts(total);
+  std::vector<pthread_t> threads(total);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 256 * 1024);
+  for (size_t n = 0; n < total; ++n) {
+    const unsigned w = static_cast<unsigned>(n / lanes), t = static_cast<unsigned>(n % lanes);
+    starts[n] = GridLane{kernel, args, grid, block, w, t, barriers[w].get(), &turns};
+    if (pthread_create(&threads[n], &attr, grid_lane_main, &starts[n]) != 0) {
+      fprintf(stderr, "cuda_emu: cannot start lane thread %zu of a cooperative launch\n", n);
+      exit(3);
+    }
+  }
+  pthread_attr_destroy(&attr);
+  for (size_t n = 0; n < total; ++n) pthread_join(threads[n], nullptr);
 }
 
 }  // namespace vy_emu
