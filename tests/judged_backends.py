@@ -315,7 +315,13 @@ FAMILY: tuple[Flaw, ...] = (
     Flaw(WrongDtype, ("test_corpus_byte_for_byte",)),
     Flaw(WrongLength, ("test_corpus_byte_for_byte",)),
     Flaw(OneLaneOff, ("test_corpus_byte_for_byte",)),
-    Flaw(SharedOutputs, ("test_outputs_belong_to_the_caller",)),
+    Flaw(
+        SharedOutputs,
+        (
+            "test_outputs_belong_to_the_caller",
+            "test_a_fused_batch_gives_every_item_its_own_outputs",
+        ),
+    ),
     Flaw(WritesCallersInput, ("test_corpus_byte_for_byte",)),
     Flaw(LateSettle, ("test_dispatches_settle_as_soon_as_their_work_ends",)),
     Flaw(RunsInDispatch, ("test_dispatch_returns_before_the_work_ends",)),
