@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from vyre_async._execution import ExecutionDecision
     from vyre_async._executor import Executor
     from vyre_async._fusion import FusionRequest
+    from vyre_async.policies.pipeline_fusion import FusionVerdict
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -376,6 +377,57 @@ class DispatchFrontEnd:
             if job is not None:
                 self._schedule(job)  # deduplicated by the prefetcher
         return [launch.pending for launch in launches]
+
+    def dispatch_group(
+        self,
+        items: Sequence[tuple[Program, Sequence[InputLike], DispatchConfig, Any]],
+        verdict: FusionVerdict,
+    ) -> list[PendingDispatch]:
+        """Dispatch different programs together, fused as ``verdict`` groups them.
+
+        What an arm graph's fused layer does (`vyre_async._fusion.group_verdict`
+        decides first). ``items`` are ``(program, inputs, config, attributes)``;
+        each call's span gets its ``attributes`` (a mapping) and the verdict's.
+        Every item is found or compiled and planned before any starts, so a bad
+        one raises with nothing launched. Each group of the verdict runs as one
+        fused launch (members alone, or of a group that cannot be built, as
+        their own launches); every item keeps its own `PendingDispatch`.
+
+        Raises:
+            InvalidProgram: an item's program or inputs are invalid.
+            UnsupportedFeature: an item needs what the backend lacks.
+            KernelCompileFailed: the backend's compiler rejected a program.
+            BackendClosed: the backend was closed.
+        """
+        from vyre_async._fusion import enqueue_groups
+
+        calls: list[DispatchCall] = []
+        planned: list[tuple[Launch, Any]] = []
+        try:
+            for program, inputs, config, attributes in items:
+                with telemetry.dispatch_attributes(attributes):  # read when planned
+                    call = DispatchCall(program, inputs, traced=True)
+                    calls.append(call)
+                    call.config = config
+                    pipeline, hit = self.lookup(program, config)
+                    call.pipeline = pipeline
+                    if not hit:
+                        call.cache_hit = False
+                        call.compile_s = time.monotonic() - call.called
+                    planned.append(self._plan(call))
+            launches = [launch for launch, _ in planned]
+            enqueue_groups(self, launches, verdict, self._enqueue_each)
+        except BaseException as exc:
+            self._reject(calls, planned, exc)
+            raise
+        for _, job in planned:
+            if job is not None:
+                self._schedule(job)
+        return [launch.pending for launch, _ in planned]
+
+    def _enqueue_each(self, launches: Sequence[Launch]) -> None:
+        for launch in launches:
+            self.executor.enqueue(launch)
 
     def plan(
         self, pipeline: PipelineLike, inputs: Sequence[InputLike], config: DispatchConfig | None

@@ -23,7 +23,12 @@ from vyre_async._exports import public_dir as _public_dir
 from vyre_async._pending import PendingDispatch, settle_hook
 from vyre_async.errors import BackendError, InvalidArgument
 from vyre_async.ir.fusion import FusedProgram, fuse_programs
-from vyre_async.policies.pipeline_fusion import FusionVerdict, decide_fusion, describe_member
+from vyre_async.policies.pipeline_fusion import (
+    FusionMember,
+    FusionVerdict,
+    decide_fusion,
+    describe_member,
+)
 
 if TYPE_CHECKING:
     from vyre_async._config import DispatchConfig
@@ -32,7 +37,14 @@ if TYPE_CHECKING:
     from vyre_async._seams import BackendLike, PipelineLike
     from vyre_async.ir.program import Program
 
-__all__ = ["FUSION_MODES", "FusionRequest", "fuse_batch", "fusion_request"]
+__all__ = [
+    "FUSION_MODES",
+    "FusionRequest",
+    "enqueue_groups",
+    "fuse_batch",
+    "fusion_request",
+    "group_verdict",
+]
 __dir__ = _public_dir(__name__)
 
 FusionMode = Literal["auto", "force", "disable"]
@@ -97,29 +109,41 @@ def fusion_request(mode: object, backend: BackendLike) -> FusionRequest:
     )
 
 
-def _verdict(front: FrontEnd, launches: Sequence[Launch], request: FusionRequest) -> FusionVerdict:
-    cal = request.calibration
-    n = len(launches)
-    # The common answers first, without describing every member: never, or not here.
+def _early(n: int, request: FusionRequest) -> FusionVerdict | None:
+    """The common answers, without describing any member: never, or not here."""
     if request.mode == "disable":
         return FusionVerdict.separate(n, "disabled")
     if request.mode == "auto":
+        cal = request.calibration
         if cal is None or cal.fusion_gain_bps is None:
             return FusionVerdict.separate(n, "uncalibrated")
         if cal.fusion_gain_bps <= 0:
             return FusionVerdict.separate(n, "not_worth_it")
-    config = launches[0].config
-    blocked = None
-    if any(launch.resident for launch in launches):
-        blocked = "resident_inputs"  # resident buffers may be shared: host arrays only
-    elif config.workgroup_override is not None:
-        blocked = "workgroup_override"
-    elif config.cooperative:
-        blocked = "cooperative"
-    members = [
-        describe_member(launch.plan.program, launch.plan.geometry.workgroups) for launch in launches
-    ]
-    programs = tuple(launch.plan.program for launch in launches)
+    return None
+
+
+def _config_block(configs: Sequence[DispatchConfig]) -> str | None:
+    """A reason the members' configs keep them separate, or None."""
+    config = configs[0]
+    if config.workgroup_override is not None:
+        return "workgroup_override"
+    if config.cooperative:
+        return "cooperative"
+    # A fused launch runs under one config: the members' must agree (labels aside).
+    plain = dataclasses.replace(config, label=None)
+    if any(c is not config and dataclasses.replace(c, label=None) != plain for c in configs):
+        return "config_mismatch"
+    return None
+
+
+def _decide(
+    front: FrontEnd,
+    members: Sequence[FusionMember],
+    programs: tuple[Program, ...],
+    request: FusionRequest,
+    blocked: str | None,
+) -> FusionVerdict:
+    cal = request.calibration
     compiled = programs in front.fused_programs
     return decide_fusion(
         members,
@@ -131,6 +155,49 @@ def _verdict(front: FrontEnd, launches: Sequence[Launch], request: FusionRequest
         mode=request.mode,
         blocked=blocked,
     )
+
+
+def _verdict(front: FrontEnd, launches: Sequence[Launch], request: FusionRequest) -> FusionVerdict:
+    early = _early(len(launches), request)
+    if early is not None:
+        return early
+    blocked = None
+    if any(launch.resident for launch in launches):
+        blocked = "resident_inputs"  # one pipeline's items may share a resident buffer
+    else:
+        blocked = _config_block([launches[0].config])
+    members = [
+        describe_member(launch.plan.program, launch.plan.geometry.workgroups) for launch in launches
+    ]
+    programs = tuple(launch.plan.program for launch in launches)
+    return _decide(front, members, programs, request, blocked)
+
+
+def group_verdict(
+    front: FrontEnd,
+    programs: Sequence[Program],
+    configs: Sequence[DispatchConfig],
+    reads: Sequence[frozenset[str]],
+    writes: Sequence[frozenset[str]],
+    request: FusionRequest,
+) -> FusionVerdict:
+    """The fusion verdict for dispatching different ``programs`` together (an arm graph's layer).
+
+    Decided before anything is planned, so a separate verdict changes nothing
+    about how the members run. ``reads`` and ``writes`` name what each member
+    touches (the graph's resources; resident buffers included, since every
+    member's identities are exact); members' grids are not known yet and do not
+    enter the verdict.
+    """
+    n = len(programs)
+    early = _early(n, request)
+    if early is not None:
+        return early
+    members = [
+        describe_member(program, 0, reads=r, writes=w)
+        for program, r, w in zip(programs, reads, writes, strict=True)
+    ]
+    return _decide(front, members, tuple(programs), request, _config_block(configs))
 
 
 def fuse_batch(
@@ -153,19 +220,42 @@ def fuse_batch(
         BackendError: a launch could not be enqueued (the backend was closed).
     """
     verdict = _verdict(front, launches, request)
+    if verdict.kind != "fuse":
+        attributes = verdict.span_attributes()
+        for launch in launches:
+            launch.completer.annotate_all(attributes)
+        return False
+    enqueue_groups(
+        front, launches, verdict, lambda alone: front.executor.enqueue_batch(alone, decision)
+    )
+    return True
+
+
+def enqueue_groups(
+    front: FrontEnd,
+    launches: Sequence[Launch],
+    verdict: FusionVerdict,
+    enqueue_alone: Callable[[list[Launch]], None],
+) -> None:
+    """Enqueue planned ``launches`` as ``verdict`` groups them; spans get its attributes.
+
+    Each group of more than one member is one fused launch; members alone in
+    their group, and those of a group whose fused program cannot be built
+    (``vyre.policy.fusion.fallback``), go to ``enqueue_alone`` together.
+
+    Raises:
+        BackendError: a launch could not be enqueued (the backend was closed).
+    """
     attributes = verdict.span_attributes()
     for launch in launches:
         launch.completer.annotate_all(attributes)
-    if verdict.kind != "fuse":
-        return False
     alone: list[Launch] = []
     for group in verdict.groups:
         members = [launches[i] for i in group]
         if len(members) == 1 or not _enqueue_group(front, members):
             alone.extend(members)
     if alone:
-        front.executor.enqueue_batch(alone, decision)
-    return True
+        enqueue_alone(alone)
 
 
 def _enqueue_group(front: FrontEnd, members: Sequence[Launch]) -> bool:

@@ -18,6 +18,7 @@ from vyre_async._calibration import calibration_for
 from vyre_async._config import DispatchConfig
 from vyre_async._execution import choose_execution_mode
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async._fusion import fusion_request
 from vyre_async._graph.model import Arm, GraphResource, Residency, _atomic_targets, summarize_arm
 from vyre_async._graph.report import ArmRun, GraphReport, GraphResult
 from vyre_async._graph.run import _Run, _settled_placement
@@ -304,6 +305,7 @@ class ArmGraph:
         *,
         values: Mapping[str, np.ndarray | bytes] | None = None,
         residency: Residency = "auto",
+        fusion: str = "auto",
     ) -> GraphResult:
         """Run every arm on ``backend``, layer by layer, and return the requested resources.
 
@@ -322,14 +324,20 @@ class ArmGraph:
             residency: ``"auto"`` (resident buffers when the backend has them and
                 its calibration does not measure them slower than host arrays),
                 ``"resident"`` (required) or ``"host"``.
+            fusion: For each layer of more than one arm: ``"auto"`` (the fusion
+                policy, ``docs/policies.md``, decides from the backend's calibration
+                whether its arms run as fused launches, each workgroup range running
+                one arm), ``"force"`` (fused whenever legal) or ``"disable"``. Every
+                such arm's span records the verdict (``vyre.policy.fusion``,
+                ``...reason``); a fused layer's arms are submitted together.
 
         Returns:
             The outputs and a `GraphReport`.
 
         Raises:
-            InvalidArgument: ``backend``, ``outputs``, ``values`` or
-                ``residency`` is of the wrong type, or an output or value names
-                no resource.
+            InvalidArgument: ``backend``, ``outputs``, ``values``,
+                ``residency`` or ``fusion`` is of the wrong type or value, or an
+                output or value names no resource.
             InvalidProgram: a value of the wrong size or dtype, or an arm's
                 dispatch was rejected.
             UnsupportedFeature: ``residency="resident"`` on a backend without
@@ -354,6 +362,7 @@ class ArmGraph:
                 f"ArmGraph.run needs a backend, got a {type(backend).__name__}",
                 fix='pass a backend, e.g. await graph.run(acquire_backend("reference"))',
             )
+        fusion_wanted = fusion_request(fusion, backend)
         if outputs is not None:
             given: object = outputs
             names = (
@@ -427,6 +436,7 @@ class ArmGraph:
             state=state,
             resident=placement.resident,
             required=residency == "resident",
+            fusion=fusion_wanted,
         )
         in_order = sum(1 for v in concurrency if v.reason != "single_arm" and not v.concurrent)
         started = time.perf_counter()
@@ -479,5 +489,6 @@ class ArmGraph:
             concurrent_overlap_bps=overlap,
             residency_verdict=placement,
             resident_gain_bps=gain,
+            fusion=tuple(runner.fusion_verdicts),
         )
         return GraphResult(outputs=out, report=report)

@@ -11,6 +11,7 @@ from vyre_async._execution import ExecutionDecision
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async.policies.arms import ArmConflict
 from vyre_async.policies.concurrency import ArmConcurrencyVerdict
+from vyre_async.policies.pipeline_fusion import FusionVerdict
 from vyre_async.policies.residency import ResidencyVerdict
 
 if TYPE_CHECKING:
@@ -91,6 +92,9 @@ class GraphReport:
             estimated savings of resident buffers.
         resident_gain_bps: The backend's calibrated resident gain the verdict
             used (`Calibration.resident_gain_bps`), None when not calibrated.
+        fusion: Per layer, the `FusionVerdict` for its arms (None for a layer of
+            one arm): ``fuse`` when they ran as fused launches (``groups``: the
+            positions in the layer of each launch's arms), else ``separate`` and why.
     """
 
     label: str | None
@@ -109,6 +113,7 @@ class GraphReport:
     concurrent_overlap_bps: int | None = None
     residency_verdict: ResidencyVerdict | None = None
     resident_gain_bps: int | None = None
+    fusion: tuple[FusionVerdict | None, ...] = ()
 
     @property
     def residency_reason(self) -> str | None:
@@ -155,6 +160,12 @@ class GraphReport:
                     if verdict.savings_ns:
                         how += f", est. {verdict.savings_ns / 1e6:+.2f} ms if concurrent"
                     how += ")"
+                fused = self.fusion[number] if number < len(self.fusion) else None
+                if fused is not None and fused.kind == "fuse":
+                    how += f", fused into {fused.launches} launch" + (
+                        "es" if fused.launches > 1 else ""
+                    )
+                    how += f" ({fused.reason})"
             lines.append(f"layer {number} ({self.layer_wall_s[number] * 1e3:.2f} ms): {names}{how}")
             for i in layer:
                 arm = self.arms[i]

@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 import numpy as np
 
+from vyre_async._config import DispatchConfig
 from vyre_async._execution import ExecutionDecision
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async._fusion import FusionRequest, group_verdict
 from vyre_async._graph.model import Residency
 from vyre_async._graph.report import ArmRun
 from vyre_async._graph.schedule import _Schedule, _settled_at, _Step
@@ -24,6 +26,7 @@ from vyre_async.errors import (
 from vyre_async.ir.program import Program
 from vyre_async.ir.types import DType
 from vyre_async.policies.concurrency import ArmConcurrencyVerdict
+from vyre_async.policies.pipeline_fusion import FusionVerdict
 from vyre_async.policies.residency import ResidencyVerdict, decide_residency
 from vyre_async.telemetry import DispatchAttribute, dispatch_attributes
 
@@ -32,6 +35,8 @@ if TYPE_CHECKING:
 
 __all__ = []
 __dir__ = _public_dir(__name__)
+
+_DEFAULT_CONFIG = DispatchConfig()
 
 
 class _Run:
@@ -47,8 +52,11 @@ class _Run:
         state: dict[str, np.ndarray | ResidentBuffer],
         resident: bool,
         required: bool,
+        fusion: FusionRequest,
     ) -> None:
         self.schedule = schedule
+        self.fusion = fusion
+        self.fusion_verdicts: list[FusionVerdict | None] = [None] * len(schedule.plan.layers)
         self.graph_label = schedule.label
         self.backend = backend
         self.steps = schedule.steps
@@ -125,6 +133,10 @@ class _Run:
         launched: list[tuple[int, PendingDispatch]] = []
         for number, layer in enumerate(self.plan.layers):
             attributes = self.layer_attributes[number]
+            fused = self._launch_fused(layer, attributes)
+            if fused is not None:  # submitted together, each group as one launch
+                launched.extend(zip(layer, fused, strict=True))
+                continue
             in_order = len(layer) > 1 and not self.concurrency[number].concurrent
             for i in layer:
                 pending = self._launch_resident(self.steps[i], attributes)
@@ -154,9 +166,15 @@ class _Run:
         for number, layer in enumerate(self.plan.layers):
             attributes = self.layer_attributes[number]
             started = time.perf_counter()
-            groups = [layer] if self.concurrency[number].concurrent else [(i,) for i in layer]
-            for group in groups:
-                pendings = [self._launch(self.steps[i], attributes) for i in group]
+            fused = self._launch_fused(layer, attributes)
+            launches: list[tuple[tuple[int, ...], list[PendingDispatch] | None]]
+            if fused is not None:  # submitted together, each group as one launch
+                launches = [(layer, fused)]
+            else:
+                groups = [layer] if self.concurrency[number].concurrent else [(i,) for i in layer]
+                launches = [(group, None) for group in groups]
+            for group, given in launches:
+                pendings = given or [self._launch(self.steps[i], attributes) for i in group]
                 results = await self._await_layer(group, pendings)
                 for i, pending, outputs in zip(group, pendings, results, strict=True):
                     self._store(self.steps[i], outputs)
@@ -165,10 +183,46 @@ class _Run:
         self.arm_runs = [runs[i] for i in range(len(self.steps))]
         return walls
 
+    def _launch_fused(
+        self, layer: tuple[int, ...], attributes: dict[str, DispatchAttribute]
+    ) -> list[PendingDispatch] | None:
+        """Dispatch a layer's arms as the fusion policy groups them; None to run them as usual.
+
+        A layer of more than one arm asks `vyre_async._fusion.group_verdict`
+        (its arms touch disjoint resources by construction; the policy checks it
+        again from what each reads and writes). A separate verdict launches
+        nothing and adds its attributes to the layer's (every arm's span says
+        why); a fused one submits every arm of the layer at once, each group of
+        the verdict as one launch.
+        """
+        if len(layer) < 2:
+            return None
+        device = self.host_join_reason is None  # resident programs on resident buffers
+        steps = [self.steps[i] for i in layer]
+        programs = [step.resident_program if device else step.arm.program for step in steps]
+        configs = [step.arm.config or _DEFAULT_CONFIG for step in steps]
+        reads = [frozenset(step.inputs) for step in steps]
+        writes = [frozenset(step.outputs) for step in steps]
+        verdict = group_verdict(self.backend.front, programs, configs, reads, writes, self.fusion)
+        self.fusion_verdicts[self.plan.layer_of[layer[0]]] = verdict
+        attributes.update(verdict.span_attributes())
+        if verdict.kind != "fuse":
+            return None
+        items = []
+        for step, program, config in zip(steps, programs, configs, strict=True):
+            inputs = self._resident_inputs(step) if device else self._host_inputs(step)
+            items.append((program, inputs, config, {**step.attributes, **attributes}))
+        pendings = self.backend.front.dispatch_group(items, verdict)
+        self.in_flight.extend(pendings)
+        return pendings
+
     def _launch_resident(
         self, step: _Step, attributes: Mapping[str, DispatchAttribute]
     ) -> PendingDispatch:
         """Dispatch an arm with every buffer resident: WRITE buffers get fresh zeroed ones."""
+        return self._dispatch(step, attributes, step.resident_program, self._resident_inputs(step))
+
+    def _resident_inputs(self, step: _Step) -> list[np.ndarray | ResidentBuffer]:
         inputs: list[np.ndarray | ResidentBuffer] = []
         for resource, fresh in zip(step.resident_inputs, step.fresh, strict=True):
             if fresh:
@@ -181,7 +235,7 @@ class _Run:
                 inputs.append(handle)
             else:
                 inputs.append(self._input(resource))
-        return self._dispatch(step, attributes, step.resident_program, inputs)
+        return inputs
 
     def _input(self, resource: str) -> np.ndarray | ResidentBuffer:
         value = self.state[resource]
@@ -203,8 +257,10 @@ class _Run:
         return handle
 
     def _launch(self, step: _Step, attributes: Mapping[str, DispatchAttribute]) -> PendingDispatch:
-        inputs = [self._input(resource) for resource in step.inputs]
-        return self._dispatch(step, attributes, step.arm.program, inputs)
+        return self._dispatch(step, attributes, step.arm.program, self._host_inputs(step))
+
+    def _host_inputs(self, step: _Step) -> list[np.ndarray | ResidentBuffer]:
+        return [self._input(resource) for resource in step.inputs]
 
     def _dispatch(
         self,

@@ -49,6 +49,7 @@ FUSION_REASONS = (
     "resident_inputs",
     "workgroup_override",
     "cooperative",
+    "config_mismatch",  # members whose dispatch configs differ (labels aside)
 )
 
 
@@ -58,7 +59,8 @@ class FusionMember:
 
     Attributes:
         workgroup: Its workgroup shape.
-        workgroups: Workgroups in its grid.
+        workgroups: Workgroups in its grid (0: not known yet, as when an arm
+            graph decides before planning; no rule depends on it).
         storage_buffers: Its buffers other than WORKGROUP ones (each one binding).
         workgroup_slots: ``(dtype, count)`` of each WORKGROUP buffer.
         has_grid_barrier: It holds a `GridBarrier` (never fused).

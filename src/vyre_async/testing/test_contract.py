@@ -41,6 +41,7 @@ from vyre_async import (
     acquire_backend,
 )
 from vyre_async._backend import poll_until
+from vyre_async._graph import ArmGraph
 from vyre_async._pending import wait_for_callbacks
 from vyre_async._shadow import compare_outputs
 from vyre_async.ir import (
@@ -258,6 +259,26 @@ async def test_a_fused_batch_gives_every_item_its_own_outputs(vyre_backend: Vyre
     apart = [await p for p in pipeline.dispatch_batch(batch, fusion="disable")]
     for (a, b), got, want in zip(batch, fused, apart, strict=True):
         assert got[0].tolist() == want[0].tolist() == (a ^ b).tolist()
+    # An arm graph's layer of different programs fuses the same way (host arrays and,
+    # where the backend has them, resident buffers).
+    graph = ArmGraph(label="contract-fusion")
+    for name, data in zip("xyz", batch[0] + batch[1][:1], strict=True):
+        graph.resource(name, "u32", 200, initial=data)
+    for name in ("p", "q", "r"):
+        graph.resource(name, "u32", 200)
+    graph.resource("s", "u32", 120)
+    graph.arm(program, {"a": "x", "b": "y", "out": "p"})
+    graph.arm(program, {"a": "y", "b": "z", "out": "q"})
+    graph.arm(elementwise_xor(120), {"a": "x", "b": "z", "out": "s"})
+    graph.arm(program, {"a": "p", "b": "q", "out": "r"})  # the next layer reads the fused one
+    x, y, z = batch[0] + batch[1][:1]
+    want_graph = {"p": x ^ y, "q": y ^ z, "s": (x ^ z)[:120], "r": x ^ z}
+    for residency in ("host", "auto"):
+        result = await graph.run(vyre_backend, residency=residency, fusion="force")
+        verdict = result.report.fusion[0]
+        assert verdict is not None and verdict.kind == "fuse", verdict
+        for name, value in want_graph.items():
+            assert result.outputs[name].tolist() == value.tolist(), (residency, name)
 
 
 @bounded()
