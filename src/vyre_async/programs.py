@@ -633,15 +633,15 @@ def standard_workloads(*, scale: int = 1) -> list[Workload]:
 
     Sizes at scale 1: xor 1000, saxpy 1000, sum 5000 (256 lanes, 4 items each),
     histogram 3000 values, scan 1000, matmul 40x24x33 (tile 16), array_sum
-    20000 (64 lanes: 3 levels, 2 grid barriers), exclusive_scan 3000 (32 lanes:
-    3 levels, 4 grid barriers).
+    4200 (64 lanes: 3 levels, 2 grid barriers), exclusive_scan 1100 (32 lanes:
+    3 levels, 4 grid barriers): just past the sizes that take a level fewer.
     """
     xor_n, saxpy_n, sum_n, hist_n = 1000 * scale, 1000 * scale, 5000 * scale, 3000 * scale
     scan_n = min(1000, 250 * scale + 750)
     m, k, n = 40 * scale, 24 * scale, 33 * scale
     sum_wg, sum_k = 256, 4
-    array_n, array_wg = 20000 * scale, 64
-    xscan_n, xscan_wg = 3000 * scale, 32
+    array_n, array_wg = 4200 * scale, 64
+    xscan_n, xscan_wg = 1100 * scale, 32
 
     return [
         Workload(
