@@ -39,8 +39,10 @@ types: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/mypy --strict scripts/mutants.py scripts/package_check.py scripts/mutation.py
 
+# pytest-xdist workers: CI's two cores (PYTEST_WORKERS=0 runs every test in one process).
+PYTEST_WORKERS ?= 2
 pytest: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS)
 
 # Builds the sdist and wheel, checks their contents, installs the wheel in a fresh venv
 # outside the repository and runs the CLI, the demo, README.md and the contract suite there.
