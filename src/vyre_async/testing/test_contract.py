@@ -250,7 +250,9 @@ async def test_a_grid_barrier_program_is_one_dispatch_and_cooperative_means_one_
 @bounded()
 async def test_a_fused_batch_gives_every_item_its_own_outputs(vyre_backend: VyreBackend) -> None:
     """``dispatch_batch(..., fusion="force")`` runs the items as fused launches: each item's
-    outputs are exactly those of the same batch run one launch per item."""
+    outputs are exactly those of the same batch run one launch per item; so are those of
+    an arm graph's fused layer (host arrays, then resident buffers where the backend has
+    them, read by the next layer)."""
     program = elementwise_xor(200)
     pipeline = vyre_backend.compile(program)
     rng = np.random.default_rng(5)
