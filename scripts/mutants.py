@@ -741,9 +741,14 @@ def check(mutants: Sequence[Mutant], timeout: float, jobs: int = 1) -> dict[str,
             raise SystemExit("the copy's sources are not the ones imported: is PYTHONPATH ignored?")
         every = sorted({t for m in mutants for t in m.tests})
         started = time.perf_counter()
-        status, _, tail = _run_tests(base, every, timeout)
+        # The baseline in ``jobs`` parts at once, each in a pytest of its own.
+        parts = [every[i :: max(1, jobs)] for i in range(max(1, jobs)) if every[i:]]
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            runs = list(pool.map(lambda part: _run_tests(base, part, timeout), parts))
+        status = next((run[0] for run in runs if run[0] != 0), 0)
         print(f"baseline: {len(every)} tests, exit {status}", file=sys.stderr)
         if status != 0:
+            tail = next(run[2] for run in runs if run[0] != 0)
             raise SystemExit(f"the tests fail without any planted bug:\n{tail}")
         baseline_s = time.perf_counter() - started
         # Each pytest run is one process on one core: two at once use both of CI's
