@@ -382,7 +382,7 @@ class DispatchFrontEnd:
         self,
         items: Sequence[tuple[Program, Sequence[InputLike], DispatchConfig, Any]],
         verdict: FusionVerdict,
-    ) -> list[PendingDispatch]:
+    ) -> tuple[list[PendingDispatch], list[str]]:
         """Dispatch different programs together, fused as ``verdict`` groups them.
 
         What an arm graph's fused layer does (`vyre_async._fusion.group_verdict`
@@ -391,7 +391,13 @@ class DispatchFrontEnd:
         Every item is found or compiled and planned before any starts, so a bad
         one raises with nothing launched. Each group of the verdict runs as one
         fused launch (members alone, or of a group that cannot be built, as
-        their own launches); every item keeps its own `PendingDispatch`.
+        their own launches); every item keeps its own `PendingDispatch`. Once
+        planned nothing raises: a launch that cannot be enqueued fails the
+        members not enqueued yet through their pendings (`_fusion.enqueue_groups`).
+
+        Returns:
+            Every item's pending result, in order, and the error type of each
+            group that ran alone because its fused program could not be built.
 
         Raises:
             InvalidProgram: an item's program or inputs are invalid.
@@ -401,6 +407,8 @@ class DispatchFrontEnd:
         """
         from vyre_async._fusion import enqueue_groups
 
+        if self.closed:
+            self.check_open()
         calls: list[DispatchCall] = []
         planned: list[tuple[Launch, Any]] = []
         try:
@@ -411,23 +419,21 @@ class DispatchFrontEnd:
                     call.config = config
                     pipeline, hit = self.lookup(program, config)
                     call.pipeline = pipeline
-                    if not hit:
+                    if not hit:  # as in `dispatch`
                         call.cache_hit = False
                         call.compile_s = time.monotonic() - call.called
+                        if call.trace is not None:
+                            call.compile_phase = (call.trace.start_ns, time.time_ns())
                     planned.append(self._plan(call))
-            launches = [launch for launch, _ in planned]
-            enqueue_groups(self, launches, verdict, self._enqueue_each)
         except BaseException as exc:
-            self._reject(calls, planned, exc)
+            self._reject(calls, planned, exc)  # planned, never launched
             raise
+        launches = [launch for launch, _ in planned]
+        fallbacks = enqueue_groups(self, launches, verdict, None)
         for _, job in planned:
             if job is not None:
                 self._schedule(job)
-        return [launch.pending for launch, _ in planned]
-
-    def _enqueue_each(self, launches: Sequence[Launch]) -> None:
-        for launch in launches:
-            self.executor.enqueue(launch)
+        return [launch.pending for launch in launches], fallbacks
 
     def plan(
         self, pipeline: PipelineLike, inputs: Sequence[InputLike], config: DispatchConfig | None

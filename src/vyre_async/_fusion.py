@@ -225,9 +225,7 @@ def fuse_batch(
         for launch in launches:
             launch.completer.annotate_all(attributes)
         return False
-    enqueue_groups(
-        front, launches, verdict, lambda alone: front.executor.enqueue_batch(alone, decision)
-    )
+    enqueue_groups(front, launches, verdict, decision)
     return True
 
 
@@ -235,31 +233,68 @@ def enqueue_groups(
     front: FrontEnd,
     launches: Sequence[Launch],
     verdict: FusionVerdict,
-    enqueue_alone: Callable[[list[Launch]], None],
-) -> None:
+    decision: ExecutionDecision | None,
+) -> list[str]:
     """Enqueue planned ``launches`` as ``verdict`` groups them; spans get its attributes.
 
-    Each group of more than one member is one fused launch; members alone in
-    their group, and those of a group whose fused program cannot be built
-    (``vyre.policy.fusion.fallback``), go to ``enqueue_alone`` together.
+    Each group of more than one member is one fused launch. A group whose
+    fused program cannot be built runs its members alone, each span naming the
+    error in ``vyre.policy.fusion.fallback``. With ``decision`` (a batch),
+    members alone go to the executor's ``enqueue_batch`` together, and a launch
+    that cannot be enqueued raises. Without it (an arm graph's layer), each is
+    enqueued on its own, and a launch that cannot be enqueued fails the members
+    not enqueued yet with its error instead of raising: those already enqueued
+    run and settle as usual, so a caller that awaits every member never
+    releases a buffer under a running launch.
+
+    Returns:
+        The error type of each group that ran alone because its fused program
+        could not be built (empty when every group fused).
 
     Raises:
-        BackendError: a launch could not be enqueued (the backend was closed).
+        BackendError: with ``decision``, a launch could not be enqueued (the
+            backend was closed).
     """
     attributes = verdict.span_attributes()
     for launch in launches:
         launch.completer.annotate_all(attributes)
-    alone: list[Launch] = []
-    for group in verdict.groups:
-        members = [launches[i] for i in group]
-        if len(members) == 1 or not _enqueue_group(front, members):
-            alone.extend(members)
-    if alone:
-        enqueue_alone(alone)
+    fallbacks: list[str] = []
+    enqueued: set[int] = set()
+    try:
+        alone: list[int] = []
+        for group in verdict.groups:
+            if len(group) > 1:
+                error = _enqueue_group(front, [launches[i] for i in group])
+                if error is None:
+                    enqueued.update(group)
+                    continue
+                fallbacks.append(error)
+            alone.extend(group)
+        if decision is not None:
+            if alone:
+                front.executor.enqueue_batch([launches[i] for i in alone], decision)
+        else:
+            for i in alone:
+                front.executor.enqueue(launches[i])
+                enqueued.add(i)
+    except Exception as exc:
+        if decision is not None:
+            raise
+        for i, launch in enumerate(launches):
+            if i not in enqueued:
+                launch.completer.fail(exc)
+    return fallbacks
 
 
-def _enqueue_group(front: FrontEnd, members: Sequence[Launch]) -> bool:
-    """Plan and enqueue one fused launch for ``members``; False when it cannot be built."""
+def _enqueue_group(front: FrontEnd, members: Sequence[Launch]) -> str | None:
+    """Plan and enqueue one fused launch for ``members``.
+
+    Returns None, or the error type when the fused program cannot be built
+    (nothing was enqueued then).
+
+    Raises:
+        BackendError: the fused launch could not be enqueued.
+    """
     programs = tuple(launch.plan.program for launch in members)
     grids = [launch.plan.geometry.grid for launch in members]
     try:
@@ -277,11 +312,11 @@ def _enqueue_group(front: FrontEnd, members: Sequence[Launch]) -> bool:
     except BackendError as exc:
         for member in members:
             member.completer.annotate("vyre.policy.fusion.fallback", type(exc).__name__)
-        return False
+        return type(exc).__name__
     front.fused_programs.add(programs)
     settle_hook(launch.pending, _settle(fused, members))
     front.executor.enqueue(launch)
-    return True
+    return None
 
 
 def _settle(fused: FusedProgram, members: Sequence[Launch]) -> Callable[[PendingDispatch], None]:

@@ -3,6 +3,7 @@ and the report saying which layers fused and why (or why not)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterator
 from typing import Any
@@ -22,8 +23,18 @@ from tests.policies.test_graph import (
     sequential,
     xor_graph,
 )
-from vyre_async import Calibration, DispatchConfig, InvalidArgument, PendingDispatch, VyreBackend
+from vyre_async import (
+    BackendClosed,
+    Calibration,
+    DispatchConfig,
+    InvalidArgument,
+    InvalidProgram,
+    KernelCompileFailed,
+    PendingDispatch,
+    VyreBackend,
+)
 from vyre_async import _calibration as calibration
+from vyre_async._capabilities import BackendCapabilities
 from vyre_async._fusion import FusionRequest, group_verdict
 from vyre_async._graph import ArmGraph, GraphResult, Residency
 from vyre_async._pipeline import Launch
@@ -58,10 +69,10 @@ def _spy_members(backend: VyreBackend) -> list[PendingDispatch]:
     front = backend.front
     real = front.dispatch_group
 
-    def spy(*args: Any, **kwargs: Any) -> list[PendingDispatch]:
-        pendings = real(*args, **kwargs)
+    def spy(*args: Any, **kwargs: Any) -> tuple[list[PendingDispatch], list[str]]:
+        pendings, fallbacks = real(*args, **kwargs)
         members.extend(pendings)
-        return pendings
+        return pendings, fallbacks
 
     front.dispatch_group = spy  # type: ignore[method-assign]
     return members
@@ -163,7 +174,13 @@ async def test_a_layer_run_in_order_still_fuses() -> None:
         verdict = result.report.fusion[0]
         assert verdict is not None and verdict.kind == "fuse"
         assert len(backend.executor.launched) == 3
+        # submitted together in one launch: the report says so, not "in order"
+        assert result.report.arms[0].concurrent_with == (1, 3)
+        assert result.report.layers_in_order == 0
         _check_xor(result, init)
+        apart = await graph.run(backend, fusion="disable")
+        assert apart.report.layers_in_order == 1
+        assert apart.report.arms[0].concurrent_with == ()
     finally:
         await backend.shutdown()
 
@@ -214,25 +231,138 @@ async def test_a_bad_fusion_mode_is_refused_before_anything_runs(backend: VyreBa
     assert backend.executor.launched == []
 
 
+class Refusing(RecordingBackend):
+    """Refuses to enqueue the launches `refuses` names (by default: fused ones)."""
+
+    def refuses(self, launch: Launch) -> bool:
+        return (launch.plan.program.op_id or "").startswith("fused")
+
+    def enqueue(self, launch: Launch) -> None:
+        if self.refuses(launch):
+            raise BackendClosed("refused here", backend_id=self.id)
+        super().enqueue(launch)
+
+
+class Watching(Refusing):
+    """Notes, at each resident buffer freed, whether every fused launch had ended."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fused: list[PendingDispatch] = []
+        self.frees: list[bool] = []
+
+    def enqueue(self, launch: Launch) -> None:
+        super().enqueue(launch)
+        if (launch.plan.program.op_id or "").startswith("fused"):
+            self.fused.append(launch.pending)
+
+    def free(self, handle: Any) -> None:
+        self.frees.append(all(p.done() for p in self.fused))
+        super().free(handle)
+
+
 @pytest.mark.anyio
 async def test_a_fused_launch_that_cannot_start_fails_the_run_and_frees_everything() -> None:
-    class Refusing(RecordingBackend):
-        def enqueue(self, launch: Launch) -> None:
-            if launch.plan.program.op_id.startswith("fused"):
-                raise RuntimeError("no fused launches here")
-            super().enqueue(launch)
-
     backend = backend_of(Refusing, inline_ns=0)
     try:
         graph, _ = xor_graph()
-        with pytest.raises(RuntimeError, match="no fused launches"):
-            await graph.run(backend, fusion="force")
-        assert backend.executor.launched == []  # nothing of the layer started
-        assert backend.executor.resident_count == 0
+        for residency in ("host", "auto"):
+            with pytest.raises(BackendClosed, match="refused here") as info:
+                await graph.run(backend, residency=residency, fusion="force")
+            assert "in arm 'p' (index 0, layer 0) of graph xor" in str(info.value.__notes__)
+            if residency == "host":  # host joins: no later layer starts
+                assert backend.executor.launched == []
+            assert backend.executor.resident_count == 0
         graph2, init = xor_graph()
         _check_xor(await graph2.run(backend, fusion="disable"), init)  # still usable
     finally:
         await backend.shutdown()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("residency", ["auto", "host"])
+async def test_an_enqueue_failing_partway_waits_for_the_launch_that_started(
+    residency: Residency,
+) -> None:
+    # Seven storage bindings: xor arms take three each, the member table one, so the
+    # layer of three fuses as groups (0, 1) and (2,); the lone arm's enqueue is refused.
+    class Limited(Watching):
+        def refuses(self, launch: Launch) -> bool:  # arm 3, alone in its group
+            return (launch.pending.record.attributes or {}).get("vyre.arm.index") == 3
+
+        def capabilities(self) -> BackendCapabilities:
+            return dataclasses.replace(super().capabilities(), max_storage_buffers=7)
+
+    backend = backend_of(Limited, inline_ns=0)
+    try:
+        members = _spy_members(backend)
+        graph, _ = xor_graph()
+        with pytest.raises(BackendClosed, match="refused here") as info:
+            await graph.run(backend, residency=residency, fusion="force")
+        assert "in arm 's' (index 3, layer 0)" in str(info.value.__notes__)
+        verdict = backend.executor.launched and members
+        assert verdict and len(members) == 3
+        # the fused launch of arms 0 and 1 ran and settled with its own outputs
+        assert [p.exception() is None for p in members] == [True, True, False]
+        assert len(backend.executor.fused) == 1
+        if residency == "auto":  # no resident buffer was freed under the running launch
+            assert backend.executor.frees and all(backend.executor.frees)
+        assert backend.executor.resident_count == 0
+    finally:
+        await backend.shutdown()
+
+
+@pytest.mark.anyio
+async def test_a_fused_program_that_cannot_be_built_runs_the_arms_alone_and_says_so() -> None:
+    class NoFused(RecordingBackend):
+        def build_pipeline(self, program: Any, config: DispatchConfig) -> Any:
+            if (program.op_id or "").startswith("fused"):
+                raise KernelCompileFailed("no fused kernels here", fix="none")
+            return super().build_pipeline(program, config)
+
+    backend = backend_of(NoFused, inline_ns=0)
+    try:
+        graph, init = xor_graph()
+        result = await graph.run(backend, fusion="force")
+        _check_xor(result, init)
+        report = result.report
+        assert report.fusion_fallback == ("KernelCompileFailed", None, None)
+        assert len(backend.executor.launched) == 5
+        text = report.describe()
+        assert "fusion fell back to separate launches (KernelCompileFailed)" in text
+        assert "fused into" not in text
+        by_arm = {a["vyre.arm.index"]: a for a in backend.executor.attributes()}
+        assert by_arm[0]["vyre.policy.fusion.fallback"] == "KernelCompileFailed"
+    finally:
+        await backend.shutdown()
+
+
+@pytest.mark.anyio
+async def test_an_arm_that_cannot_be_planned_launches_nothing_of_its_layer(
+    backend: VyreBackend,
+) -> None:
+    huge = DispatchConfig(grid_override=(1 << 25, 1, 1))  # more lanes than the engine holds
+    graph = _two_arm_graph(huge, huge)
+    with pytest.raises(InvalidProgram, match="lanes"):
+        await graph.run(backend, residency="host", fusion="force")
+    assert backend.executor.launched == []
+
+
+@pytest.mark.anyio
+async def test_a_closed_backend_refuses_a_fused_layer_before_compiling() -> None:
+    class Counting(RecordingBackend):
+        builds = 0
+
+        def build_pipeline(self, program: Any, config: DispatchConfig) -> Any:
+            Counting.builds += 1
+            return super().build_pipeline(program, config)
+
+    backend = backend_of(Counting, inline_ns=0)
+    graph, _ = xor_graph()
+    await backend.aclose()
+    with pytest.raises(BackendClosed):
+        await graph.run(backend, residency="host", fusion="force")
+    assert Counting.builds == 0
 
 
 def test_the_policy_sees_what_each_arm_reads_and_writes() -> None:

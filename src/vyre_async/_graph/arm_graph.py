@@ -20,7 +20,7 @@ from vyre_async._execution import choose_execution_mode
 from vyre_async._exports import public_dir as _public_dir
 from vyre_async._fusion import fusion_request
 from vyre_async._graph.model import Arm, GraphResource, Residency, _atomic_targets, summarize_arm
-from vyre_async._graph.report import ArmRun, GraphReport, GraphResult
+from vyre_async._graph.report import ArmRun, GraphReport, GraphResult, layers_in_order
 from vyre_async._graph.run import _Run, _settled_placement
 from vyre_async._graph.schedule import _residency_attributes, _Schedule
 from vyre_async._plan import normalize_input
@@ -438,7 +438,7 @@ class ArmGraph:
             required=residency == "resident",
             fusion=fusion_wanted,
         )
-        in_order = sum(1 for v in concurrency if v.reason != "single_arm" and not v.concurrent)
+        in_order = layers_in_order(plan.layers, concurrency)  # before any layer fused
         started = time.perf_counter()
         if not telemetry.is_enabled():
             layer_wall = await runner.execute()
@@ -463,6 +463,11 @@ class ArmGraph:
                 span.set_attributes(_residency_attributes(placement))
                 span.set_attribute("vyre.graph.residency", runner.residency)
                 span.set_attribute("vyre.graph.joins_on", runner.joins_on)
+                # A fused layer's arms were submitted together: not a layer run in order.
+                span.set_attribute(
+                    "vyre.graph.layers_in_order",
+                    layers_in_order(plan.layers, concurrency, runner.fusion_verdicts),
+                )
                 if runner.host_join_reason:
                     span.set_attribute("vyre.graph.host_join_reason", runner.host_join_reason)
         wall = time.perf_counter() - started
@@ -490,5 +495,6 @@ class ArmGraph:
             residency_verdict=placement,
             resident_gain_bps=gain,
             fusion=tuple(runner.fusion_verdicts),
+            fusion_fallback=tuple(runner.fusion_fallbacks),
         )
         return GraphResult(outputs=out, report=report)

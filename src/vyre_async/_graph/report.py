@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -93,8 +94,12 @@ class GraphReport:
         resident_gain_bps: The backend's calibrated resident gain the verdict
             used (`Calibration.resident_gain_bps`), None when not calibrated.
         fusion: Per layer, the `FusionVerdict` for its arms (None for a layer of
-            one arm): ``fuse`` when they ran as fused launches (``groups``: the
-            positions in the layer of each launch's arms), else ``separate`` and why.
+            one arm): ``fuse`` when they were submitted together as fused launches
+            (``groups``: the positions in the layer of each launch's arms), else
+            ``separate`` and why.
+        fusion_fallback: Per layer, None, or the error type when a fused group's
+            program could not be built and its arms ran as their own launches
+            (their spans say so in ``vyre.policy.fusion.fallback``).
     """
 
     label: str | None
@@ -114,6 +119,12 @@ class GraphReport:
     residency_verdict: ResidencyVerdict | None = None
     resident_gain_bps: int | None = None
     fusion: tuple[FusionVerdict | None, ...] = ()
+    fusion_fallback: tuple[str | None, ...] = ()
+
+    @property
+    def layers_in_order(self) -> int:
+        """Layers of several arms that ran in order (``vyre.graph.layers_in_order``)."""
+        return layers_in_order(self.layers, self.concurrency, self.fusion)
 
     @property
     def residency_reason(self) -> str | None:
@@ -161,11 +172,17 @@ class GraphReport:
                         how += f", est. {verdict.savings_ns / 1e6:+.2f} ms if concurrent"
                     how += ")"
                 fused = self.fusion[number] if number < len(self.fusion) else None
+                fallback = (
+                    self.fusion_fallback[number] if number < len(self.fusion_fallback) else None
+                )
                 if fused is not None and fused.kind == "fuse":
-                    how += f", fused into {fused.launches} launch" + (
-                        "es" if fused.launches > 1 else ""
-                    )
-                    how += f" ({fused.reason})"
+                    if fallback is None:
+                        how += f", fused into {fused.launches} launch" + (
+                            "es" if fused.launches > 1 else ""
+                        )
+                        how += f" ({fused.reason})"
+                    else:
+                        how += f", fusion fell back to separate launches ({fallback})"
             lines.append(f"layer {number} ({self.layer_wall_s[number] * 1e3:.2f} ms): {names}{how}")
             for i in layer:
                 arm = self.arms[i]
@@ -178,6 +195,22 @@ class GraphReport:
                 )
                 lines.append(f"  {arm.label}:{where}{wall}{why}")
         return "\n".join(lines)
+
+
+def layers_in_order(
+    layers: Sequence[Sequence[int]],
+    concurrency: Sequence[ArmConcurrencyVerdict],
+    fusion: Sequence[FusionVerdict | None] = (),
+) -> int:
+    """Count the layers of several arms that ran in order: the arm-concurrency verdict
+    said so and they were not fused (a fused layer's arms are submitted together)."""
+    return sum(
+        1
+        for number, verdict in enumerate(concurrency)
+        if len(layers[number]) > 1
+        and not verdict.concurrent
+        and not (number < len(fusion) and (f := fusion[number]) is not None and f.kind == "fuse")
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -56,7 +56,10 @@ class _Run:
     ) -> None:
         self.schedule = schedule
         self.fusion = fusion
-        self.fusion_verdicts: list[FusionVerdict | None] = [None] * len(schedule.plan.layers)
+        layers = len(schedule.plan.layers)
+        self.fusion_verdicts: list[FusionVerdict | None] = [None] * layers
+        # Per layer: the error type when a fused group could not be built (its arms ran alone).
+        self.fusion_fallbacks: list[str | None] = [None] * layers
         self.graph_label = schedule.label
         self.backend = backend
         self.steps = schedule.steps
@@ -212,9 +215,16 @@ class _Run:
         for step, program, config in zip(steps, programs, configs, strict=True):
             inputs = self._resident_inputs(step) if device else self._host_inputs(step)
             items.append((program, inputs, config, {**step.attributes, **attributes}))
-        pendings = self.backend.front.dispatch_group(items, verdict)
+        pendings, fallbacks = self.backend.front.dispatch_group(items, verdict)
         self.in_flight.extend(pendings)
+        if fallbacks:
+            self.fusion_fallbacks[self.plan.layer_of[layer[0]]] = fallbacks[0]
         return pendings
+
+    def fused(self, layer: int) -> bool:
+        """True when ``layer``'s arms were submitted together as fused launches."""
+        verdict = self.fusion_verdicts[layer]
+        return verdict is not None and verdict.kind == "fuse"
 
     def _launch_resident(
         self, step: _Step, attributes: Mapping[str, DispatchAttribute]
@@ -326,7 +336,9 @@ class _Run:
             index=arm.index,
             label=arm.label,
             layer=step.layer,
-            concurrent_with=step.layer_mates if self.concurrency[step.layer].concurrent else (),
+            concurrent_with=step.layer_mates
+            if self.concurrency[step.layer].concurrent or self.fused(step.layer)
+            else (),
             waits_for=None if waits is None else waits.earlier,
             reason=None if waits is None else waits.reason,
             conflicts=step.conflicts,
