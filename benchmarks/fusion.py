@@ -14,7 +14,12 @@ round (the machine is shared and noisy; figures are medians):
    separately). Every member's outputs are checked against the separate run.
    Also recorded: what the policy decides on its own (``fusion="auto"``) with the
    backend's calibration.
-2. **grid programs**: ``array_sum(n)`` against ``np.sum`` and
+2. **graph layers**: an `ArmGraph` whose one layer holds N independent arms of
+   N *different* programs (u32 xors of 256 + 4i elements; each arm its own
+   resources) run with ``fusion="force"`` against ``fusion="disable"``
+   (``residency="host"``, which every backend has), on the same backends; time
+   per ``graph.run``; outputs checked against the separate run.
+3. **grid programs**: ``array_sum(n)`` against ``np.sum`` and
    ``exclusive_scan(n)`` against ``np.cumsum`` on the reference backend for n =
    10**4, 10**5, 10**6 (one dispatch each, awaited; outputs checked against the
    oracles of `vyre_async.programs`).
@@ -34,9 +39,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
 import numpy as np
 
-from vyre_async import VyreBackend, acquire_backend, calibration_for
+from vyre_async import ArmGraph, GraphResult, VyreBackend, acquire_backend, calibration_for
 from vyre_async.abc import measure_fusion_gain
 from vyre_async.errors import BackendError
 from vyre_async.ir import GridBarrier, Program
@@ -147,6 +153,47 @@ def bench_fusion(backend: VyreBackend, device: str, rounds: int) -> dict[str, An
     return out
 
 
+def bench_graph_layer(backend: VyreBackend, rounds: int) -> dict[str, Any]:
+    rng = np.random.default_rng(11)
+    out: dict[str, Any] = {"backend": backend.id, "arms": {}}
+    for n in SIZES:
+        graph = ArmGraph(label=f"bench-fusion-{n}")
+        for i in range(n):
+            size = XOR_N + 4 * i
+            for name in ("a", "b"):
+                graph.resource(
+                    f"{name}{i}", "u32", size, initial=rng.integers(0, 2**32, size, np.uint32)
+                )
+            graph.resource(f"out{i}", "u32", size)
+            graph.arm(elementwise_xor(size), {"a": f"a{i}", "b": f"b{i}", "out": f"out{i}"})
+
+        def run(fusion: str, graph: ArmGraph = graph) -> GraphResult:
+            async def go() -> GraphResult:
+                return await graph.run(backend, residency="host", fusion=fusion)
+
+            return anyio.run(go)
+
+        separate, fused = run("disable"), run("force")
+        for name, value in separate.outputs.items():
+            if not np.array_equal(fused.outputs[name], value):
+                raise SystemExit(
+                    f"{backend.id}: a fused graph layer of {n} differs from separate arms in {name}"
+                )
+        verdict = fused.report.fusion[0]
+        times = _interleave(
+            {"fused": lambda run=run: run("force"), "separate": lambda run=run: run("disable")},
+            rounds,
+        )
+        fused_ms, separate_ms = _median_ms(times["fused"]), _median_ms(times["separate"])
+        out["arms"][str(n)] = {
+            "fused_ms": fused_ms,
+            "separate_ms": separate_ms,
+            "fused_launches": None if verdict is None else verdict.launches,
+            "speedup": round(separate_ms / fused_ms, 2),
+        }
+    return out
+
+
 def _phases(program: Program) -> int:
     return 1 + sum(isinstance(s, GridBarrier) for s in program.body)
 
@@ -202,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", help="also write the JSON here")
     args = parser.parse_args(argv)
     rounds = 5 if args.quick else max(1, args.rounds)
+    backends = _backends()
     report: dict[str, Any] = {
         "benchmark": "fusion of tiny dispatches, and the grid-barrier programs",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -212,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
             "platform": platform.platform(),
         },
         "rounds": rounds,
-        "fusion": [bench_fusion(b, device, rounds) for b, device in _backends()],
+        "fusion": [bench_fusion(b, device, rounds) for b, device in backends],
+        "graph_layers": [bench_graph_layer(b, rounds) for b, _ in backends],
         "grid_programs": bench_grid_programs(rounds),
     }
     text = json.dumps(report, indent=2)

@@ -436,18 +436,26 @@ class DispatchFrontEnd:
         return [launch.pending for launch in launches], fallbacks
 
     def plan(
-        self, pipeline: PipelineLike, inputs: Sequence[InputLike], config: DispatchConfig | None
+        self,
+        pipeline: PipelineLike,
+        inputs: Sequence[InputLike],
+        config: DispatchConfig | None,
+        program: Program | None = None,
     ) -> Launch:
         """Check and plan one dispatch of ``pipeline`` without a trace; enqueue nothing.
 
-        For tools and tests that hand a `Launch` to an executor themselves.
+        For tools and tests that hand a `Launch` to an executor themselves, and
+        for fused launches. ``program`` is the program dispatched (default: the
+        pipeline's). A pipeline found by `lookup` serves every program of its
+        fingerprint, which leaves buffer counts out, so pass the program itself
+        when its counts may differ from the pipeline's.
 
         Raises:
             InvalidProgram: wrong inputs, or ``config`` needs different code.
             UnsupportedFeature: the config asks for something the backend lacks.
             BackendClosed: the backend was closed.
         """
-        call = DispatchCall(pipeline.program, inputs, traced=False)
+        call = DispatchCall(pipeline.program if program is None else program, inputs, traced=False)
         call.pipeline = pipeline
         call.config = config
         return self._plan(call)[0]

@@ -63,7 +63,11 @@ class FrontEnd(Protocol):
         """Member programs (tuples) whose fused program was compiled here."""
 
     def plan(
-        self, pipeline: PipelineLike, inputs: Sequence[Any], config: DispatchConfig | None
+        self,
+        pipeline: PipelineLike,
+        inputs: Sequence[Any],
+        config: DispatchConfig | None,
+        program: Program | None = None,
     ) -> Launch: ...
 
 
@@ -308,7 +312,8 @@ def _enqueue_group(front: FrontEnd, members: Sequence[Launch]) -> str | None:
         )
         inputs = fused.fused_inputs([list(launch.inputs) for launch in members], grids)
         pipeline, _ = front.lookup(fused.program, config)
-        launch = front.plan(pipeline, inputs, config)
+        # (the pipeline may be another fused program's of the same body, other counts)
+        launch = front.plan(pipeline, inputs, config, fused.program)
     except BackendError as exc:
         for member in members:
             member.completer.annotate("vyre.policy.fusion.fallback", type(exc).__name__)

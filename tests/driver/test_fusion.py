@@ -189,3 +189,19 @@ def test_members_with_workgroup_memory_and_their_own_grids_fuse(backend: VyreBac
     apart = _results(pipeline.dispatch_batch(batch, config, fusion="disable"))
     for got, want in zip(fused, apart, strict=True):
         assert got[0].view(np.uint32).tolist() == want[0].view(np.uint32).tolist()
+
+
+def test_fused_programs_of_one_body_keep_their_own_buffer_counts(backend: VyreBackend) -> None:
+    # The fused programs of xors of 96 and of 100 words share a fingerprint (counts are not
+    # part of it), so the second batch finds the first one's pipeline: it must still be
+    # planned with its own counts (found by running benchmarks/fusion.py).
+    rng = np.random.default_rng(3)
+    for n in (96, 100, 96):
+        pipeline = backend.compile(elementwise_xor(n))
+        batch = [[rng.integers(0, 2**32, n, dtype=np.uint32) for _ in range(2)] for _ in range(3)]
+        for pending, (a, b) in zip(
+            pipeline.dispatch_batch(batch, fusion="force"), batch, strict=True
+        ):
+            (out,) = pending.result()
+            assert out.shape == (n,) and np.array_equal(out, a ^ b)
+            assert _fusion_attributes(pending)["vyre.policy.fusion"] == "fuse"
