@@ -595,6 +595,28 @@ MUTANTS: tuple[Mutant, ...] = (
         "split_at_grid_barriers drops the statements before the first barrier",
     ),
     Mutant(
+        "fused-launch-planned-with-the-pipelines-program",
+        "src/vyre_async/_fusion.py",
+        "launch = front.plan(pipeline, inputs, config, fused.program)",
+        "launch = front.plan(pipeline, inputs, config)",
+        (
+            "tests/driver/test_fusion.py::"
+            "test_fused_programs_of_one_body_keep_their_own_buffer_counts",
+        ),
+        "a fused batch of xors of another length gets the cached fused program's counts",
+    ),
+    Mutant(
+        "graph-fused-enqueue-failure-raises-past-started-launches",
+        "src/vyre_async/_fusion.py",
+        "        if decision is not None:\n            raise\n",
+        "        raise\n",
+        (
+            "tests/policies/test_graph_fusion.py::"
+            "test_an_enqueue_failing_partway_waits_for_the_launch_that_started[asyncio-auto]",
+        ),
+        "a graph layer's enqueue failure fails a running fused launch's arms and frees its buffers",
+    ),
+    Mutant(
         "timeline-zero-length-phase-kept",
         "src/vyre_async/timeline.py",
         "if p_start == p_end:",
