@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from tests.helpers import backend_of
 from tests.policies.kernels import binop
 from tests.policies.test_graph import (
+    INLINE,
     ORACLE,
+    THREADED,
     RecordingBackend,
     graphs,
     sequential,
@@ -50,13 +52,14 @@ def backend() -> Iterator[VyreBackend]:
     anyio.run(b.shutdown)
 
 
-def _calibrate(backend: VyreBackend, gain_bps: int | None, launch_ns: int = 50_000) -> None:
+def _calibrate(backend: VyreBackend, gain_bps: int | None, overlap_bps: int | None = None) -> None:
     record = Calibration(
         backend_id=backend.id,
         backend_version=backend.version,
         device_fingerprint=backend.device_fingerprint(),
-        launch_ns=launch_ns,
+        launch_ns=50_000,
         compile_ns=1_000,
+        concurrent_overlap_bps=overlap_bps,
         fusion_gain_bps=gain_bps,
     )
     with calibration.store._memo_lock:
@@ -157,17 +160,7 @@ async def test_the_calibrated_gain_decides(
 async def test_a_layer_run_in_order_still_fuses() -> None:
     backend = backend_of(RecordingBackend, inline_ns=0, max_workers=2)
     try:
-        record = Calibration(
-            backend_id=backend.id,
-            backend_version=backend.version,
-            device_fingerprint=backend.device_fingerprint(),
-            launch_ns=50_000,
-            compile_ns=1_000,
-            concurrent_overlap_bps=-3_000,  # the concurrency policy runs layers in order
-            fusion_gain_bps=3_000,
-        )
-        with calibration.store._memo_lock:
-            calibration.store._memo[backend] = record
+        _calibrate(backend, 3_000, overlap_bps=-3_000)  # the concurrency policy: in order
         graph, init = xor_graph()
         result = await graph.run(backend)
         assert result.report.concurrency[0].kind == "in_order"
@@ -367,31 +360,21 @@ async def test_a_closed_backend_refuses_a_fused_layer_before_compiling() -> None
 
 def test_the_policy_sees_what_each_arm_reads_and_writes() -> None:
     backend = reference_backend(prefetch=False)
-    program = binop("xor", N)
-    request = FusionRequest("force", None, 0, 0)
-    config = DispatchConfig()
-    verdict = group_verdict(
-        backend.front,
-        [program, program],
-        [config, config],
-        [frozenset({"a", "b"}), frozenset({"a", "p"})],
-        [frozenset({"p"}), frozenset({"q"})],
-        request,
-    )
-    assert (verdict.kind, verdict.reason) == ("separate", "conflict")
-    shared_reads = group_verdict(
-        backend.front,
-        [program, program],
-        [config, config],
-        [frozenset({"a", "b"}), frozenset({"a", "b"})],
-        [frozenset({"p"}), frozenset({"q"})],
-        request,
-    )
-    assert (shared_reads.kind, shared_reads.reason) == ("fuse", "requested")
+    program, config = binop("xor", N), DispatchConfig()
 
+    def verdict(second_reads: set[str]) -> tuple[str, str]:
+        v = group_verdict(
+            backend.front,
+            [program, program],
+            [config, config],
+            [frozenset({"a", "b"}), frozenset(second_reads)],
+            [frozenset({"p"}), frozenset({"q"})],
+            FusionRequest("force", None, 0, 0),
+        )
+        return v.kind, v.reason
 
-THREADED = reference_backend(inline_ns=0, max_workers=2)
-INLINE = reference_backend()
+    assert verdict({"a", "p"}) == ("separate", "conflict")  # reads what the first writes
+    assert verdict({"a", "b"}) == ("fuse", "requested")  # shared reads are fine
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

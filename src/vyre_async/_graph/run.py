@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 import numpy as np
 
-from vyre_async._config import DispatchConfig
 from vyre_async._execution import ExecutionDecision
 from vyre_async._exports import public_dir as _public_dir
+from vyre_async._frontend import DEFAULT_CONFIG
 from vyre_async._fusion import FusionRequest, group_verdict
 from vyre_async._graph.model import Residency
 from vyre_async._graph.report import ArmRun
@@ -35,8 +35,6 @@ if TYPE_CHECKING:
 
 __all__ = []
 __dir__ = _public_dir(__name__)
-
-_DEFAULT_CONFIG = DispatchConfig()
 
 
 class _Run:
@@ -136,7 +134,7 @@ class _Run:
         launched: list[tuple[int, PendingDispatch]] = []
         for number, layer in enumerate(self.plan.layers):
             attributes = self.layer_attributes[number]
-            fused = self._launch_fused(layer, attributes)
+            fused = self._launch_fused(number, layer, attributes)
             if fused is not None:  # submitted together, each group as one launch
                 launched.extend(zip(layer, fused, strict=True))
                 continue
@@ -169,7 +167,7 @@ class _Run:
         for number, layer in enumerate(self.plan.layers):
             attributes = self.layer_attributes[number]
             started = time.perf_counter()
-            fused = self._launch_fused(layer, attributes)
+            fused = self._launch_fused(number, layer, attributes)
             launches: list[tuple[tuple[int, ...], list[PendingDispatch] | None]]
             if fused is not None:  # submitted together, each group as one launch
                 launches = [(layer, fused)]
@@ -187,7 +185,7 @@ class _Run:
         return walls
 
     def _launch_fused(
-        self, layer: tuple[int, ...], attributes: dict[str, DispatchAttribute]
+        self, number: int, layer: tuple[int, ...], attributes: dict[str, DispatchAttribute]
     ) -> list[PendingDispatch] | None:
         """Dispatch a layer's arms as the fusion policy groups them; None to run them as usual.
 
@@ -203,11 +201,11 @@ class _Run:
         device = self.host_join_reason is None  # resident programs on resident buffers
         steps = [self.steps[i] for i in layer]
         programs = [step.resident_program if device else step.arm.program for step in steps]
-        configs = [step.arm.config or _DEFAULT_CONFIG for step in steps]
+        configs = [step.arm.config or DEFAULT_CONFIG for step in steps]
         reads = [frozenset(step.inputs) for step in steps]
         writes = [frozenset(step.outputs) for step in steps]
         verdict = group_verdict(self.backend.front, programs, configs, reads, writes, self.fusion)
-        self.fusion_verdicts[self.plan.layer_of[layer[0]]] = verdict
+        self.fusion_verdicts[number] = verdict
         attributes.update(verdict.span_attributes())
         if verdict.kind != "fuse":
             return None
@@ -218,7 +216,7 @@ class _Run:
         pendings, fallbacks = self.backend.front.dispatch_group(items, verdict)
         self.in_flight.extend(pendings)
         if fallbacks:
-            self.fusion_fallbacks[self.plan.layer_of[layer[0]]] = fallbacks[0]
+            self.fusion_fallbacks[number] = fallbacks[0]
         return pendings
 
     def fused(self, layer: int) -> bool:
